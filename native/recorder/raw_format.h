@@ -1,0 +1,105 @@
+/* The raw recording format: what the preloaded recorder writes while the program runs.
+ *
+ * One raw file per traced process image, "<pid>.raw" (or "<pid>.<n>.raw" after an exec that kept
+ * the pid), in the trace directory. It is written through shared file mappings only, so that the
+ * kernel keeps every completed record even when the process dies by SIGKILL. `heapcast record`
+ * turns raw files into compressed .hct files when the program has ended (docs/trace-format.md).
+ *
+ * Layout: a 4096-byte header page, then chunks. A chunk belongs to one thread; it starts with a
+ * 32-byte chunk header and holds 32-byte slots. An event takes one slot (malloc, free) or two
+ * (the ops with more arguments: the second slot is a struct hc_ext). A slot is complete when its
+ * first word (head) is non-zero: the recorder writes head last. The reader stops a chunk at the
+ * first zero head. Chunks are 4 KiB-aligned; their sizes grow per thread from 4 KiB to 1 MiB.
+ *
+ * Two kinds of slots are not events: HC_LOC defines a location id (a call site, or a stack with
+ * --stacks) and HC_TIME moves the chunk's time base (a slot's ts is a 32-bit offset from it).
+ *
+ * Keep in sync with src/heapcast/trace/raw.py. */
+#ifndef HEAPCAST_RAW_FORMAT_H
+#define HEAPCAST_RAW_FORMAT_H
+#include <stdint.h>
+
+#define HC_RAW_MAGIC "HCRAW\0\0\0"
+#define HC_RAW_VERSION 1
+#define HC_HEADER_SIZE 4096
+#define HC_RECORD_SIZE 32
+#define HC_CHUNK_MAGIC 0x4b434348u /* "HCCK" little-endian */
+#define HC_CHUNK_MIN (4u << 10)
+#define HC_CHUNK_MAX (1u << 20)
+
+/* Operation codes (the low byte of a record's head). */
+enum hc_op {
+    HC_MALLOC = 0, HC_CALLOC = 1, HC_REALLOC = 2, HC_REALLOCARRAY = 3, HC_POSIX_MEMALIGN = 4,
+    HC_ALIGNED_ALLOC = 5, HC_MEMALIGN = 6, HC_VALLOC = 7, HC_PVALLOC = 8, HC_FREE = 9,
+    HC_MMAP = 10, HC_MUNMAP = 11, HC_MREMAP = 12,
+    /* Slots that are not events (every slot's first word is non-zero, its low byte says what it is): */
+    HC_LOCX = 0xFC,  /* more frames of the HC_LOC slot before it: 3 after the head word */
+    HC_TIME = 0xFD,  /* a = the new time base of this chunk for the slots that follow */
+    HC_LOC = 0xFE,   /* defines location id (head >> 8): ts = frame count, a and b = frames 0, 1 */
+    HC_EXT = 0xFF,   /* second slot of the event before it (struct hc_ext) */
+};
+
+/* Header flags. */
+#define HC_FLAG_MMAP 1u        /* mmap/munmap/mremap were recorded */
+#define HC_FLAG_TSC 2u         /* ts fields are TSC ticks; convert with the chunk headers' clock pairs */
+#define HC_FLAG_CLEAN_EXIT 4u  /* the library destructor ran (exit() or return from main) */
+#define HC_FLAG_TRUNCATED 8u   /* the file could not grow: events after that point are lost */
+#define HC_FLAG_DORMANT 16u    /* an exec'd image that is not followed: no events */
+
+struct hc_header {                 /* page 0 of a raw file */
+    char magic[8];
+    uint32_t version, header_size;
+    uint32_t record_size, stack_depth;
+    int32_t pid, ppid;
+    int32_t forked_from;           /* pid of the process this one was forked from, else 0 */
+    uint32_t image;                /* n in "<pid>.<n>.raw": exec count within this pid */
+    uint64_t fork_seq;             /* parent's next sequence number when the fork happened */
+    uint64_t start_mono_ns, start_real_ns;
+    uint64_t start_tsc;
+    uint64_t end_mono_ns, end_tsc; /* set by the destructor (clean exit) */
+    uint64_t peak_rss_bytes;       /* VmHWM read by the destructor */
+    uint32_t unwind;               /* 0 frame pointers, 1 DWARF (backtrace) */
+    uint32_t pad0;                 /* the fields above end before byte 128 */
+    /* Shared counters, each on its own cache line. */
+    _Alignas(64) volatile uint64_t seq;       /* next sequence number */
+    _Alignas(64) volatile uint64_t file_end;  /* next free chunk offset */
+    volatile uint64_t file_reserved;          /* bytes of the file backed by fallocate */
+    volatile uint64_t lost;                   /* events that could not be written */
+    volatile uint32_t threads;                /* thread ids handed out */
+    volatile uint32_t flags;
+    volatile uint64_t locs;                   /* location ids handed out */
+};
+
+struct hc_chunk {                  /* 32 bytes at the start of every chunk */
+    uint32_t magic, tid;
+    uint32_t size, os_tid;         /* chunk bytes (header included); kernel thread id */
+    uint64_t tsc, mono_ns;         /* a clock pair taken when the chunk was claimed; tsc is also
+                                      the chunk's first time base */
+};
+
+struct hc_record {                 /* one slot */
+    uint64_t head;                 /* seq << 8 | op; written last, 0 = no record */
+    uint32_t ts;                   /* ticks since the chunk's time base (TSC ticks or ns) */
+    uint32_t loc;                  /* location id: call site, or stack with --stacks */
+    uint64_t a;                    /* address produced (0 if none or failed); free, munmap: the
+                                      address passed in */
+    uint64_t b;                    /* requested bytes in total (calloc: nmemb*size, saturated) */
+};
+
+struct hc_ext {                    /* second slot of realloc, calloc, the memalign family, mmap... */
+    uint64_t head;                 /* free_lag << 8 | HC_EXT, where free_lag: for realloc that
+                                      moved, old was released free_lag seqs before seq */
+    uint64_t old;                  /* realloc, reallocarray, mremap: the address passed in;
+                                      mmap: the address hint */
+    uint64_t arg;                  /* calloc, reallocarray: nmemb; memalign family: alignment;
+                                      mmap: prot << 32 | flags; mremap: old length;
+                                      munmap: 1 if it failed */
+    uint64_t pad;
+};
+
+_Static_assert(sizeof(struct hc_record) == HC_RECORD_SIZE, "record size");
+_Static_assert(sizeof(struct hc_chunk) == HC_RECORD_SIZE, "chunk header size");
+_Static_assert(sizeof(struct hc_ext) == HC_RECORD_SIZE, "extension size");
+_Static_assert(sizeof(struct hc_header) <= HC_HEADER_SIZE, "header size");
+
+#endif

@@ -1,0 +1,961 @@
+/* heapcast recorder: an LD_PRELOAD library that records every heap call of a program.
+ *
+ * Hot path: one event = a clock read, one atomic increment of the process-wide sequence number,
+ * and eight stores into the calling thread's chunk, which is a shared mapping of the raw trace
+ * file (raw_format.h). No lock, no format call, no system call. Everything slow (claiming a new
+ * chunk, module snapshots, stack interning misses) happens at most once per chunk or per new stack.
+ *
+ * Rules this file keeps, because it runs inside other people's programs:
+ * - never allocate through the hooked functions (bootstrap arena for dlsym, syscalls elsewhere);
+ * - never change the program's behaviour: every hook calls the real function with the same
+ *   arguments and returns its result and errno untouched;
+ * - never lose an event silently: what cannot be written is counted in header.lost;
+ * - survive fork (the child gets its own file), exec, threads, signals and SIGKILL (the kernel
+ *   keeps the shared file pages).
+ *
+ * Configured by environment variables set by `heapcast record`:
+ *   HEAPCAST_DIR     trace directory (required; without it the library only passes calls through)
+ *   HEAPCAST_STACKS  frames per stack (0 = call site only)
+ *   HEAPCAST_UNWIND  "fp" (frame pointers, default) or "dwarf" (glibc backtrace)
+ *   HEAPCAST_MMAP    "1" to record mmap/munmap/mremap
+ *   HEAPCAST_FOLLOW  "1" to trace exec'd images too (otherwise only the first image and its forks)
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <execinfo.h>
+#include <fcntl.h>
+#include <link.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "raw_format.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define MAX_STACK 64
+#define GROW_BYTES (16u << 20)
+#define LOC_TABLE_SLOTS (1u << 14)
+
+/* ---------------------------------------------------------------- the real functions */
+
+static void *(*real_malloc)(size_t);
+static void (*real_free)(void *);
+static void *(*real_calloc)(size_t, size_t);
+static void *(*real_realloc)(void *, size_t);
+static void *(*real_reallocarray)(void *, size_t, size_t);
+static int (*real_posix_memalign)(void **, size_t, size_t);
+static void *(*real_aligned_alloc)(size_t, size_t);
+static void *(*real_memalign)(size_t, size_t);
+static void *(*real_valloc)(size_t);
+static void *(*real_pvalloc)(size_t);
+static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
+static int (*real_munmap)(void *, size_t);
+static void *(*real_mremap)(void *, size_t, size_t, int, ...);
+
+/* dlsym may allocate before the real allocator is known: serve it from a static arena whose
+ * blocks are never freed (free() recognises them by address). */
+static _Alignas(16) char boot_arena[64 << 10];
+static size_t boot_used;
+
+static int in_boot_arena(const void *p) {
+    return (const char *)p >= boot_arena && (const char *)p < boot_arena + sizeof boot_arena;
+}
+
+static void *boot_alloc(size_t n, size_t align) {
+    if (align < 16) align = 16;
+    size_t start = (__atomic_load_n(&boot_used, __ATOMIC_RELAXED) + 16 + align - 1) & ~(align - 1);
+    if (start + n > sizeof boot_arena) return NULL;
+    __atomic_store_n(&boot_used, start + n, __ATOMIC_RELAXED);
+    ((size_t *)(boot_arena + start))[-1] = n;
+    return boot_arena + start;
+}
+
+static void resolve_real(void) {
+#define RESOLVE(name) real_##name = (__typeof__(real_##name))dlsym(RTLD_NEXT, #name)
+    RESOLVE(malloc);
+    RESOLVE(free);
+    RESOLVE(calloc);
+    RESOLVE(realloc);
+    RESOLVE(reallocarray);
+    RESOLVE(posix_memalign);
+    RESOLVE(aligned_alloc);
+    RESOLVE(memalign);
+    RESOLVE(valloc);
+    RESOLVE(pvalloc);
+    RESOLVE(mmap);
+    RESOLVE(munmap);
+    RESOLVE(mremap);
+#undef RESOLVE
+}
+
+/* ---------------------------------------------------------------- process and thread state */
+
+enum { ST_UNINIT, ST_INITING, ST_ACTIVE, ST_OFF };
+
+static volatile int g_state = ST_UNINIT;
+static volatile uint32_t g_gen = 1;  /* bumped in a fork child: every thread state becomes stale */
+static struct hc_header *H;          /* mapped header page of this process's raw file */
+static int g_fd = -1, g_mods_fd = -1;
+static int g_stack_depth, g_unwind_dwarf, g_mmap, g_follow, g_use_tsc;
+static char g_dir[4096];
+static volatile int g_grow_lock;
+static uintptr_t g_self_lo, g_self_hi;  /* this library's code: its frames are not the program's */
+static uint64_t g_mods_adds = ~0ull, g_mods_subs = ~0ull; /* dl_iterate_phdr counters last written */
+static volatile int g_mods_lock;
+
+struct tstate {
+    struct hc_record *rec;           /* current chunk, slot 0 is the chunk header */
+    uint32_t pos, cap;               /* next free slot, slots in the chunk */
+    uint32_t gen, tid;
+    uint32_t next_size;              /* size of the next chunk to claim */
+    int internal;                    /* we are calling something that may allocate for us */
+    int busy;                        /* in a slow path: a nested event (signal handler) is lost */
+    uint64_t tbase;                  /* time base of the current chunk */
+    uintptr_t stk_lo, stk_hi;        /* stack bounds, for frame pointer walks */
+    uint64_t *loc_table;             /* open addressing: (key hash, location id) pairs */
+};
+static TLS struct tstate T;
+
+/* ---------------------------------------------------------------- small helpers (no libc allocation) */
+
+static inline uint64_t now_ticks(void) {
+#if defined(__x86_64__)
+    if (LIKELY(g_use_tsc)) return __builtin_ia32_rdtsc();
+#endif
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t real_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *sys_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off) {
+    return (void *)syscall(SYS_mmap, a, n, prot, flags, fd, off);
+}
+
+static void sys_munmap(void *a, size_t n) { syscall(SYS_munmap, a, n); }
+
+static void spin_lock(volatile int *l) {
+    while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) sched_yield();
+}
+
+static void spin_unlock(volatile int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
+
+/* Signal-safe claim of n slots: a single instruction on x86, so a handler that interrupts us
+ * claims different slots. */
+static inline uint32_t claim_slots(uint32_t *pos, uint32_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("xaddl %0, %1" : "+r"(n), "+m"(*pos) : : "memory");
+    return n;
+#else
+    return __atomic_fetch_add(pos, n, __ATOMIC_RELAXED);
+#endif
+}
+
+static size_t str_len(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
+
+/* Buffered text output for the .mods file, written with write(2). */
+struct textbuf { char b[8192]; size_t n; int fd; };
+
+static void tb_flush(struct textbuf *t) {
+    size_t off = 0;
+    while (off < t->n) {
+        ssize_t w = write(t->fd, t->b + off, t->n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    t->n = 0;
+}
+
+static void tb_put(struct textbuf *t, const char *s, size_t n) {
+    while (n) {
+        if (t->n == sizeof t->b) tb_flush(t);
+        size_t k = sizeof t->b - t->n < n ? sizeof t->b - t->n : n;
+        memcpy(t->b + t->n, s, k);
+        t->n += k; s += k; n -= k;
+    }
+}
+
+static void tb_str(struct textbuf *t, const char *s) { tb_put(t, s, str_len(s)); }
+
+static void tb_hex(struct textbuf *t, uint64_t v) {
+    char d[17]; int i = 16;
+    d[16] = 0;
+    do { d[--i] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v);
+    tb_str(t, d + i);
+}
+
+/* Text fields are hex-encoded so that any byte in a path or argument survives. */
+static void tb_hexbytes(struct textbuf *t, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char d[2] = {"0123456789abcdef"[(unsigned char)s[i] >> 4], "0123456789abcdef"[s[i] & 15]};
+        tb_put(t, d, 2);
+    }
+}
+
+static ssize_t read_file(const char *path, char *buf, size_t cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t n = 0;
+    while (n < cap) {
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    return (ssize_t)n;
+}
+
+/* ---------------------------------------------------------------- module snapshots */
+
+struct mods_ctx { struct textbuf *tb; uint64_t adds, subs; int count_only; };
+
+static int mods_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct mods_ctx *c = arg;
+    c->adds = info->dlpi_adds;
+    c->subs = info->dlpi_subs;
+    if (c->count_only) return 1;  /* the counters are the same in every callback */
+    uint64_t lo = ~0ull, hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *p = &info->dlpi_phdr[i];
+        if (p->p_type != PT_LOAD) continue;
+        uint64_t a = info->dlpi_addr + p->p_vaddr;
+        if (a < lo) lo = a;
+        if (a + p->p_memsz > hi) hi = a + p->p_memsz;
+    }
+    if (hi == 0) return 0;
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    tb_str(c->tb, "m ");
+    tb_hex(c->tb, info->dlpi_addr); tb_str(c->tb, " ");
+    tb_hex(c->tb, lo); tb_str(c->tb, " ");
+    tb_hex(c->tb, hi); tb_str(c->tb, " ");
+    tb_hexbytes(c->tb, name, str_len(name));
+    tb_str(c->tb, "\n");
+    return 0;
+}
+
+/* Writes the loaded modules to the .mods file when they changed since the last snapshot. */
+static void snapshot_modules(int force) {
+    if (g_mods_fd < 0) return;
+    struct textbuf *tb = NULL;
+    struct mods_ctx probe = {0};
+    probe.count_only = 1;
+    dl_iterate_phdr(mods_cb, &probe);
+    if (!force && probe.adds == g_mods_adds && probe.subs == g_mods_subs) return;
+    if (__atomic_exchange_n(&g_mods_lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
+    static struct textbuf buf;  /* under g_mods_lock */
+    tb = &buf;
+    tb->n = 0;
+    tb->fd = g_mods_fd;
+    struct mods_ctx c = {tb, 0, 0, 0};
+    tb_str(tb, "M ");
+    tb_hex(tb, H ? H->seq : 0);
+    tb_str(tb, "\n");
+    dl_iterate_phdr(mods_cb, &c);
+    tb_str(tb, "E\n");
+    tb_flush(tb);
+    g_mods_adds = c.adds;
+    g_mods_subs = c.subs;
+    spin_unlock(&g_mods_lock);
+}
+
+static void write_process_meta(void) {
+    static struct textbuf tb;  /* called once per process, before other threads can record */
+    static char buf[1 << 16];
+    tb.n = 0;
+    tb.fd = g_mods_fd;
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf);
+    tb_str(&tb, "X ");
+    if (n > 0) tb_hexbytes(&tb, buf, (size_t)n);
+    tb_str(&tb, "\nA ");
+    n = read_file("/proc/self/cmdline", buf, sizeof buf);
+    if (n > 0) tb_hexbytes(&tb, buf, (size_t)n);
+    tb_str(&tb, "\nC ");
+    if (getcwd(buf, sizeof buf)) tb_hexbytes(&tb, buf, str_len(buf));
+    tb_str(&tb, "\n");
+    tb_flush(&tb);
+}
+
+/* ---------------------------------------------------------------- files */
+
+static void path_join(char *out, size_t cap, const char *name) {
+    size_t n = str_len(g_dir), k = str_len(name);
+    if (n + 1 + k + 1 > cap) { out[0] = 0; return; }
+    memcpy(out, g_dir, n);
+    out[n] = '/';
+    memcpy(out + n + 1, name, k + 1);
+}
+
+static void fmt_name(char *out, int pid, uint32_t image, const char *ext) {
+    struct textbuf tb;  /* small: used only as a formatter */
+    tb.n = 0; tb.fd = -1;
+    char d[16]; int i = 15; d[15] = 0;
+    unsigned v = (unsigned)pid;
+    do { d[--i] = (char)('0' + v % 10); v /= 10; } while (v);
+    tb_str(&tb, d + i);
+    if (image) {
+        i = 15; v = image;
+        do { d[--i] = (char)('0' + v % 10); v /= 10; } while (v);
+        tb_str(&tb, "."); tb_str(&tb, d + i);
+    }
+    tb_str(&tb, ext);
+    memcpy(out, tb.b, tb.n);
+    out[tb.n] = 0;
+}
+
+/* Ensures the file is backed up to `end` bytes. fallocate, not ftruncate: a sparse file on a full
+ * disk would turn our stores into SIGBUS in the program. */
+static int reserve_file(uint64_t end) {
+    if (end <= __atomic_load_n(&H->file_reserved, __ATOMIC_ACQUIRE)) return 1;
+    spin_lock(&g_grow_lock);
+    int ok = 1;
+    uint64_t have = H->file_reserved;
+    if (end > have) {
+        uint64_t want = end + GROW_BYTES;
+        if (posix_fallocate(g_fd, (off_t)have, (off_t)(want - have)) == 0) {
+            __atomic_store_n(&H->file_reserved, want, __ATOMIC_RELEASE);
+        } else if (posix_fallocate(g_fd, (off_t)have, (off_t)(end - have)) == 0) {
+            __atomic_store_n(&H->file_reserved, end, __ATOMIC_RELEASE);
+        } else {
+            ok = 0;
+            __atomic_fetch_or(&H->flags, HC_FLAG_TRUNCATED, __ATOMIC_RELAXED);
+        }
+    }
+    spin_unlock(&g_grow_lock);
+    return ok;
+}
+
+/* Opens "<pid>[.n].raw" and its ".mods" companion, maps and fills the header. */
+static int open_process_files(int forked_from, uint64_t fork_seq) {
+    char name[64], path[4200];
+    int pid = getpid();
+    int fd = -1;
+    uint32_t image = 0;
+    for (; image < 1000; image++) {
+        fmt_name(name, pid, image, ".raw");
+        path_join(path, sizeof path, name);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd >= 0 || errno != EEXIST) break;
+    }
+    if (fd < 0) return 0;
+    if (posix_fallocate(fd, 0, HC_HEADER_SIZE + GROW_BYTES) != 0 &&
+        posix_fallocate(fd, 0, HC_HEADER_SIZE) != 0) {
+        close(fd);
+        return 0;
+    }
+    struct hc_header *h = sys_mmap(NULL, HC_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (h == MAP_FAILED) { close(fd); return 0; }
+    fmt_name(name, pid, image, ".mods");
+    path_join(path, sizeof path, name);
+    int mfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0600);
+
+    struct stat st;
+    uint64_t reserved = fstat(fd, &st) == 0 ? (uint64_t)st.st_size : HC_HEADER_SIZE;
+    h->version = HC_RAW_VERSION;
+    h->header_size = HC_HEADER_SIZE;
+    h->record_size = HC_RECORD_SIZE;
+    h->stack_depth = (uint32_t)g_stack_depth;
+    h->pid = pid;
+    h->ppid = getppid();
+    h->forked_from = forked_from;
+    h->image = image;
+    h->fork_seq = fork_seq;
+    h->unwind = (uint32_t)g_unwind_dwarf;
+    h->start_tsc = now_ticks();
+    h->start_mono_ns = mono_ns();
+    h->start_real_ns = real_ns();
+    h->seq = 1;
+    h->file_end = HC_HEADER_SIZE;
+    h->file_reserved = reserved;
+    h->flags = (g_mmap ? HC_FLAG_MMAP : 0) | (g_use_tsc ? HC_FLAG_TSC : 0);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    memcpy(h->magic, HC_RAW_MAGIC, 8);  /* last: a reader sees a complete header or none */
+
+    g_fd = fd;
+    g_mods_fd = mfd;
+    H = h;
+    g_mods_adds = g_mods_subs = ~0ull;
+    if (mfd >= 0) write_process_meta();
+    return 1;
+}
+
+static int env_int(const char *name, int dflt) {
+    const char *s = getenv(name);
+    if (!s || !*s) return dflt;
+    int v = 0;
+    for (; *s >= '0' && *s <= '9'; s++) v = v * 10 + (*s - '0');
+    return v;
+}
+
+static int tsc_is_reliable(void) {
+#if defined(__x86_64__)
+    char buf[64];
+    ssize_t n = read_file("/sys/devices/system/clocksource/clocksource0/current_clocksource",
+                          buf, sizeof buf - 1);
+    return n >= 3 && memcmp(buf, "tsc", 3) == 0;
+#else
+    return 0;
+#endif
+}
+
+static void atfork_child(void);
+
+/* Without --follow-children, the first image to start claims the trace by writing its pid into
+ * root.claim. A later image with that same pid (the program exec'd itself into another, as
+ * wrapper scripts do) is the same process and is traced; one with another pid (a child that
+ * exec'd) is not. */
+static int claim_root(void) {
+    char path[4200], buf[32];
+    int pid = getpid(), n = 0;
+    for (int v = pid; v; v /= 10) n++;
+    for (int i = n, v = pid; i > 0; v /= 10) buf[--i] = (char)('0' + v % 10);
+    path_join(path, sizeof path, "root.claim");
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        ssize_t w = write(fd, buf, (size_t)n);
+        close(fd);
+        return w == n;
+    }
+    if (errno != EEXIST) return 1;  /* no claim possible: trace rather than lose the program */
+    char have[32];
+    ssize_t r = read_file(path, have, sizeof have);
+    return r == n && memcmp(have, buf, (size_t)n) == 0;
+}
+static void heapcast_start_marker(void) {}
+static int self_cb(struct dl_phdr_info *info, size_t size, void *arg);
+
+static void init_process(void) {
+    int expected = ST_UNINIT;
+    if (!__atomic_compare_exchange_n(&g_state, &expected, ST_INITING, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        while (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_INITING) sched_yield();
+        return;
+    }
+    T.internal++;
+    resolve_real();
+    int state = ST_OFF;
+    const char *dir = getenv("HEAPCAST_DIR");
+    if (dir && *dir && str_len(dir) < sizeof g_dir) {
+        memcpy(g_dir, dir, str_len(dir) + 1);
+        g_stack_depth = env_int("HEAPCAST_STACKS", 0);
+        if (g_stack_depth > MAX_STACK) g_stack_depth = MAX_STACK;
+        const char *uw = getenv("HEAPCAST_UNWIND");
+        g_unwind_dwarf = uw && strcmp(uw, "dwarf") == 0;
+        g_mmap = env_int("HEAPCAST_MMAP", 0) == 1;
+        g_follow = env_int("HEAPCAST_FOLLOW", 0) == 1;
+        g_use_tsc = tsc_is_reliable();
+        int traced = 1;
+        if (!g_follow && !claim_root()) traced = 0;
+        dl_iterate_phdr(self_cb, (void *)(uintptr_t)&heapcast_start_marker);
+        if (traced && open_process_files(0, 0)) {
+            if (g_stack_depth && g_unwind_dwarf) {
+                void *warm[4];
+                backtrace(warm, 4);  /* loads libgcc_s now, not inside a later hook */
+            }
+            pthread_atfork(NULL, NULL, atfork_child);
+            state = ST_ACTIVE;
+        }
+    }
+    T.internal--;
+    __atomic_store_n(&g_state, state, __ATOMIC_RELEASE);
+}
+
+/* In a fork child: a new raw file that starts from the parent's heap state at fork_seq. */
+static void atfork_child(void) {
+    if (g_state != ST_ACTIVE || !H) return;
+    int parent = H->pid;
+    uint64_t fork_seq = __atomic_load_n(&H->seq, __ATOMIC_ACQUIRE);
+    struct hc_header *old = H;
+    H = NULL;
+    if (T.rec) sys_munmap(T.rec, (size_t)T.cap * HC_RECORD_SIZE);
+    T.rec = NULL;
+    T.pos = T.cap = 0;
+    sys_munmap(old, HC_HEADER_SIZE);
+    close(g_fd);
+    if (g_mods_fd >= 0) close(g_mods_fd);
+    g_fd = g_mods_fd = -1;
+    g_grow_lock = 0;
+    g_mods_lock = 0;
+    __atomic_add_fetch(&g_gen, 1, __ATOMIC_RELEASE);
+    T.internal++;
+    int ok = open_process_files(parent, fork_seq);
+    T.internal--;
+    if (!ok) __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE);
+}
+
+/* ---------------------------------------------------------------- chunks */
+
+static void stack_bounds(struct tstate *t) {
+    pthread_attr_t attr;
+    void *addr; size_t size;
+    t->stk_lo = t->stk_hi = 0;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+        if (pthread_attr_getstack(&attr, &addr, &size) == 0) {
+            t->stk_lo = (uintptr_t)addr;
+            t->stk_hi = (uintptr_t)addr + size;
+        }
+        pthread_attr_destroy(&attr);
+    }
+}
+
+/* Maps a fresh chunk with room for at least `slots` records after its header. */
+static int claim_chunk(struct tstate *t, uint32_t slots) {
+    uint32_t size = t->next_size ? t->next_size : HC_CHUNK_MIN;
+    while (size < (slots + 1) * HC_RECORD_SIZE) size *= 2;  /* + 1: the chunk header */
+    if (t->next_size < HC_CHUNK_MAX) t->next_size = size * 2;
+    if (t->rec) { sys_munmap(t->rec, (size_t)t->cap * HC_RECORD_SIZE); t->rec = NULL; t->cap = 0; }
+    uint64_t off = __atomic_fetch_add(&H->file_end, size, __ATOMIC_RELAXED);
+    if (!reserve_file(off + size)) return 0;
+    struct hc_record *m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                                   g_fd, (off_t)off);
+    if (m == MAP_FAILED) return 0;
+    struct hc_chunk *c = (struct hc_chunk *)m;
+    c->tid = t->tid;
+    c->size = size;
+    c->os_tid = (uint32_t)syscall(SYS_gettid);
+    c->tsc = now_ticks();
+    c->mono_ns = mono_ns();
+    t->tbase = c->tsc;
+    __atomic_store_n(&c->magic, HC_CHUNK_MAGIC, __ATOMIC_RELEASE);
+    t->rec = m;
+    t->cap = size / HC_RECORD_SIZE;
+    t->pos = 1;
+    snapshot_modules(0);
+    return 1;
+}
+
+/* Makes the calling thread ready to record; 0 means pass the call through unrecorded. */
+static int thread_ready_slow(struct tstate *t) {
+    if (t->internal) return 0;
+    if (g_state == ST_UNINIT || g_state == ST_INITING) init_process();
+    if (g_state != ST_ACTIVE) return 0;
+    uint32_t gen = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
+    if (t->gen == gen) return 1;
+    if (t->busy) return 0;
+    t->busy = 1;
+    t->internal++;
+    t->rec = NULL;  /* a stale chunk of the parent process was unmapped by atfork_child */
+    t->pos = t->cap = 0;
+    t->next_size = 0;
+    t->tid = __atomic_fetch_add(&H->threads, 1, __ATOMIC_RELAXED);
+    if (g_stack_depth && !g_unwind_dwarf) stack_bounds(t);
+    if (!t->loc_table) {
+        void *m = sys_mmap(NULL, LOC_TABLE_SLOTS * 16, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        t->loc_table = m == MAP_FAILED ? NULL : m;
+    } else {
+        memset(t->loc_table, 0, LOC_TABLE_SLOTS * 16);  /* its ids belong to the parent's file */
+    }
+    t->gen = gen;
+    t->internal--;
+    t->busy = 0;
+    return 1;
+}
+
+static inline int thread_ready(struct tstate *t) {
+    return LIKELY(t->gen == g_gen && g_state == ST_ACTIVE && !t->internal) || thread_ready_slow(t);
+}
+
+/* Returns room for n consecutive slots, or NULL (the event is counted as lost). */
+static struct hc_record *slots(struct tstate *t, uint32_t n) {
+    uint32_t i = claim_slots(&t->pos, n);
+    if (LIKELY(i + n <= t->cap)) return &t->rec[i];
+    if (t->busy) {  /* a signal handler interrupted our own slow path */
+        __atomic_fetch_add(&H->lost, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    t->busy = 1;
+    t->internal++;
+    int ok = claim_chunk(t, n);
+    t->internal--;
+    t->busy = 0;
+    if (!ok) {
+        __atomic_fetch_add(&H->lost, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    return slots(t, n);
+}
+
+/* ---------------------------------------------------------------- locations */
+
+/* Finds the address range of this library, whose frames are never the program's. */
+static int self_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+    uintptr_t me = (uintptr_t)arg, lo = ~(uintptr_t)0, hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *p = &info->dlpi_phdr[i];
+        if (p->p_type != PT_LOAD) continue;
+        uintptr_t a = info->dlpi_addr + p->p_vaddr;
+        if (a < lo) lo = a;
+        if (a + p->p_memsz > hi) hi = a + p->p_memsz;
+    }
+    if (me < lo || me >= hi) return 0;
+    g_self_lo = lo;
+    g_self_hi = hi;
+    return 1;
+}
+
+/* Return addresses of the calling stack, innermost first, without this library's own frames:
+ * the first one is the call site. */
+static int walk_frames(struct tstate *t, uintptr_t *out, int max) {
+    uintptr_t raw[MAX_STACK + 8];
+    int got = 0, cap = max + 8 > MAX_STACK + 8 ? MAX_STACK + 8 : max + 8;
+    if (g_unwind_dwarf) {
+        t->internal++;
+        got = backtrace((void **)raw, cap);
+        t->internal--;
+    } else {
+        /* Frame pointers: [fp] = caller's fp, [fp+8] = return address. Each step is checked
+         * against this thread's stack bounds, so a frame compiled without a frame pointer ends
+         * the walk and never faults. */
+        uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
+        while (got < cap) {
+            if (fp < t->stk_lo || fp + 16 > t->stk_hi || (fp & 7)) break;
+            uintptr_t ret = ((uintptr_t *)fp)[1];
+            uintptr_t next = ((uintptr_t *)fp)[0];
+            if (ret < 4096) break;
+            raw[got++] = ret;
+            if (next <= fp) break;
+            fp = next;
+        }
+    }
+    int i = 0, n = 0;
+    while (i < got && raw[i] >= g_self_lo && raw[i] < g_self_hi) i++;
+    while (i < got && n < max) out[n++] = raw[i++];
+    return n;
+}
+
+/* Writes an HC_LOC definition for frames[0..n) and returns its new id (0 if it was lost). */
+static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n) {
+    uint32_t id = (uint32_t)__atomic_add_fetch(&H->locs, 1, __ATOMIC_RELAXED);
+    uint32_t extra = n > 2 ? ((uint32_t)n - 2 + 2) / 3 : 0;
+    struct hc_record *r = slots(t, 1 + extra);
+    if (!r) return 0;
+    uint64_t *x = (uint64_t *)(r + 1);
+    for (uint32_t k = 0; k < extra; k++) {
+        for (int j = 0; j < 3; j++) {
+            int f = 2 + (int)k * 3 + j;
+            x[4 * k + 1 + j] = f < n ? frames[f] : 0;
+        }
+        __atomic_store_n(&x[4 * k], HC_LOCX, __ATOMIC_RELEASE);
+    }
+    r->ts = (uint32_t)n;
+    r->loc = 0;
+    r->a = frames[0];
+    r->b = n > 1 ? frames[1] : 0;
+    __atomic_store_n(&r->head, ((uint64_t)id << 8) | HC_LOC, __ATOMIC_RELEASE);
+    return id;
+}
+
+/* The location id of this event: its call site, or with --stacks its whole stack, interned in a
+ * per-thread table (the reader merges ids that different threads gave to the same frames). */
+static inline uint32_t location(struct tstate *t, const void *callsite) {
+    uintptr_t frames[MAX_STACK];
+    int n = 1;
+    uint64_t h;
+    frames[0] = (uintptr_t)callsite;
+    if (UNLIKELY(g_stack_depth)) {
+        n = walk_frames(t, frames, g_stack_depth);
+        if (n == 0) { frames[0] = (uintptr_t)callsite; n = 1; }
+        h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+        for (int i = 0; i < n; i++) { h ^= frames[i]; h *= 0xff51afd7ed558ccdull; h ^= h >> 29; }
+    } else {
+        h = (uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull;
+    }
+    h |= 1;  /* 0 marks an empty table slot */
+    uint64_t *tab = t->loc_table;
+    if (UNLIKELY(!tab)) return 0;
+    uint32_t mask = LOC_TABLE_SLOTS - 1;
+    uint32_t i = (uint32_t)(h >> 40) & mask;
+    for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
+        if (LIKELY(tab[2 * i] == h)) return (uint32_t)tab[2 * i + 1];
+        if (tab[2 * i] == 0) {
+            uint32_t id = define_loc(t, frames, n);
+            if (id) { tab[2 * i + 1] = id; tab[2 * i] = h; }
+            return id;
+        }
+    }
+    memset(tab, 0, LOC_TABLE_SLOTS * 16);  /* crowded: start over (the reader merges duplicates) */
+    return define_loc(t, frames, n);
+}
+
+/* ---------------------------------------------------------------- recording */
+
+static inline uint64_t next_seq(void) { return __atomic_fetch_add(&H->seq, 1, __ATOMIC_RELAXED); }
+
+/* Claims n slots for an event and its time offset. The clock is read after the claim, because a
+ * claim that opens a new chunk also moves the time base to that chunk's start. */
+static inline struct hc_record *event_slots(struct tstate *t, uint32_t n, uint32_t *ts) {
+    for (;;) {
+        struct hc_record *r = slots(t, n);
+        if (UNLIKELY(!r)) return NULL;
+        uint64_t now = now_ticks();
+        uint64_t d = now - t->tbase;
+        if (LIKELY(d <= UINT32_MAX)) { *ts = (uint32_t)d; return r; }
+        /* Too long since the base: these slots become HC_TIME slots and we claim again. */
+        t->tbase = now;
+        for (uint32_t k = n; k-- > 0;) {
+            r[k].ts = 0; r[k].loc = 0; r[k].a = now; r[k].b = 0;
+            __atomic_store_n(&r[k].head, (uint64_t)HC_TIME, __ATOMIC_RELEASE);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void emit(struct tstate *t, int op, uint64_t seq,
+        const void *a, uint64_t b, const void *callsite) {
+    uint32_t loc = location(t, callsite);
+    uint32_t ts;
+    struct hc_record *r = event_slots(t, 1, &ts);
+    if (UNLIKELY(!r)) return;
+    r->ts = ts;
+    r->loc = loc;
+    r->a = (uint64_t)(uintptr_t)a;
+    r->b = b;
+    __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
+}
+
+static inline __attribute__((always_inline)) void emit_ext(struct tstate *t, int op, uint64_t seq,
+        const void *a, uint64_t b, const void *old, uint64_t arg, uint64_t lag, const void *callsite) {
+    uint32_t loc = location(t, callsite);
+    uint32_t ts;
+    struct hc_record *r = event_slots(t, 2, &ts);
+    if (UNLIKELY(!r)) return;
+    struct hc_ext *x = (struct hc_ext *)(r + 1);
+    x->old = (uint64_t)(uintptr_t)old;
+    x->arg = arg;
+    x->pad = 0;
+    __atomic_store_n(&x->head, ((lag > 0xFFFFFFFFull ? 0xFFFFFFFFull : lag) << 8) | HC_EXT,
+                     __ATOMIC_RELEASE);
+    r->ts = ts;
+    r->loc = loc;
+    r->a = (uint64_t)(uintptr_t)a;
+    r->b = b;
+    __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
+}
+
+static uint64_t mul_sat(size_t a, size_t b) {
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : (uint64_t)r;
+}
+
+#define CALLSITE __builtin_return_address(0)
+
+EXPORT void *malloc(size_t n) {
+    struct tstate *t = &T;
+    if (UNLIKELY(!thread_ready(t))) return real_malloc ? real_malloc(n) : boot_alloc(n, 16);
+    void *p = real_malloc(n);
+    int e = errno;
+    uint64_t seq = next_seq();
+    emit(t, HC_MALLOC, seq, p, n, CALLSITE);
+    errno = e;
+    return p;
+}
+
+EXPORT void free(void *p) {
+    struct tstate *t = &T;
+    if (UNLIKELY(in_boot_arena(p))) return;
+    if (UNLIKELY(!thread_ready(t))) { if (real_free) real_free(p); return; }
+    /* The sequence number is taken before the block is released, so any later allocation that
+     * reuses the address, on any thread, gets a larger one. */
+    uint64_t seq = next_seq();
+    emit(t, HC_FREE, seq, p, 0, CALLSITE);
+    real_free(p);
+}
+
+EXPORT void *calloc(size_t nmemb, size_t size) {
+    struct tstate *t = &T;
+    if (UNLIKELY(!thread_ready(t))) {
+        if (real_calloc) return real_calloc(nmemb, size);
+        uint64_t total = mul_sat(nmemb, size);
+        void *p = total == UINT64_MAX ? NULL : boot_alloc(total, 16);
+        if (p) memset(p, 0, total);
+        return p;
+    }
+    void *p = real_calloc(nmemb, size);
+    int e = errno;
+    uint64_t seq = next_seq();
+    emit_ext(t, HC_CALLOC, seq, p, mul_sat(nmemb, size), NULL, nmemb, 0, CALLSITE);
+    errno = e;
+    return p;
+}
+
+static void *boot_realloc(void *p, size_t n) {
+    void *q = real_malloc ? real_malloc(n) : boot_alloc(n, 16);
+    if (q && p) {
+        size_t old = in_boot_arena(p) ? ((size_t *)p)[-1] : n;
+        memcpy(q, p, old < n ? old : n);
+        if (!in_boot_arena(p) && real_free) real_free(p);
+    }
+    return q;
+}
+
+/* realloc takes two sequence numbers: one before the call, where the old block is released if
+ * the call moves it, and one after, where the new block appears. free_lag holds the difference. */
+EXPORT void *realloc(void *p, size_t n) {
+    struct tstate *t = &T;
+    if (UNLIKELY(in_boot_arena(p) || !thread_ready(t))) {
+        if (in_boot_arena(p) || !real_realloc) return boot_realloc(p, n);
+        return real_realloc(p, n);
+    }
+    uint64_t before = next_seq();
+    void *q = real_realloc(p, n);
+    int e = errno;
+    uint64_t seq = next_seq();
+    emit_ext(t, HC_REALLOC, seq, q, n, p, 0, seq - before, CALLSITE);
+    errno = e;
+    return q;
+}
+
+EXPORT void *reallocarray(void *p, size_t nmemb, size_t size) {
+    struct tstate *t = &T;
+    if (UNLIKELY(in_boot_arena(p) || !thread_ready(t) || !real_reallocarray)) {
+        uint64_t total = mul_sat(nmemb, size);
+        if (total == UINT64_MAX) { errno = ENOMEM; return NULL; }
+        if (in_boot_arena(p) || !real_realloc) return boot_realloc(p, total);
+        return real_reallocarray ? real_reallocarray(p, nmemb, size) : real_realloc(p, total);
+    }
+    uint64_t before = next_seq();
+    void *q = real_reallocarray(p, nmemb, size);
+    int e = errno;
+    uint64_t seq = next_seq();
+    emit_ext(t, HC_REALLOCARRAY, seq, q, mul_sat(nmemb, size), p, nmemb, seq - before, CALLSITE);
+    errno = e;
+    return q;
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t n) {
+    struct tstate *t = &T;
+    if (UNLIKELY(!thread_ready(t))) {
+        if (real_posix_memalign) return real_posix_memalign(out, align, n);
+        void *p = boot_alloc(n, align);
+        if (!p) return ENOMEM;
+        *out = p;
+        return 0;
+    }
+    int rc = real_posix_memalign(out, align, n);
+    int e = errno;
+    uint64_t seq = next_seq();
+    emit_ext(t, HC_POSIX_MEMALIGN, seq, rc == 0 ? *out : NULL, n, NULL, align, 0, CALLSITE);
+    errno = e;
+    return rc;
+}
+
+#define ALIGNED_HOOK(name, OP, params, call, sz, al)                                     \
+    EXPORT void *name params {                                                          \
+        struct tstate *t = &T;                                                          \
+        if (UNLIKELY(!thread_ready(t)))                                                 \
+            return real_##name ? real_##name call : boot_alloc(sz, al);                 \
+        void *p = real_##name call;                                                     \
+        int e = errno;                                                                  \
+        uint64_t seq = next_seq();                                                      \
+        emit_ext(t, OP, seq, p, sz, NULL, al, 0, CALLSITE);            \
+        errno = e;                                                                      \
+        return p;                                                                       \
+    }
+
+ALIGNED_HOOK(aligned_alloc, HC_ALIGNED_ALLOC, (size_t align, size_t n), (align, n), n, align)
+ALIGNED_HOOK(memalign, HC_MEMALIGN, (size_t align, size_t n), (align, n), n, align)
+ALIGNED_HOOK(valloc, HC_VALLOC, (size_t n), (n), n, 4096)
+ALIGNED_HOOK(pvalloc, HC_PVALLOC, (size_t n), (n), n, 4096)
+
+/* ---------------------------------------------------------------- mmap family (with --mmap) */
+
+EXPORT void *mmap(void *a, size_t n, int prot, int flags, int fd, off_t off) {
+    struct tstate *t = &T;
+    void *p = real_mmap ? real_mmap(a, n, prot, flags, fd, off) : sys_mmap(a, n, prot, flags, fd, off);
+    if (!g_mmap || !thread_ready(t)) return p;
+    int e = errno;
+    uint64_t seq = next_seq();
+    emit_ext(t, HC_MMAP, seq, p == MAP_FAILED ? NULL : p, n, a,
+             ((uint64_t)(uint32_t)prot << 32) | (uint32_t)flags, 0, CALLSITE);
+    errno = e;
+    return p;
+}
+EXPORT void *mmap64(void *a, size_t n, int prot, int flags, int fd, off_t off)
+    __attribute__((alias("mmap")));
+
+EXPORT int munmap(void *a, size_t n) {
+    struct tstate *t = &T;
+    if (!g_mmap || !thread_ready(t))
+        return real_munmap ? real_munmap(a, n) : (int)syscall(SYS_munmap, a, n);
+    uint64_t seq = next_seq();  /* before: the range may be mapped again by another thread */
+    int rc = real_munmap(a, n);
+    int e = errno;
+    emit_ext(t, HC_MUNMAP, seq, a, n, NULL, (uint64_t)(rc != 0), 0, CALLSITE);
+    errno = e;
+    return rc;
+}
+
+EXPORT void *mremap(void *old, size_t old_n, size_t n, int flags, ...) {
+    struct tstate *t = &T;
+    void *target = NULL;
+    if (flags & MREMAP_FIXED) {
+        va_list ap;
+        va_start(ap, flags);
+        target = va_arg(ap, void *);
+        va_end(ap);
+    }
+    if (!g_mmap || !thread_ready(t)) {
+        if (real_mremap) return real_mremap(old, old_n, n, flags, target);
+        return (void *)syscall(SYS_mremap, old, old_n, n, flags, target);
+    }
+    uint64_t before = next_seq();
+    void *p = real_mremap(old, old_n, n, flags, target);
+    int e = errno;
+    uint64_t seq = next_seq();
+    emit_ext(t, HC_MREMAP, seq, p == MAP_FAILED ? NULL : p, n, old, old_n, seq - before, CALLSITE);
+    errno = e;
+    return p;
+}
+
+/* ---------------------------------------------------------------- start and end */
+
+__attribute__((constructor)) static void heapcast_start(void) {
+    if (g_state == ST_UNINIT) init_process();
+}
+
+__attribute__((destructor)) static void heapcast_end(void) {
+    if (g_state != ST_ACTIVE || !H) return;
+    T.internal++;
+    char buf[4096];
+    ssize_t n = read_file("/proc/self/status", buf, sizeof buf - 1);
+    if (n > 0) {
+        buf[n] = 0;
+        char *s = strstr(buf, "VmHWM:");
+        if (s) {
+            uint64_t kb = 0;
+            for (s += 6; *s == ' ' || *s == '\t'; s++) {}
+            for (; *s >= '0' && *s <= '9'; s++) kb = kb * 10 + (uint64_t)(*s - '0');
+            H->peak_rss_bytes = kb * 1024;
+        }
+    }
+    snapshot_modules(0);
+    H->end_tsc = now_ticks();
+    H->end_mono_ns = mono_ns();
+    __atomic_fetch_or(&H->flags, HC_FLAG_CLEAN_EXIT, __ATOMIC_RELEASE);
+    T.internal--;
+}

@@ -1,0 +1,18 @@
+"""heapcast: record every heap operation of a Linux program, forecast it, and measure policies.
+
+The Python API mirrors the command line: `record`, `load`, `stats`, ...
+"""
+from .record import finalize, record
+from .trace.format import EVENT_DTYPE, OPS, TraceError
+from .trace.model import Process, Trace
+from .trace.reader import load
+
+__all__ = ["EVENT_DTYPE", "OPS", "Process", "Trace", "TraceError", "finalize", "load", "record",
+           "stats"]
+__version__ = "0.1.0"
+
+
+def stats(trace, top: int = 10) -> dict:
+    """Summary statistics of a trace (see heapcast.stats.stats)."""
+    from .stats import stats as _stats
+    return _stats(trace, top=top)

@@ -1,0 +1,131 @@
+"""The `heapcast` command: one thin function per subcommand (parse, call the library, print)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .trace.format import TraceError
+
+
+def _cmd_record(a) -> int:
+    from .record import RecordError, record
+    if not a.command:
+        raise UsageError("record needs a command: heapcast record [options] -- CMD ARGS...")
+    try:
+        r = record(a.command, output=a.output, stacks=a.stacks, rss_interval_ms=a.rss_interval,
+                   follow_children=a.follow_children, mmap=a.mmap, unwind=a.unwind)
+    except RecordError as e:
+        print(f"heapcast: {e}", file=sys.stderr)
+        return 127
+    print(r.summary(), file=sys.stderr)
+    return r.exit_code
+
+
+def _cmd_finalize(a) -> int:
+    from .record import finalize
+    r = finalize(a.trace)
+    print(r.summary(), file=sys.stderr)
+    return 0
+
+
+def _cmd_stats(a) -> int:
+    from .stats import format_stats, stats
+    from .trace.reader import load
+    trace = load(a.trace)
+    d = stats(trace, top=a.top)
+    print(json.dumps(d, indent=2) if a.json else format_stats(d))
+    if a.plot:
+        from .plot import plot_stats
+        plot_stats(trace, a.plot)
+        print(f"heapcast: wrote {a.plot}", file=sys.stderr)
+    return 0
+
+
+def _cmd_import(a) -> int:
+    from .trace.seed_import import import_seed
+    out = import_seed(a.log, a.output)
+    print(f"heapcast: imported {a.log} -> {out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_export(a) -> int:
+    from .export import export_parquet
+    from .trace.reader import load
+    if not a.parquet:
+        raise UsageError("export needs a format: heapcast export TRACE --parquet OUT")
+    export_parquet(load(a.trace), a.parquet)
+    print(f"heapcast: wrote {a.parquet}", file=sys.stderr)
+    return 0
+
+
+class UsageError(Exception):
+    """A command line that cannot be run."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="heapcast", description="Record, analyse and forecast the "
+                                "heap behaviour of Linux programs.")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("record", help="run a program and record every heap call",
+                       usage="heapcast record [-o PATH] [--stacks N] [--rss-interval MS] "
+                             "[--follow-children] [--mmap] -- CMD ARGS...")
+    r.add_argument("-o", "--output", type=Path, help="trace directory to create (default: "
+                   "heapcast-<program>-<n> in the current directory)")
+    r.add_argument("--stacks", type=int, default=0, metavar="N",
+                   help="record up to N frames of stack per event (default 0: call site only)")
+    r.add_argument("--unwind", choices=("fp", "dwarf"), default="fp",
+                   help="stack walking with --stacks: frame pointers (fast; stops at code built "
+                        "without them) or DWARF unwind tables (complete, slower)")
+    r.add_argument("--rss-interval", type=float, default=10, metavar="MS",
+                   help="sample resident memory every MS milliseconds (default 10)")
+    r.add_argument("--follow-children", action="store_true",
+                   help="also trace programs started by exec (forked children are always traced)")
+    r.add_argument("--mmap", action="store_true", help="also record mmap, munmap and mremap")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    r.set_defaults(func=_cmd_record)
+
+    f = sub.add_parser("finalize", help="convert the raw files of an interrupted recording")
+    f.add_argument("trace", type=Path)
+    f.set_defaults(func=_cmd_finalize)
+
+    s = sub.add_parser("stats", help="summarize a trace: ops, peaks, sizes, lifetimes, call sites")
+    s.add_argument("trace", type=Path)
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--top", type=int, default=10, help="call sites to list (default 10)")
+    s.add_argument("--plot", type=Path, metavar="PNG", help="also draw live bytes and RSS over time")
+    s.set_defaults(func=_cmd_stats)
+
+    i = sub.add_parser("import", help="convert another tool's log into a heapcast trace")
+    i.add_argument("kind", choices=("seed",), help="seed: the article's libtracemalloc text log")
+    i.add_argument("log", type=Path, help="the log (plain or gzip)")
+    i.add_argument("-o", "--output", type=Path, required=True, help="trace directory to create")
+    i.set_defaults(func=_cmd_import)
+
+    e = sub.add_parser("export", help="write a trace's events in another format")
+    e.add_argument("trace", type=Path)
+    e.add_argument("--parquet", type=Path, metavar="OUT", help="Apache Parquet file")
+    e.set_defaults(func=_cmd_export)
+    return p
+
+
+def main(argv=None) -> int:
+    """Entry point of the `heapcast` command."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.verb == "record" and a.command and a.command[0] == "--":
+        a.command = a.command[1:]
+    try:
+        return a.func(a)
+    except (TraceError, UsageError, ValueError, FileNotFoundError) as e:
+        print(f"heapcast {a.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Heap replay by matching: which allocation produced the block that each release gives back.
+
+Everything that needs block identity (stats, lifetime labels, the allocator lab) starts here. The
+matching is vectorized: every acquisition and release becomes a row keyed by (address, position in
+the global order), one sort groups the rows of each address in order, and a release matches the
+acquisition just before it. O(n log n), no Python loop over events.
+
+Rules (docs/trace-format.md, "How a heap is replayed"):
+- allocation ops with addr != 0 acquire `addr`;
+- free with old_addr != 0 releases it;
+- realloc/reallocarray that returned a block, or returned 0 for size 0, release old_addr (if any)
+  at seq - free_lag and acquire addr at seq; an in-place realloc is a release and an acquisition of
+  the same address at the same point (the release first).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .trace.format import ALLOC_OPS, FREE, REALLOC, REALLOCARRAY
+
+NEVER = -1      # release_of: the block was never released (still live at the end)
+UNKNOWN = -1    # alloc_of: the released address was not live
+INHERITED = -2  # alloc_of: the block was live in the parent when this process was forked
+
+
+@dataclass
+class Blocks:
+    """The matching of one process's events (all arrays are indexed by event index)."""
+
+    acquires: np.ndarray        # bool: the event produced a block
+    releases: np.ndarray        # bool: the event released a block (or tried to)
+    release_of: np.ndarray      # int64: for acquisitions, index of the releasing event, else -1
+    alloc_of: np.ndarray        # int64: for releases, index of the acquiring event, -1/-2, else -1
+    released_size: np.ndarray   # uint64: bytes of the block released by this event (0 if unknown)
+    unknown_releases: int       # releases of addresses that were not live
+    double_acquires: int        # acquisitions of an address that was already live
+    inherited_live: int         # blocks inherited from the parent that were still live at the end
+
+    @property
+    def leaked(self) -> np.ndarray:
+        """Indices of acquisitions never released."""
+        return np.flatnonzero(self.acquires & (self.release_of == NEVER))
+
+    def live_delta(self, sizes: np.ndarray) -> np.ndarray:
+        """Change of live requested bytes at each event (int64)."""
+        delta = np.where(self.acquires, sizes.astype(np.int64), 0)
+        return delta - self.released_size.astype(np.int64)
+
+
+def acquire_release_masks(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which events acquire a block and which release one (see the module docstring)."""
+    op = ev["op"]
+    is_realloc = (op == REALLOC) | (op == REALLOCARRAY)
+    acquires = np.isin(op, ALLOC_OPS) & (ev["addr"] != 0)
+    releases = (op == FREE) & (ev["old_addr"] != 0)
+    releases |= is_realloc & (ev["old_addr"] != 0) & ((ev["addr"] != 0) | (ev["size"] == 0))
+    return acquires, releases
+
+
+def match(ev: np.ndarray, inherited_addrs: np.ndarray | None = None,
+          inherited_sizes: np.ndarray | None = None) -> Blocks:
+    """Matches the releases of one process's events (in seq order) to their acquisitions.
+
+    `inherited_addrs`/`inherited_sizes`: blocks live at the start (a forked child's inheritance).
+    """
+    n = len(ev)
+    acquires, releases = acquire_release_masks(ev)
+    acq_idx = np.flatnonzero(acquires)
+    rel_idx = np.flatnonzero(releases)
+    seq = ev["seq"].astype(np.int64)
+    moved = (ev["addr"][rel_idx] != ev["old_addr"][rel_idx]) & (ev["op"][rel_idx] != FREE)
+    rel_pos = seq[rel_idx] - np.where(moved, ev["free_lag"][rel_idx].astype(np.int64), 0)
+
+    inh_addrs = np.zeros(0, np.uint64) if inherited_addrs is None else np.asarray(inherited_addrs, np.uint64)
+    k = len(inh_addrs)
+    # Rows: inherited acquisitions (position -1), acquisitions, releases.
+    addr = np.concatenate([inh_addrs, ev["addr"][acq_idx], ev["old_addr"][rel_idx]])
+    pos = np.concatenate([np.full(k, -1, np.int64), seq[acq_idx], rel_pos])
+    kind = np.concatenate([np.ones(k, np.int8), np.ones(len(acq_idx), np.int8),
+                           np.zeros(len(rel_idx), np.int8)])           # release sorts first
+    event = np.concatenate([INHERITED - np.arange(k, dtype=np.int64), acq_idx, rel_idx])
+    order = np.lexsort((kind, pos, addr))
+    addr, kind, event = addr[order], kind[order], event[order]
+
+    same_prev = np.zeros(len(addr), bool)
+    same_prev[1:] = addr[1:] == addr[:-1]
+    prev_acq = np.zeros(len(addr), bool)
+    prev_acq[1:] = kind[:-1] == 1
+    prev_event = np.empty(len(addr), np.int64)
+    prev_event[0] = UNKNOWN
+    prev_event[1:] = event[:-1]
+
+    rel_rows = kind == 0
+    matched = rel_rows & same_prev & prev_acq
+    alloc_of = np.full(n, UNKNOWN, np.int64)
+    alloc_of[event[matched]] = prev_event[matched]
+    release_of = np.full(n, NEVER, np.int64)
+    real_src = prev_event[matched]
+    release_of[real_src[real_src >= 0]] = event[matched][real_src >= 0]
+
+    inherited_hit = matched & (prev_event <= INHERITED)
+    released_size = np.zeros(n, np.uint64)
+    own = matched & (prev_event >= 0)
+    released_size[event[own]] = ev["size"][prev_event[own]]
+    if k and inherited_sizes is not None:
+        sizes = np.asarray(inherited_sizes, np.uint64)
+        released_size[event[inherited_hit]] = sizes[INHERITED - prev_event[inherited_hit]]
+    alloc_of[event[inherited_hit]] = INHERITED
+
+    double = (kind == 1) & same_prev & prev_acq
+    inherited_released = np.zeros(k, bool)
+    inherited_released[INHERITED - prev_event[inherited_hit]] = True
+    return Blocks(acquires, releases, release_of, alloc_of, released_size,
+                  unknown_releases=int(np.count_nonzero(rel_rows & ~matched)),
+                  double_acquires=int(np.count_nonzero(double)),
+                  inherited_live=int(k - np.count_nonzero(inherited_released)))
+
+
+def live_at(ev: np.ndarray, blocks: Blocks, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """Addresses and sizes of the blocks live just before event `seq` (for a fork child)."""
+    idx = np.flatnonzero(blocks.acquires & (ev["seq"] < seq))
+    rel = blocks.release_of[idx]
+    still = (rel == NEVER) | (ev["seq"][np.maximum(rel, 0)] >= seq)
+    idx = idx[still]
+    return ev["addr"][idx], ev["size"][idx]
+
+
+def match_trace(trace) -> list:
+    """Blocks for every process of a trace, forked children starting with their parent's live blocks."""
+    result = []
+    by_pid = {}
+    for p in trace.processes:
+        inh_a = inh_s = None
+        parent = by_pid.get(p.forked_from) if p.forked_from else None
+        if parent is not None:
+            pev, pblocks = parent
+            inh_a, inh_s = live_at(pev, pblocks, p.fork_seq)
+        ev = p.events
+        b = match(ev, inh_a, inh_s)
+        result.append(b)
+        by_pid[p.pid] = (ev, b)
+    return result

@@ -1,0 +1,291 @@
+"""`heapcast record`: run a program under the native recorder, sample its RSS, convert the trace.
+
+The program runs with the recorder preloaded; while it runs, this process samples the resident set
+of every traced process from /proc every `rss_interval_ms`. When the program has ended (however it
+ended), the raw files are converted into compressed .hct files (`finalize`), so a trace cut by
+SIGKILL still yields everything that was written.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import shlex
+import signal
+import struct
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .trace.format import RSS_DTYPE, SESSION_FILE, TRACE_SUFFIX
+from .trace.raw import HEADER_SIZE, RAW_MAGIC, RawProcess, raw_files
+from .trace.writer import write_process_file, write_session
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def recorder_library() -> Path:
+    """Path of the preload library built by `pip install`."""
+    lib = Path(__file__).with_name("libheapcast_recorder.so")
+    if not lib.exists():
+        raise FileNotFoundError(f"{lib} is missing: reinstall heapcast (`pip install .`) so that "
+                                "the native recorder is built")
+    return lib
+
+
+@dataclass
+class RecordResult:
+    """How a recording went: the program's exit code and what the trace holds."""
+
+    exit_code: int
+    path: Path
+    command: list
+    events: int = 0
+    processes: int = 0
+    threads: int = 0
+    lost_events: int = 0
+    truncated: bool = False
+    trace_bytes: int = 0
+    wall_s: float = 0.0
+    problems: list = field(default_factory=list)
+
+    @property
+    def bytes_per_event(self) -> float:
+        return self.trace_bytes / self.events if self.events else 0.0
+
+    def summary(self) -> str:
+        """The one-line summary `heapcast record` prints at the end."""
+        s = (f"heapcast: {self.events:,} events, {self.processes} process"
+             f"{'es' if self.processes != 1 else ''}, {self.threads} thread"
+             f"{'s' if self.threads != 1 else ''} -> {self.path} "
+             f"({self.bytes_per_event:.2f} bytes/event, {self.lost_events:,} lost")
+        s += ", TRUNCATED)" if self.truncated else ")"
+        for p in self.problems:
+            s += f"\nheapcast: warning: {p}"
+        return s
+
+
+def default_output(cmd: list) -> Path:
+    """A new name in the current directory: heapcast-<program>-<n>."""
+    base = f"heapcast-{Path(cmd[0]).name}" if cmd else "heapcast"
+    n = 1
+    while Path(f"{base}-{n}").exists():
+        n += 1
+    return Path(f"{base}-{n}")
+
+
+class _RssSampler:
+    """Reads /proc/<pid>/statm of every traced process, with the seq counter of its raw file."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.files: dict[str, tuple] = {}      # raw file name -> (pid, mmap of its header)
+        self.samples: dict[str, list] = {}
+
+    def _discover(self) -> None:
+        for entry in os.scandir(self.directory):
+            if not entry.name.endswith(".raw") or entry.name in self.files:
+                continue
+            try:
+                with open(entry.path, "rb") as f:
+                    m = mmap.mmap(f.fileno(), HEADER_SIZE, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                continue  # being created: next tick
+            if m[:8] != RAW_MAGIC:
+                m.close()
+                continue
+            pid = struct.unpack_from("<i", m, 24)[0]
+            self.files[entry.name] = (pid, m)
+            self.samples[entry.name] = []
+
+    def sample(self) -> None:
+        self._discover()
+        newest = {}
+        for name, (pid, m) in self.files.items():  # the newest image of a pid is the live one
+            newest[pid] = name if pid not in newest or name > newest[pid] else newest[pid]
+        for pid, name in newest.items():
+            try:
+                with open(f"/proc/{pid}/statm", "rb") as f:
+                    resident = int(f.read().split()[1]) * PAGE
+            except (OSError, ValueError, IndexError):
+                continue
+            seq = struct.unpack_from("<Q", self.files[name][1], 128)[0]
+            self.samples[name].append((time.monotonic_ns(), seq, resident))
+
+    def close(self) -> None:
+        for _, m in self.files.values():
+            m.close()
+
+    def rss(self, raw_name: str) -> np.ndarray:
+        return np.array(self.samples.get(raw_name, []), dtype=RSS_DTYPE)
+
+
+def _prepare_directory(path: Path) -> str | None:
+    """Creates the trace directory; returns a problem description if it cannot be written."""
+    try:
+        if path.exists():
+            if not path.is_dir():
+                return f"{path} exists and is not a directory"
+            if any(path.iterdir()):
+                return f"{path} already exists and is not empty: refusing to mix traces"
+        else:
+            path.mkdir(mode=0o700, parents=False)
+        probe = path / ".heapcast-probe"
+        probe.touch(mode=0o600)
+        probe.unlink()
+    except OSError as e:
+        return f"cannot write the trace directory {path}: {e.strerror}"
+    return None
+
+
+def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follow_children: bool = False,
+           mmap: bool = False, unwind: str = "fp", progress: bool | None = None) -> RecordResult:
+    """Runs `cmd` with the recorder preloaded and returns how it went (see RecordResult).
+
+    The trace is written at exactly `output` (a directory; default: a new name in the current
+    directory). The program's exit status is returned as a shell reports it (128+N for signal N).
+    If the trace cannot be written, the program still runs, untouched, and the result says why.
+    """
+    cmd = [str(c) for c in cmd]
+    if not cmd:
+        raise ValueError("no command to record")
+    if unwind not in ("fp", "dwarf"):
+        raise ValueError(f"unwind must be 'fp' or 'dwarf', not {unwind!r}")
+    if not 0 <= stacks <= 64:
+        raise ValueError(f"stacks must be between 0 and 64 frames, not {stacks}")
+    path = Path(output) if output is not None else default_output(cmd)
+    problem = _prepare_directory(path)
+    env = dict(os.environ)
+    if problem is None:
+        lib = str(recorder_library())
+        env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+        env.update(HEAPCAST_DIR=str(path.resolve()), HEAPCAST_STACKS=str(stacks),
+                   HEAPCAST_UNWIND=unwind, HEAPCAST_MMAP="1" if mmap else "0",
+                   HEAPCAST_FOLLOW="1" if follow_children else "0")
+    start = time.monotonic()
+    exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms)
+    result = RecordResult(exit_code, path, cmd)
+    result.wall_s = time.monotonic() - start
+    if problem is not None:
+        result.truncated = True
+        result.problems.append(problem + "; the program ran untraced")
+    else:
+        finalize(path, result, sampler, progress=progress)
+    return result
+
+
+def _run(cmd, env, trace_dir, rss_interval_ms) -> tuple:
+    """Runs the program, sampling RSS meanwhile; returns its exit status as a shell reports it
+    and the RSS sampler (None when untraced)."""
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)   # ^C reaches the program, we finalize
+    old_quit = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    sampler = _RssSampler(trace_dir) if trace_dir is not None else None
+    try:
+        try:
+            proc = subprocess.Popen(cmd, env=env, restore_signals=True,
+                                    preexec_fn=_default_signals)
+        except OSError as e:
+            raise RecordError(f"cannot run {shlex.join(cmd)}: {e.strerror}") from None
+        old_term = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(s))
+        try:
+            interval = max(rss_interval_ms, 1) / 1000.0
+            while True:
+                if sampler is not None:
+                    sampler.sample()
+                try:
+                    rc = proc.wait(timeout=interval)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGQUIT, old_quit)
+    if sampler is not None:
+        sampler.close()
+    return (128 - rc if rc < 0 else rc), sampler
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+class RecordError(Exception):
+    """The program could not be started."""
+
+
+def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | None = None,
+             progress: bool | None = None) -> RecordResult:
+    """Converts the raw files of a trace directory into .hct files and writes session.json.
+
+    `heapcast record` calls it when the program has ended; run it by hand (`heapcast finalize`) on a
+    directory whose recording session was itself interrupted.
+    """
+    from tqdm import tqdm
+
+    path = Path(path)
+    if result is None:
+        result = RecordResult(exit_code=-1, path=path, command=[])
+    raws = raw_files(path)
+    if not raws:
+        result.truncated = True
+        result.problems.append("no process wrote a trace (is the program statically linked or "
+                               "setuid? LD_PRELOAD does not reach those)")
+    total = 0
+    scanned = []
+    for raw in raws:
+        try:
+            rp = RawProcess(raw)
+        except Exception as e:  # a raw file we cannot read must not hide the others
+            result.problems.append(f"{raw.name}: {e}")
+            continue
+        scanned.append((raw, rp))
+        total += sum(c.n for c in rp.chunks)
+    bar = tqdm(total=total, unit="slot", desc="heapcast: writing trace", disable=progress is False
+               or (progress is None and (total < 2_000_000 or not os.isatty(2))), leave=False)
+    pids, threads = set(), 0
+    for raw, rp in scanned:
+        proc = rp.process()
+        table, remap = rp.location_table()
+        proc.locations = table
+        if sampler is not None:
+            proc.rss = sampler.rss(raw.name)
+
+        def blocks(rp=rp, remap=remap):
+            for block in rp.iter_events():
+                loc = block["loc"]
+                known = loc < len(remap)
+                block["loc"] = np.where(known, remap[np.where(known, loc, 0)], 0)
+                bar.update(len(block))
+                yield block
+
+        out = raw.with_suffix(TRACE_SUFFIX)
+        write_process_file(out, proc, blocks())
+        rp.close()
+        result.events += proc.event_count
+        result.lost_events += proc.lost_events
+        result.truncated |= proc.truncated
+        threads += proc.threads
+        pids.add((proc.pid, proc.image))
+        raw.unlink()
+        mods = raw.with_suffix(".mods")
+        if mods.exists():
+            mods.unlink()
+    bar.close()
+    claim = path / "root.claim"
+    if claim.exists():
+        claim.unlink()
+    result.processes = len(pids)
+    result.threads = threads
+    write_session(path, {
+        "command": result.command, "exit_code": result.exit_code, "events": result.events,
+        "processes": result.processes, "lost_events": result.lost_events,
+        "truncated": result.truncated, "problems": result.problems,
+        "wall_s": round(result.wall_s, 6),
+    })
+    result.trace_bytes = sum(f.stat().st_size for f in path.glob("*" + TRACE_SUFFIX))
+    return result

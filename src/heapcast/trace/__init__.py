@@ -1,0 +1,1 @@
+"""Trace formats: the raw recording, the .hct file, and their readers and writers."""

@@ -1,0 +1,257 @@
+"""Reads traces: `load(path)` for a trace directory or one .hct file (docs/trace-format.md).
+
+Loading reads the small sections (metadata, locations, modules, RSS) and indexes the EVENTS blocks;
+events are decoded when first asked for (`Process.events`, `Trace.chunks()`). Anything that does not
+match the format raises TraceError naming the file, the offset and what was expected.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import zstandard
+
+from . import codec
+from .format import EVENT_DTYPE, RSS_DTYPE, SESSION_FILE, TRACE_MAGIC, TRACE_SUFFIX, TRACE_VERSION, TraceError
+from .model import LocationTable, Module, ModuleSnapshot, Process, Trace
+from .writer import (BLOCK_EVENTS, COLUMN, END, EVENTS, FILE_HEADER, LOCATIONS, META, MODULES, RSS, SECTION,
+                     STORED_FIELDS, CODEC_STORED, CODEC_ZSTD)
+
+KNOWN = {META, LOCATIONS, MODULES, RSS, EVENTS, END}
+
+
+@dataclass
+class _Block:
+    offset: int        # of the section header
+    stored_len: int
+    raw_len: int
+    crc: int
+    count: int
+    codec: int
+
+
+def load(path) -> Trace:
+    """Loads a trace directory (every process in it) or a single .hct file."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(path, None, "no such trace (expected a directory made by `heapcast record`"
+                         " or a .hct file)")
+    session = {}
+    if path.is_dir():
+        files = sorted(path.glob("*" + TRACE_SUFFIX))
+        s = path / SESSION_FILE
+        if s.exists():
+            try:
+                session = json.loads(s.read_text())
+            except (ValueError, UnicodeDecodeError) as e:
+                raise TraceError(s, None, f"expected a JSON object: {e}") from None
+        if not files:
+            if any(path.glob("*.raw")):
+                raise TraceError(path, None, "holds raw recordings that were never converted; run "
+                                 f"`heapcast finalize {path}`")
+            raise TraceError(path, None, f"no {TRACE_SUFFIX} files in this directory")
+    else:
+        files = [path]
+    procs = [read_process(f) for f in files]
+    procs.sort(key=lambda p: (p.start_ns, p.pid, p.image))
+    for i, p in enumerate(procs):
+        p.index = i
+    return Trace(path, procs, session)
+
+
+def _read_exact(f, n: int, path: Path, offset: int, what: str) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise TraceError(path, offset, f"file ends after {len(data)} of the {n} bytes of {what} "
+                         "(the file was cut short)")
+    return data
+
+
+def _payload(f, path: Path, off: int, stored_len: int, raw_len: int, crc: int, codec_id: int,
+             what: str) -> bytes:
+    f.seek(off + SECTION.size)
+    data = _read_exact(f, stored_len, path, off + SECTION.size, what)
+    if zlib.crc32(data) & 0xFFFFFFFF != crc:
+        raise TraceError(path, off, f"{what}: CRC-32 mismatch (the file is corrupt)")
+    if codec_id == CODEC_STORED:
+        raw = data
+    elif codec_id == CODEC_ZSTD:
+        try:
+            raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_len)
+        except zstandard.ZstdError as e:
+            raise TraceError(path, off, f"{what}: zstd data does not decompress: {e}") from None
+    else:
+        raise TraceError(path, off + 4, f"{what}: unknown codec {codec_id}, expected 0 or 1")
+    if len(raw) != raw_len:
+        raise TraceError(path, off, f"{what}: {len(raw)} bytes after decompression, expected {raw_len}")
+    return raw
+
+
+def read_process(path) -> Process:
+    """Reads one .hct file's metadata, locations, modules and RSS, and indexes its event blocks."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        magic, version, _flags, _ = FILE_HEADER.unpack(
+            _read_exact(f, FILE_HEADER.size, path, 0, "the file header"))
+        if magic != TRACE_MAGIC:
+            raise TraceError(path, 0, f"expected magic {TRACE_MAGIC!r}, found {magic!r}: "
+                             "not a heapcast trace file")
+        if version != TRACE_VERSION:
+            raise TraceError(path, 8, f"trace format version {version} is not supported; this "
+                             f"heapcast reads version {TRACE_VERSION}")
+        off = FILE_HEADER.size
+        blocks, found = [], {}
+        while True:
+            f.seek(off)
+            hdr = f.read(SECTION.size)
+            if len(hdr) != SECTION.size:
+                raise TraceError(path, off, "expected a section header (the file has no END "
+                                 "section: it was cut short)")
+            kind, codec_id, stored_len, raw_len, crc, count = SECTION.unpack(hdr)
+            if kind not in KNOWN:
+                raise TraceError(path, off, f"unknown section kind {kind:#x}, expected one of "
+                                 "1 META, 2 LOCATIONS, 3 MODULES, 4 RSS, 5 EVENTS, 0xffff END")
+            if off + SECTION.size + stored_len > size:
+                raise TraceError(path, off, f"section of {stored_len} bytes runs past the end of "
+                                 f"the file ({size} bytes)")
+            if codec_id == CODEC_STORED and raw_len != stored_len:
+                raise TraceError(path, off + 16, f"stored section of {stored_len} bytes claims "
+                                 f"{raw_len} bytes of content")
+            if kind != EVENTS and raw_len > (1 << 20) + 4096 * stored_len:
+                raise TraceError(path, off + 16, f"implausible section length {raw_len}")
+            if kind == END:
+                break
+            if kind == EVENTS:
+                if count > BLOCK_EVENTS:
+                    raise TraceError(path, off + 28, f"EVENTS block of {count} events, expected at "
+                                     f"most {BLOCK_EVENTS}")
+                expected = _events_payload_len(count)
+                if raw_len != expected:
+                    raise TraceError(path, off + 16, f"EVENTS block of {count} events has "
+                                     f"{raw_len} bytes, expected {expected}")
+                blocks.append(_Block(off, stored_len, raw_len, crc, count, codec_id))
+            else:
+                if kind in found:
+                    raise TraceError(path, off, f"section kind {kind} appears twice")
+                found[kind] = _payload(f, path, off, stored_len, raw_len, crc, codec_id,
+                                       f"section {kind}")
+            off += SECTION.size + stored_len
+    if META not in found:
+        raise TraceError(path, None, "no META section")
+    p = _process_from_meta(path, found[META])
+    p.locations = _locations(path, found.get(LOCATIONS, b""))
+    p.modules = _modules(path, found.get(MODULES, b"[]"))
+    rss = found.get(RSS, b"")
+    if len(rss) % RSS_DTYPE.itemsize:
+        raise TraceError(path, None, f"RSS section of {len(rss)} bytes is not a whole number of "
+                         f"{RSS_DTYPE.itemsize}-byte samples")
+    p.rss = np.frombuffer(rss, RSS_DTYPE).copy()
+    total = sum(b.count for b in blocks)
+    if total != p.event_count:
+        raise TraceError(path, None, f"EVENTS blocks hold {total} events, META says {p.event_count}")
+    p.source = str(path)
+    p._blocks = blocks
+    return p
+
+
+def _events_payload_len(count: int) -> int:
+    n = COLUMN.size * len(STORED_FIELDS)
+    for name in STORED_FIELDS:
+        enc = codec.COLUMN_ENCODING[name]
+        n += count * (EVENT_DTYPE[name].itemsize if enc == codec.PLAIN else 8)
+    return n
+
+
+def _process_from_meta(path: Path, raw: bytes) -> Process:
+    try:
+        meta = json.loads(raw)
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
+        p = Process(index=0, pid=int(meta["pid"]))
+        for key, default in p.meta().items():
+            if key in meta:
+                value = meta[key]
+                setattr(p, key, type(default)(value) if not isinstance(default, list) else list(value))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise TraceError(path, None, f"META section: expected a JSON object with process fields "
+                         f"(pid, ...): {e}") from None
+    return p
+
+
+def _locations(path: Path, raw: bytes) -> LocationTable:
+    if not raw:
+        return LocationTable()
+    if len(raw) < 16 or len(raw) % 8:
+        raise TraceError(path, None, f"LOCATIONS section of {len(raw)} bytes is malformed")
+    n = struct.unpack_from("<Q", raw)[0]
+    words = np.frombuffer(raw, "<u8", offset=8)
+    if n + 1 > len(words):
+        raise TraceError(path, None, f"LOCATIONS section announces {n} locations but holds "
+                         f"{len(words)} words")
+    offsets = words[:n + 1].astype(np.uint64)
+    flat = words[n + 1:].astype(np.uint64)
+    if (np.diff(offsets.astype(np.int64)) < 0).any() or int(offsets[-1]) != len(flat) or offsets[0] != 0:
+        raise TraceError(path, None, "LOCATIONS section: offsets are not increasing or do not "
+                         "match the number of frames")
+    return LocationTable(offsets, flat)
+
+
+def _modules(path: Path, raw: bytes) -> list:
+    try:
+        return [ModuleSnapshot(int(s["seq"]), [Module(str(m[0]), int(m[1]), int(m[2]), int(m[3]))
+                                               for m in s["modules"]])
+                for s in json.loads(raw)]
+    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as e:
+        raise TraceError(path, None, f"MODULES section: expected a list of snapshots: {e}") from None
+
+
+def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
+    raw = _payload(f, path, b.offset, b.stored_len, b.raw_len, b.crc, b.codec, "EVENTS block")
+    out = np.zeros(b.count, EVENT_DTYPE)
+    pos = 0
+    for _ in STORED_FIELDS:
+        field_idx, enc, _, n = COLUMN.unpack_from(raw, pos)
+        pos += COLUMN.size
+        if field_idx >= len(EVENT_DTYPE.names) or EVENT_DTYPE.names[field_idx] == "proc":
+            raise TraceError(path, b.offset, f"EVENTS block: column index {field_idx} is not a field")
+        name = EVENT_DTYPE.names[field_idx]
+        if enc != codec.COLUMN_ENCODING[name]:
+            raise TraceError(path, b.offset, f"EVENTS block: column {name} has encoding {enc}, "
+                             f"expected {codec.COLUMN_ENCODING[name]}")
+        try:
+            out[name] = codec.decode(raw[pos:pos + n], enc, EVENT_DTYPE[name], b.count)
+        except ValueError as e:
+            raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
+        pos += n
+    out["proc"] = proc
+    return out
+
+
+def iter_process_blocks(p: Process, size: int = 1 << 20) -> Iterator[np.ndarray]:
+    """Yields a process's events in blocks of at most `size` rows (bounded memory)."""
+    if p._events is not None:
+        for i in range(0, len(p._events), size):
+            yield p._events[i:i + size]
+        return
+    path = Path(p.source)
+    with open(path, "rb") as f:
+        for b in getattr(p, "_blocks", []):
+            block = _decode_block(path, f, b, p.index)
+            for i in range(0, len(block), size):
+                yield block[i:i + size]
+
+
+def read_process_events(p: Process) -> np.ndarray:
+    """All events of a process, in seq order."""
+    out = np.zeros(p.event_count, EVENT_DTYPE)
+    pos = 0
+    for block in iter_process_blocks(p, 1 << 62):
+        out[pos:pos + len(block)] = block
+        pos += len(block)
+    return out

@@ -1,0 +1,127 @@
+"""Writes .hct trace files (docs/trace-format.md) and the session.json of a trace directory."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import zstandard
+
+from . import codec
+from .format import EVENT_DTYPE, RSS_DTYPE, SESSION_FILE, TRACE_MAGIC, TRACE_VERSION
+from .model import LocationTable, Process
+
+FILE_HEADER = struct.Struct("<8sHHI")
+SECTION = struct.Struct("<IIQQII")  # kind, codec, stored_len, raw_len, crc32, count
+META, LOCATIONS, MODULES, RSS, EVENTS, END = 1, 2, 3, 4, 5, 0xFFFF
+CODEC_STORED, CODEC_ZSTD = 0, 1
+BLOCK_EVENTS = 1 << 20
+STORED_FIELDS = [n for n in EVENT_DTYPE.names if n != "proc"]
+COLUMN = struct.Struct("<BBHI")
+
+
+def open_private(path: Path, mode: str = "wb"):
+    """Opens a new file readable by its owner only: traces hold addresses."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
+
+
+class _SectionWriter:
+    def __init__(self, f, level: int):
+        self.f = f
+        self.zstd = zstandard.ZstdCompressor(level=level)
+
+    def write(self, kind: int, raw: bytes, count: int = 0, compress: bool = True) -> None:
+        stored = self.zstd.compress(raw) if compress and raw else raw
+        codec_id = CODEC_ZSTD if stored is not raw else CODEC_STORED
+        self.f.write(SECTION.pack(kind, codec_id, len(stored), len(raw),
+                                  zlib.crc32(stored) & 0xFFFFFFFF, count))
+        self.f.write(stored)
+
+
+def encode_events(block: np.ndarray) -> bytes:
+    """The uncompressed payload of one EVENTS section."""
+    parts = []
+    for name in STORED_FIELDS:
+        enc = codec.COLUMN_ENCODING[name]
+        data = codec.encode(np.ascontiguousarray(block[name]), enc)
+        parts.append(COLUMN.pack(EVENT_DTYPE.names.index(name), enc, 0, len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _blocks(events) -> Iterable[np.ndarray]:
+    """Re-cuts arrays or an iterable of arrays into blocks of at most BLOCK_EVENTS rows."""
+    if isinstance(events, np.ndarray):
+        events = [events]
+    pending, n = [], 0
+    for arr in events:
+        while len(arr):
+            take = min(len(arr), BLOCK_EVENTS - n)
+            pending.append(arr[:take])
+            n += take
+            arr = arr[take:]
+            if n == BLOCK_EVENTS:
+                yield np.concatenate(pending) if len(pending) > 1 else pending[0]
+                pending, n = [], 0
+    if n:
+        yield np.concatenate(pending) if len(pending) > 1 else pending[0]
+
+
+def encode_locations(table: LocationTable) -> bytes:
+    n = len(table)
+    return (struct.pack("<Q", n) + table.offsets.astype("<u8").tobytes()
+            + table.flat.astype("<u8").tobytes())
+
+
+def write_process_file(path, process: Process, events, level: int = 3) -> Path:
+    """Writes one process's trace file.
+
+    `events`: an EVENT_DTYPE array or an iterable of arrays, in seq order (bounded memory: blocks
+    are compressed as they come). Sets process.event_count. Written to a temporary name and renamed,
+    so a .hct file is either complete or absent.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    count = 0
+    last_ts = 0
+    with open_private(tmp) as f:
+        f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
+        w = _SectionWriter(f, level)
+        w.write(LOCATIONS, encode_locations(process.locations))
+        mods = [{"seq": s.seq, "modules": [[m.path, m.base, m.start, m.end] for m in s.modules]}
+                for s in process.modules]
+        w.write(MODULES, json.dumps(mods).encode())
+        w.write(RSS, np.ascontiguousarray(process.rss, dtype=RSS_DTYPE).tobytes())
+        prev_seq = -1
+        for block in _blocks(events):
+            if block.dtype != EVENT_DTYPE:
+                raise TypeError(f"events must have heapcast.EVENT_DTYPE, not {block.dtype}")
+            seq = block["seq"]
+            if len(seq) and (int(seq[0]) <= prev_seq or (len(seq) > 1 and (np.diff(seq.astype(np.int64)) <= 0).any())):
+                raise ValueError(f"{path}: events must be in strictly increasing seq order")
+            prev_seq = int(seq[-1])
+            w.write(EVENTS, encode_events(block), count=len(block))
+            count += len(block)
+            last_ts = max(last_ts, int(block["ts"].max()))
+        process.event_count = count
+        if not process.end_ns:
+            process.end_ns = last_ts
+        w.write(META, json.dumps(process.meta()).encode(), compress=False)
+        w.write(END, b"", compress=False)
+    os.replace(tmp, path)
+    return path
+
+
+def write_session(directory, session: dict) -> Path:
+    """Writes session.json (what was recorded, how it ended) into a trace directory."""
+    path = Path(directory) / SESSION_FILE
+    with open_private(path, "w") as f:
+        json.dump(session, f, indent=2)
+        f.write("\n")
+    return path
