@@ -525,6 +525,7 @@ static void stack_bounds(struct tstate *t) {
 
 /* Maps a fresh chunk with room for at least `slots` records after its header. */
 static int claim_chunk(struct tstate *t, uint32_t slots) {
+    if (__atomic_load_n(&H->flags, __ATOMIC_RELAXED) & HC_FLAG_TRUNCATED) return 0;  /* disk full */
     uint32_t size = t->next_size ? t->next_size : HC_CHUNK_MIN;
     while (size < (slots + 1) * HC_RECORD_SIZE) size *= 2;  /* + 1: the chunk header */
     if (t->next_size < HC_CHUNK_MAX) t->next_size = size * 2;
@@ -581,24 +582,17 @@ static inline int thread_ready(struct tstate *t) {
     return LIKELY(t->gen == g_gen && g_state == ST_ACTIVE && !t->internal) || thread_ready_slow(t);
 }
 
-/* Returns room for n consecutive slots, or NULL (the event is counted as lost). */
+/* Returns room for n consecutive slots, or NULL (the caller counts the loss). */
 static struct hc_record *slots(struct tstate *t, uint32_t n) {
     uint32_t i = claim_slots(&t->pos, n);
     if (LIKELY(i + n <= t->cap)) return &t->rec[i];
-    if (t->busy) {  /* a signal handler interrupted our own slow path */
-        __atomic_fetch_add(&H->lost, 1, __ATOMIC_RELAXED);
-        return NULL;
-    }
+    if (t->busy) return NULL;  /* a signal handler interrupted our own slow path */
     t->busy = 1;
     t->internal++;
     int ok = claim_chunk(t, n);
     t->internal--;
     t->busy = 0;
-    if (!ok) {
-        __atomic_fetch_add(&H->lost, 1, __ATOMIC_RELAXED);
-        return NULL;
-    }
-    return slots(t, n);
+    return ok ? slots(t, n) : NULL;
 }
 
 /* ---------------------------------------------------------------- locations */
@@ -712,7 +706,10 @@ static inline uint64_t next_seq(void) { return __atomic_fetch_add(&H->seq, 1, __
 static inline struct hc_record *event_slots(struct tstate *t, uint32_t n, uint32_t *ts) {
     for (;;) {
         struct hc_record *r = slots(t, n);
-        if (UNLIKELY(!r)) return NULL;
+        if (UNLIKELY(!r)) {
+            __atomic_fetch_add(&H->lost, 1, __ATOMIC_RELAXED);
+            return NULL;
+        }
         uint64_t now = now_ticks();
         uint64_t d = now - t->tbase;
         if (LIKELY(d <= UINT32_MAX)) { *ts = (uint32_t)d; return r; }

@@ -141,12 +141,14 @@ def _prepare_directory(path: Path) -> str | None:
 
 
 def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follow_children: bool = False,
-           mmap: bool = False, unwind: str = "fp", progress: bool | None = None) -> RecordResult:
+           mmap: bool = False, unwind: str = "fp", progress: bool | None = None,
+           env: dict | None = None) -> RecordResult:
     """Runs `cmd` with the recorder preloaded and returns how it went (see RecordResult).
 
     The trace is written at exactly `output` (a directory; default: a new name in the current
     directory). The program's exit status is returned as a shell reports it (128+N for signal N).
     If the trace cannot be written, the program still runs, untouched, and the result says why.
+    `env`: extra environment variables for the program.
     """
     cmd = [str(c) for c in cmd]
     if not cmd:
@@ -157,7 +159,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         raise ValueError(f"stacks must be between 0 and 64 frames, not {stacks}")
     path = Path(output) if output is not None else default_output(cmd)
     problem = _prepare_directory(path)
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     if problem is None:
         lib = str(recorder_library())
         env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")

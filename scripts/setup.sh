@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what heapcast needs into .venv (idempotent): Debian tools used by tests and workloads,
+# then heapcast itself (pip builds the native recorder). Set HEAPCAST_NO_APT=1 to skip apt-get.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v gcc >/dev/null || need_apt+=(gcc)
+command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
+if [ ${#need_apt[@]} -gt 0 ] && [ -z "${HEAPCAST_NO_APT:-}" ] && command -v apt-get >/dev/null; then
+  echo "setup: installing ${need_apt[*]} with apt-get" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# --no-build-isolation would need setuptools in the venv; an isolated build is fine and quick.
+.venv/bin/python -m pip install -q -e '.[test,plot]'
+echo "setup: ready (.venv/bin/heapcast)" >&2
