@@ -121,8 +121,9 @@ struct tstate {
     uint32_t pos, cap;               /* next free slot, slots in the chunk */
     uint32_t gen, tid;
     uint32_t next_size;              /* size of the next chunk to claim */
-    int internal;                    /* we are calling something that may allocate for us */
-    int busy;                        /* in a slow path: a nested event (signal handler) is lost */
+    int own;                         /* we call something that may allocate for us: pass through */
+    int busy;                        /* in a slow path: a nested event (a signal handler's) is
+                                        counted as lost */
     uint64_t tbase;                  /* time base of the current chunk */
     uintptr_t stk_lo, stk_hi;        /* stack bounds, for frame pointer walks */
     uint64_t *loc_table;             /* open addressing: (key hash, location id) pairs */
@@ -456,7 +457,7 @@ static void init_process(void) {
         while (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_INITING) sched_yield();
         return;
     }
-    T.internal++;
+    T.own++;
     resolve_real();
     int state = ST_OFF;
     const char *dir = getenv("HEAPCAST_DIR");
@@ -481,7 +482,7 @@ static void init_process(void) {
             state = ST_ACTIVE;
         }
     }
-    T.internal--;
+    T.own--;
     __atomic_store_n(&g_state, state, __ATOMIC_RELEASE);
 }
 
@@ -502,9 +503,9 @@ static void atfork_child(void) {
     g_grow_lock = 0;
     g_mods_lock = 0;
     __atomic_add_fetch(&g_gen, 1, __ATOMIC_RELEASE);
-    T.internal++;
+    T.busy++;
     int ok = open_process_files(parent, fork_seq);
-    T.internal--;
+    T.busy--;
     if (!ok) __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE);
 }
 
@@ -552,19 +553,25 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
 
 /* Makes the calling thread ready to record; 0 means pass the call through unrecorded. */
 static int thread_ready_slow(struct tstate *t) {
-    if (t->internal) return 0;
+    if (t->own) return 0;
     if (g_state == ST_UNINIT || g_state == ST_INITING) init_process();
     if (g_state != ST_ACTIVE) return 0;
+    if (t->busy) {  /* a signal handler interrupted the recorder on this thread */
+        if (H) __atomic_fetch_add(&H->lost, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
     uint32_t gen = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
     if (t->gen == gen) return 1;
-    if (t->busy) return 0;
-    t->busy = 1;
-    t->internal++;
+    t->busy++;
     t->rec = NULL;  /* a stale chunk of the parent process was unmapped by atfork_child */
     t->pos = t->cap = 0;
     t->next_size = 0;
     t->tid = __atomic_fetch_add(&H->threads, 1, __ATOMIC_RELAXED);
-    if (g_stack_depth && !g_unwind_dwarf) stack_bounds(t);
+    if (g_stack_depth && !g_unwind_dwarf) {
+        t->own++;
+        stack_bounds(t);
+        t->own--;
+    }
     if (!t->loc_table) {
         void *m = sys_mmap(NULL, LOC_TABLE_SLOTS * 16, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -573,13 +580,13 @@ static int thread_ready_slow(struct tstate *t) {
         memset(t->loc_table, 0, LOC_TABLE_SLOTS * 16);  /* its ids belong to the parent's file */
     }
     t->gen = gen;
-    t->internal--;
-    t->busy = 0;
+    t->busy--;
     return 1;
 }
 
 static inline int thread_ready(struct tstate *t) {
-    return LIKELY(t->gen == g_gen && g_state == ST_ACTIVE && !t->internal) || thread_ready_slow(t);
+    return LIKELY(t->gen == g_gen && g_state == ST_ACTIVE && !(t->own | t->busy)) ||
+           thread_ready_slow(t);
 }
 
 /* Returns room for n consecutive slots, or NULL (the caller counts the loss). */
@@ -587,11 +594,9 @@ static struct hc_record *slots(struct tstate *t, uint32_t n) {
     uint32_t i = claim_slots(&t->pos, n);
     if (LIKELY(i + n <= t->cap)) return &t->rec[i];
     if (t->busy) return NULL;  /* a signal handler interrupted our own slow path */
-    t->busy = 1;
-    t->internal++;
+    t->busy++;
     int ok = claim_chunk(t, n);
-    t->internal--;
-    t->busy = 0;
+    t->busy--;
     return ok ? slots(t, n) : NULL;
 }
 
@@ -619,9 +624,9 @@ static int walk_frames(struct tstate *t, uintptr_t *out, int max) {
     uintptr_t raw[MAX_STACK + 8];
     int got = 0, cap = max + 8 > MAX_STACK + 8 ? MAX_STACK + 8 : max + 8;
     if (g_unwind_dwarf) {
-        t->internal++;
+        t->busy++;  /* backtrace does not allocate once warmed up at init */
         got = backtrace((void **)raw, cap);
-        t->internal--;
+        t->busy--;
     } else {
         /* Frame pointers: [fp] = caller's fp, [fp+8] = return address. Each step is checked
          * against this thread's stack bounds, so a frame compiled without a frame pointer ends
@@ -937,7 +942,7 @@ __attribute__((constructor)) static void heapcast_start(void) {
 
 __attribute__((destructor)) static void heapcast_end(void) {
     if (g_state != ST_ACTIVE || !H) return;
-    T.internal++;
+    T.busy++;
     char buf[4096];
     ssize_t n = read_file("/proc/self/status", buf, sizeof buf - 1);
     if (n > 0) {
@@ -954,5 +959,5 @@ __attribute__((destructor)) static void heapcast_end(void) {
     H->end_tsc = now_ticks();
     H->end_mono_ns = mono_ns();
     __atomic_fetch_or(&H->flags, HC_FLAG_CLEAN_EXIT, __ATOMIC_RELEASE);
-    T.internal--;
+    T.busy--;
 }
