@@ -262,7 +262,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
                 loc = block["loc"]
                 known = loc < len(remap)
                 block["loc"] = np.where(known, remap[np.where(known, loc, 0)], 0)
-                bar.update(len(block))
+                bar.update(len(block["seq"]))
                 yield block
 
         out = raw.with_suffix(TRACE_SUFFIX)

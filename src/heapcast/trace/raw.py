@@ -158,55 +158,59 @@ class RawProcess:
 
     # ------------------------------------------------------------------ events
 
-    def _decode_chunk(self, c: Chunk) -> np.ndarray:
-        """The events of one chunk (EVENT_DTYPE, `loc` still raw ids), in slot order."""
+    def _decode_chunk(self, c: Chunk) -> dict:
+        """The events of one chunk as columns (EVENT_DTYPE fields but `proc`; `loc` still raw
+        ids), in slot order. Columns, not a structured array: each is built contiguously."""
         slots = np.frombuffer(self._mm, SLOT_DTYPE, c.n, c.offset + SLOT)
         head = slots["head"]
         ops = (head & 0xFF).astype(np.uint8)
-        idx = np.arange(c.n)
-        # Time base of each slot: the chunk's own, or the latest HC_TIME slot before it.
-        _, _, _, _, tsc, _ = _CHUNK.unpack_from(self._mm, c.offset)
-        last_time = np.maximum.accumulate(np.where(ops == OP_TIME, idx, -1))
-        base = np.where(last_time >= 0, slots["a"][np.maximum(last_time, 0)], np.uint64(tsc))
         ev_idx = np.flatnonzero(ops <= F.MREMAP)
-        e = np.zeros(len(ev_idx), F.EVENT_DTYPE)
         s = slots[ev_idx]
         op = ops[ev_idx]
-        e["seq"] = s["head"] >> 8
-        e["op"] = op
-        e["ts"] = self.ticks_to_ns(base[ev_idx] + s["ts"].astype(np.uint64))
-        e["loc"] = s["loc"]
-        e["tid"] = c.tid
-        e["size"] = s["b"]
-        e["addr"] = s["a"]
+        # Time base of each slot: the chunk's own, or the latest HC_TIME slot before it.
+        tsc = _CHUNK.unpack_from(self._mm, c.offset)[4]
+        ticks = s["ts"].astype(np.uint64) + np.uint64(tsc)
+        times = np.flatnonzero(ops == OP_TIME)
+        if len(times):
+            last = np.searchsorted(times, ev_idx) - 1
+            rebased = last >= 0
+            ticks[rebased] = (s["ts"][rebased].astype(np.uint64)
+                              + slots["a"][times[last[rebased]]])
+        n = len(ev_idx)
+        e = {"seq": s["head"] >> np.uint64(8), "ts": self.ticks_to_ns(ticks), "addr": s["a"].copy(),
+             "old_addr": np.zeros(n, np.uint64), "size": s["b"].copy(),
+             "arg": np.zeros(n, np.uint64), "loc": s["loc"].copy(),
+             "tid": np.full(n, c.tid, np.uint32), "free_lag": np.zeros(n, np.uint32), "op": op,
+             "flags": np.zeros(n, np.uint8)}
         released_in_a = (op == F.FREE) | (op == F.MUNMAP)
-        e["old_addr"][released_in_a] = s["a"][released_in_a]
+        e["old_addr"][released_in_a] = e["addr"][released_in_a]
         e["addr"][released_in_a] = 0
-        has_ext = np.isin(op, EXT_OPS)
-        x_idx = ev_idx[has_ext] + 1
-        bad = (x_idx >= c.n) | (ops[np.minimum(x_idx, c.n - 1)] != OP_EXT)
-        if bad.any():
-            i = int(x_idx[bad][0])
-            raise TraceError(self.path, c.offset + SLOT * (i + 1),
-                             "expected the second slot (marker 0xFF) of a two-slot event")
-        x = slots[x_idx]
-        rows = np.flatnonzero(has_ext)
-        old = x["ts"].astype(np.uint64) | (x["loc"].astype(np.uint64) << np.uint64(32))
-        not_munmap = op[rows] != F.MUNMAP
-        e["old_addr"][rows[not_munmap]] = old[not_munmap]
-        e["arg"][rows] = x["a"]
-        e["free_lag"][rows] = np.minimum(x["head"] >> 8, 0xFFFFFFFF).astype(np.uint32)
+        rows = np.flatnonzero(np.isin(op, EXT_OPS))
+        if len(rows):
+            x_idx = ev_idx[rows] + 1
+            bad = (x_idx >= c.n) | (ops[np.minimum(x_idx, c.n - 1)] != OP_EXT)
+            if bad.any():
+                i = int(x_idx[bad][0])
+                raise TraceError(self.path, c.offset + SLOT * (i + 1),
+                                 "expected the second slot (marker 0xFF) of a two-slot event")
+            x = slots[x_idx]
+            old = x["ts"].astype(np.uint64) | (x["loc"].astype(np.uint64) << np.uint64(32))
+            not_munmap = op[rows] != F.MUNMAP
+            e["old_addr"][rows[not_munmap]] = old[not_munmap]
+            e["arg"][rows] = x["a"]
+            e["free_lag"][rows] = np.minimum(x["head"] >> np.uint64(8), 0xFFFFFFFF).astype(np.uint32)
         return e
 
-    def iter_events(self, window: int = 1 << 20) -> Iterator[np.ndarray]:
-        """Yields this process's events in seq order, in blocks covering `window` seq numbers."""
+    def iter_events(self, window: int = 1 << 20) -> Iterator[dict]:
+        """Yields this process's events in seq order as column blocks ({field: array}), each
+        covering `window` seq numbers."""
         if not self.chunks:
             return
         lo_all = min(c.seq_min for c in self.chunks)
         hi_all = max(c.seq_max for c in self.chunks)
         mins = np.array([c.seq_min for c in self.chunks])
         maxs = np.array([c.seq_max for c in self.chunks])
-        cache: dict[int, np.ndarray] = {}
+        cache: dict[int, dict] = {}
         for lo in range(lo_all, hi_all + 1, window):
             hi = lo + window
             parts = []
@@ -219,15 +223,18 @@ class RawProcess:
                 if c.seq_max >= hi:
                     cache[k] = ev           # needed again by the next window
                 if c.seq_min < lo or c.seq_max >= hi:
-                    ev = ev[(ev["seq"] >= lo) & (ev["seq"] < hi)]
+                    keep = (ev["seq"] >= lo) & (ev["seq"] < hi)
+                    ev = {name: col[keep] for name, col in ev.items()}
                 parts.append(ev)
             if not parts:
                 continue
-            block = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            block = parts[0] if len(parts) == 1 else {
+                name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
             seq = block["seq"]
             if len(seq) > 1 and not (seq[1:] > seq[:-1]).all():   # threads interleave
-                block = block[np.argsort(seq, kind="stable")]
-            if len(block):
+                order = np.argsort(seq, kind="stable")
+                block = {name: col[order] for name, col in block.items()}
+            if len(seq):
                 yield block
 
     # ------------------------------------------------------------------ metadata

@@ -44,8 +44,8 @@ class _SectionWriter:
         self.f.write(stored)
 
 
-def encode_events(block: np.ndarray) -> bytes:
-    """The uncompressed payload of one EVENTS section."""
+def encode_events(block) -> bytes:
+    """The uncompressed payload of one EVENTS section (block: EVENT_DTYPE array or column dict)."""
     parts = []
     for name in STORED_FIELDS:
         enc = codec.COLUMN_ENCODING[name]
@@ -55,22 +55,26 @@ def encode_events(block: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def _blocks(events) -> Iterable[np.ndarray]:
-    """Re-cuts arrays or an iterable of arrays into blocks of at most BLOCK_EVENTS rows."""
-    if isinstance(events, np.ndarray):
+def _length(block) -> int:
+    return len(block["seq"])
+
+
+def _blocks(events) -> Iterable:
+    """Re-cuts event blocks (EVENT_DTYPE arrays or {field: column} dicts) into blocks of at most
+    BLOCK_EVENTS rows."""
+    if isinstance(events, (np.ndarray, dict)):
         events = [events]
-    pending, n = [], 0
-    for arr in events:
-        while len(arr):
-            take = min(len(arr), BLOCK_EVENTS - n)
-            pending.append(arr[:take])
-            n += take
-            arr = arr[take:]
-            if n == BLOCK_EVENTS:
-                yield np.concatenate(pending) if len(pending) > 1 else pending[0]
-                pending, n = [], 0
-    if n:
-        yield np.concatenate(pending) if len(pending) > 1 else pending[0]
+    for block in events:
+        if isinstance(block, np.ndarray) and block.dtype != EVENT_DTYPE:
+            raise TypeError(f"events must have heapcast.EVENT_DTYPE, not {block.dtype}")
+        n = _length(block)
+        for start in range(0, n, BLOCK_EVENTS):
+            if start == 0 and n <= BLOCK_EVENTS:
+                yield block
+            elif isinstance(block, dict):
+                yield {k: v[start:start + BLOCK_EVENTS] for k, v in block.items()}
+            else:
+                yield block[start:start + BLOCK_EVENTS]
 
 
 def encode_locations(table: LocationTable) -> bytes:
@@ -82,8 +86,8 @@ def encode_locations(table: LocationTable) -> bytes:
 def write_process_file(path, process: Process, events, level: int = 3) -> Path:
     """Writes one process's trace file.
 
-    `events`: an EVENT_DTYPE array or an iterable of arrays, in seq order (bounded memory: blocks
-    are compressed as they come). Sets process.event_count. Written to a temporary name and renamed,
+    `events`: an EVENT_DTYPE array, or an iterable of them or of {field: column} dicts, in seq
+    order (bounded memory: blocks are compressed as they come). Sets process.event_count. Written to a temporary name and renamed,
     so a .hct file is either complete or absent.
     """
     path = Path(path)
@@ -100,14 +104,12 @@ def write_process_file(path, process: Process, events, level: int = 3) -> Path:
         w.write(RSS, np.ascontiguousarray(process.rss, dtype=RSS_DTYPE).tobytes())
         prev_seq = -1
         for block in _blocks(events):
-            if block.dtype != EVENT_DTYPE:
-                raise TypeError(f"events must have heapcast.EVENT_DTYPE, not {block.dtype}")
             seq = block["seq"]
             if len(seq) and (int(seq[0]) <= prev_seq or (len(seq) > 1 and (np.diff(seq.astype(np.int64)) <= 0).any())):
                 raise ValueError(f"{path}: events must be in strictly increasing seq order")
             prev_seq = int(seq[-1])
-            w.write(EVENTS, encode_events(block), count=len(block))
-            count += len(block)
+            w.write(EVENTS, encode_events(block), count=len(seq))
+            count += len(seq)
             last_ts = max(last_ts, int(block["ts"].max()))
         process.event_count = count
         if not process.end_ns:
