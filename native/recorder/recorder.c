@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -55,7 +56,6 @@ static void *(*real_malloc)(size_t);
 static void (*real_free)(void *);
 static void *(*real_calloc)(size_t, size_t);
 static void *(*real_realloc)(void *, size_t);
-static void *(*real_reallocarray)(void *, size_t, size_t);
 static int (*real_posix_memalign)(void **, size_t, size_t);
 static void *(*real_aligned_alloc)(size_t, size_t);
 static void *(*real_memalign)(size_t, size_t);
@@ -89,7 +89,6 @@ static void resolve_real(void) {
     RESOLVE(free);
     RESOLVE(calloc);
     RESOLVE(realloc);
-    RESOLVE(reallocarray);
     RESOLVE(posix_memalign);
     RESOLVE(aligned_alloc);
     RESOLVE(memalign);
@@ -181,8 +180,17 @@ static size_t str_len(const char *s) { size_t n = 0; while (s[n]) n++; return n;
 /* Buffered text output for the .mods file, written with write(2). */
 struct textbuf { char b[8192]; size_t n; int fd; };
 
+static uint64_t g_mods_bytes;     /* written to the .mods file */
+static uint64_t file_size_limit(void);
+
 static void tb_flush(struct textbuf *t) {
     size_t off = 0;
+    if (g_mods_bytes + t->n > file_size_limit()) {  /* past RLIMIT_FSIZE: SIGXFSZ; drop it */
+        if (H) __atomic_fetch_or(&H->flags, HC_FLAG_TRUNCATED, __ATOMIC_RELAXED);
+        t->n = 0;
+        return;
+    }
+    g_mods_bytes += t->n;
     while (off < t->n) {
         ssize_t w = write(t->fd, t->b + off, t->n - off);
         if (w < 0 && errno == EINTR) continue;
@@ -329,6 +337,14 @@ static void fmt_name(char *out, int pid, uint32_t image, const char *ext) {
     out[tb.n] = 0;
 }
 
+/* The largest file this process may write: growing a file past RLIMIT_FSIZE raises SIGXFSZ,
+ * which would kill the program. */
+static uint64_t file_size_limit(void) {
+    struct rlimit r;
+    if (getrlimit(RLIMIT_FSIZE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+    return (uint64_t)r.rlim_cur;
+}
+
 /* Ensures the file is backed up to `end` bytes. fallocate, not ftruncate: a sparse file on a full
  * disk would turn our stores into SIGBUS in the program. */
 static int reserve_file(uint64_t end) {
@@ -336,8 +352,12 @@ static int reserve_file(uint64_t end) {
     spin_lock(&g_grow_lock);
     int ok = 1;
     uint64_t have = H->file_reserved;
-    if (end > have) {
-        uint64_t want = end + GROW_BYTES;
+    uint64_t limit = file_size_limit();
+    if (end > have && end > limit) {
+        ok = 0;
+        __atomic_fetch_or(&H->flags, HC_FLAG_TRUNCATED, __ATOMIC_RELAXED);
+    } else if (end > have) {
+        uint64_t want = end + GROW_BYTES < limit ? end + GROW_BYTES : limit;
         if (posix_fallocate(g_fd, (off_t)have, (off_t)(want - have)) == 0) {
             __atomic_store_n(&H->file_reserved, want, __ATOMIC_RELEASE);
         } else if (posix_fallocate(g_fd, (off_t)have, (off_t)(end - have)) == 0) {
@@ -364,9 +384,12 @@ static int open_process_files(int forked_from, uint64_t fork_seq) {
         if (fd >= 0 || errno != EEXIST) break;
     }
     if (fd < 0) return 0;
-    if (posix_fallocate(fd, 0, HC_HEADER_SIZE + GROW_BYTES) != 0 &&
-        posix_fallocate(fd, 0, HC_HEADER_SIZE) != 0) {
+    uint64_t limit = file_size_limit();
+    uint64_t first = HC_HEADER_SIZE + GROW_BYTES < limit ? HC_HEADER_SIZE + GROW_BYTES : limit;
+    if (first < HC_HEADER_SIZE || (posix_fallocate(fd, 0, (off_t)first) != 0 &&
+                                   posix_fallocate(fd, 0, HC_HEADER_SIZE) != 0)) {
         close(fd);
+        unlink(path);
         return 0;
     }
     struct hc_header *h = sys_mmap(NULL, HC_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -374,6 +397,7 @@ static int open_process_files(int forked_from, uint64_t fork_seq) {
     fmt_name(name, pid, image, ".mods");
     path_join(path, sizeof path, name);
     int mfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0600);
+    g_mods_bytes = 0;
 
     struct stat st;
     uint64_t reserved = fstat(fd, &st) == 0 ? (uint64_t)st.st_size : HC_HEADER_SIZE;
@@ -832,19 +856,29 @@ EXPORT void *realloc(void *p, size_t n) {
     return q;
 }
 
+/* reallocarray is glibc's own: an overflow check, then realloc through the PLT, which would reach
+ * our realloc hook and record the call twice. Doing the same here, with the real realloc, keeps
+ * one event per call and the same behaviour. */
 EXPORT void *reallocarray(void *p, size_t nmemb, size_t size) {
     struct tstate *t = &T;
-    if (UNLIKELY(in_boot_arena(p) || !thread_ready(t) || !real_reallocarray)) {
-        uint64_t total = mul_sat(nmemb, size);
-        if (total == UINT64_MAX) { errno = ENOMEM; return NULL; }
+    uint64_t total = mul_sat(nmemb, size);
+    int overflow = total == UINT64_MAX && nmemb && size && SIZE_MAX / nmemb < size;
+    if (UNLIKELY(in_boot_arena(p) || !thread_ready(t))) {
+        if (overflow) { errno = ENOMEM; return NULL; }
         if (in_boot_arena(p) || !real_realloc) return boot_realloc(p, total);
-        return real_reallocarray ? real_reallocarray(p, nmemb, size) : real_realloc(p, total);
+        return real_realloc(p, total);
     }
     uint64_t before = next_seq();
-    void *q = real_reallocarray(p, nmemb, size);
+    void *q;
+    if (overflow) {
+        q = NULL;
+        errno = ENOMEM;
+    } else {
+        q = real_realloc(p, (size_t)total);
+    }
     int e = errno;
     uint64_t seq = next_seq();
-    emit_ext(t, HC_REALLOCARRAY, seq, q, mul_sat(nmemb, size), p, nmemb, seq - before, CALLSITE);
+    emit_ext(t, HC_REALLOCARRAY, seq, q, total, p, nmemb, seq - before, CALLSITE);
     errno = e;
     return q;
 }

@@ -37,6 +37,9 @@ class Blocks:
     unknown_releases: int       # releases of addresses that were not live
     double_acquires: int        # acquisitions of an address that was already live
     inherited_live: int         # blocks inherited from the parent that were still live at the end
+    inherited_addrs: np.ndarray = None    # the blocks this process started with (fork child)
+    inherited_sizes: np.ndarray = None
+    inherited_release_of: np.ndarray = None  # int64: event that released each of them, else -1
 
     @property
     def leaked(self) -> np.ndarray:
@@ -110,21 +113,31 @@ def match(ev: np.ndarray, inherited_addrs: np.ndarray | None = None,
     alloc_of[event[inherited_hit]] = INHERITED
 
     double = (kind == 1) & same_prev & prev_acq
-    inherited_released = np.zeros(k, bool)
-    inherited_released[INHERITED - prev_event[inherited_hit]] = True
+    inherited_release_of = np.full(k, NEVER, np.int64)
+    inherited_release_of[INHERITED - prev_event[inherited_hit]] = event[inherited_hit]
+    inh_sizes = (np.zeros(k, np.uint64) if inherited_sizes is None
+                 else np.asarray(inherited_sizes, np.uint64))
     return Blocks(acquires, releases, release_of, alloc_of, released_size,
                   unknown_releases=int(np.count_nonzero(rel_rows & ~matched)),
                   double_acquires=int(np.count_nonzero(double)),
-                  inherited_live=int(k - np.count_nonzero(inherited_released)))
+                  inherited_live=int(np.count_nonzero(inherited_release_of == NEVER)),
+                  inherited_addrs=inh_addrs, inherited_sizes=inh_sizes,
+                  inherited_release_of=inherited_release_of)
 
 
 def live_at(ev: np.ndarray, blocks: Blocks, seq: int) -> tuple[np.ndarray, np.ndarray]:
-    """Addresses and sizes of the blocks live just before event `seq` (for a fork child)."""
+    """Addresses and sizes of the blocks live just before event `seq` (for a fork child): the
+    process's own and those it inherited itself and had not released yet."""
+    def still_live(rel):
+        return (rel == NEVER) | (ev["seq"][np.maximum(rel, 0)] >= seq)
     idx = np.flatnonzero(blocks.acquires & (ev["seq"] < seq))
-    rel = blocks.release_of[idx]
-    still = (rel == NEVER) | (ev["seq"][np.maximum(rel, 0)] >= seq)
-    idx = idx[still]
-    return ev["addr"][idx], ev["size"][idx]
+    idx = idx[still_live(blocks.release_of[idx])]
+    addrs, sizes = ev["addr"][idx], ev["size"][idx]
+    if blocks.inherited_addrs is not None and len(blocks.inherited_addrs):
+        keep = still_live(blocks.inherited_release_of)
+        addrs = np.concatenate([blocks.inherited_addrs[keep], addrs])
+        sizes = np.concatenate([blocks.inherited_sizes[keep], sizes])
+    return addrs, sizes
 
 
 def match_trace(trace) -> list:

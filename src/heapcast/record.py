@@ -7,12 +7,15 @@ SIGKILL still yields everything that was written.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import shutil
 import shlex
 import signal
 import struct
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,6 +223,44 @@ class RecordError(Exception):
     """The program could not be started."""
 
 
+def _convert(raw: Path, rp: RawProcess, sampler, bar):
+    """Writes one raw file's .hct and removes the raw files; returns its Process.
+
+    On a full disk the .hct is written to the temporary directory first, then moved into place
+    once the raw file (which holds the space) is gone."""
+    proc = rp.process()
+    table, remap = rp.location_table()
+    proc.locations = table
+    if sampler is not None:
+        proc.rss = sampler.rss(raw.name)
+
+    def blocks():
+        for block in rp.iter_events():
+            loc = block["loc"]
+            known = loc < len(remap)
+            block["loc"] = np.where(known, remap[np.where(known, loc, 0)], 0)
+            bar.update(len(block["seq"]))
+            yield block
+
+    out = raw.with_suffix(TRACE_SUFFIX)
+    try:
+        write_process_file(out, proc, blocks())
+        staged = None
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        out.with_name(out.name + ".tmp").unlink(missing_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix="heapcast-")) / out.name
+        bar.reset()
+        write_process_file(staged, proc, blocks())
+    raw.unlink()
+    raw.with_suffix(".mods").unlink(missing_ok=True)
+    if staged is not None:
+        shutil.move(str(staged), str(out))
+        staged.parent.rmdir()
+    return proc
+
+
 def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | None = None,
              progress: bool | None = None) -> RecordResult:
     """Converts the raw files of a trace directory into .hct files and writes session.json.
@@ -251,43 +292,35 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
                or (progress is None and (total < 2_000_000 or not os.isatty(2))), leave=False)
     pids, threads = set(), 0
     for raw, rp in scanned:
-        proc = rp.process()
-        table, remap = rp.location_table()
-        proc.locations = table
-        if sampler is not None:
-            proc.rss = sampler.rss(raw.name)
-
-        def blocks(rp=rp, remap=remap):
-            for block in rp.iter_events():
-                loc = block["loc"]
-                known = loc < len(remap)
-                block["loc"] = np.where(known, remap[np.where(known, loc, 0)], 0)
-                bar.update(len(block["seq"]))
-                yield block
-
-        out = raw.with_suffix(TRACE_SUFFIX)
-        write_process_file(out, proc, blocks())
-        rp.close()
+        try:
+            proc = _convert(raw, rp, sampler, bar)
+        except OSError as e:
+            result.truncated = True
+            result.problems.append(f"could not write the trace of {raw.name}: {e.strerror}; its "
+                                   f"raw files are kept: free space, then `heapcast finalize {path}`")
+            continue
+        finally:
+            rp.close()
         result.events += proc.event_count
         result.lost_events += proc.lost_events
         result.truncated |= proc.truncated
         threads += proc.threads
         pids.add((proc.pid, proc.image))
-        raw.unlink()
-        mods = raw.with_suffix(".mods")
-        if mods.exists():
-            mods.unlink()
     bar.close()
     claim = path / "root.claim"
     if claim.exists():
         claim.unlink()
     result.processes = len(pids)
     result.threads = threads
-    write_session(path, {
+    session = {
         "command": result.command, "exit_code": result.exit_code, "events": result.events,
         "processes": result.processes, "lost_events": result.lost_events,
         "truncated": result.truncated, "problems": result.problems,
         "wall_s": round(result.wall_s, 6),
-    })
+    }
+    try:
+        write_session(path, session)
+    except OSError as e:
+        result.problems.append(f"could not write {SESSION_FILE}: {e.strerror}")
     result.trace_bytes = sum(f.stat().st_size for f in path.glob("*" + TRACE_SUFFIX))
     return result
