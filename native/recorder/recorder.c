@@ -674,6 +674,11 @@ static int walk_frames(struct tstate *t, uintptr_t *out, int max) {
 
 /* Writes an HC_LOC definition for frames[0..n) and returns its new id (0 if it was lost). */
 static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n) {
+    /* A new call site may lie in a module loaded since the last snapshot: check now, so that the
+     * module map knows every location even if the process is killed before its next chunk. */
+    t->busy++;
+    snapshot_modules(0);
+    t->busy--;
     uint32_t id = (uint32_t)__atomic_add_fetch(&H->locs, 1, __ATOMIC_RELAXED);
     uint32_t extra = n > 2 ? ((uint32_t)n - 2 + 2) / 3 : 0;
     struct hc_record *r = slots(t, 1 + extra);
