@@ -45,7 +45,7 @@ def _cmd_stats(a) -> int:
 
 def _cmd_import(a) -> int:
     from .trace.seed_import import import_seed
-    out = import_seed(a.log, a.output)
+    out = import_seed(a.log, a.output, pid=a.pid)
     print(f"heapcast: imported {a.log} -> {out}", file=sys.stderr)
     return 0
 
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("kind", choices=("seed",), help="seed: the article's libtracemalloc text log")
     i.add_argument("log", type=Path, help="the log (plain or gzip)")
     i.add_argument("-o", "--output", type=Path, required=True, help="trace directory to create")
+    i.add_argument("--pid", type=int, default=0, help="pid to give the imported process (default 0)")
     i.set_defaults(func=_cmd_import)
 
     e = sub.add_parser("export", help="write a trace's events in another format")
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
         a.command = a.command[1:]
     try:
         return a.func(a)
-    except (TraceError, UsageError, ValueError, FileNotFoundError) as e:
+    except (TraceError, UsageError, ValueError, OSError) as e:
         print(f"heapcast {a.verb}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -23,6 +23,7 @@ from .writer import (BLOCK_EVENTS, COLUMN, END, EVENTS, FILE_HEADER, LOCATIONS, 
                      STORED_FIELDS, CODEC_STORED, CODEC_ZSTD)
 
 KNOWN = {META, LOCATIONS, MODULES, RSS, EVENTS, END}
+NAMES = {META: "META", LOCATIONS: "LOCATIONS", MODULES: "MODULES", RSS: "RSS", EVENTS: "EVENTS"}
 
 
 @dataclass
@@ -140,7 +141,7 @@ def read_process(path) -> Process:
                 if kind in found:
                     raise TraceError(path, off, f"section kind {kind} appears twice")
                 found[kind] = _payload(f, path, off, stored_len, raw_len, crc, codec_id,
-                                       f"section {kind}")
+                                       f"{NAMES[kind]} section")
             off += SECTION.size + stored_len
     if META not in found:
         raise TraceError(path, None, "no META section")

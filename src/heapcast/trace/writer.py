@@ -87,35 +87,39 @@ def write_process_file(path, process: Process, events, level: int = 3) -> Path:
     """Writes one process's trace file.
 
     `events`: an EVENT_DTYPE array, or an iterable of them or of {field: column} dicts, in seq
-    order (bounded memory: blocks are compressed as they come). Sets process.event_count. Written to a temporary name and renamed,
-    so a .hct file is either complete or absent.
+    order (bounded memory: blocks are compressed as they come). Sets process.event_count.
+    Written to a temporary name and renamed, so a .hct file is either complete or absent.
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     count = 0
     last_ts = 0
-    with open_private(tmp) as f:
-        f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
-        w = _SectionWriter(f, level)
-        w.write(LOCATIONS, encode_locations(process.locations))
-        mods = [{"seq": s.seq, "modules": [[m.path, m.base, m.start, m.end] for m in s.modules]}
-                for s in process.modules]
-        w.write(MODULES, json.dumps(mods).encode())
-        w.write(RSS, np.ascontiguousarray(process.rss, dtype=RSS_DTYPE).tobytes())
-        prev_seq = -1
-        for block in _blocks(events):
-            seq = block["seq"]
-            if len(seq) and (int(seq[0]) <= prev_seq or (len(seq) > 1 and (np.diff(seq.astype(np.int64)) <= 0).any())):
-                raise ValueError(f"{path}: events must be in strictly increasing seq order")
-            prev_seq = int(seq[-1])
-            w.write(EVENTS, encode_events(block), count=len(seq))
-            count += len(seq)
-            last_ts = max(last_ts, int(block["ts"].max()))
-        process.event_count = count
-        if not process.end_ns:
-            process.end_ns = last_ts
-        w.write(META, json.dumps(process.meta()).encode(), compress=False)
-        w.write(END, b"", compress=False)
+    try:
+        with open_private(tmp) as f:
+            f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
+            w = _SectionWriter(f, level)
+            w.write(LOCATIONS, encode_locations(process.locations))
+            mods = [{"seq": s.seq, "modules": [[m.path, m.base, m.start, m.end] for m in s.modules]}
+                    for s in process.modules]
+            w.write(MODULES, json.dumps(mods).encode())
+            w.write(RSS, np.ascontiguousarray(process.rss, dtype=RSS_DTYPE).tobytes())
+            prev_seq = -1
+            for block in _blocks(events):
+                seq = block["seq"]
+                if len(seq) and (int(seq[0]) <= prev_seq or not (seq[1:] > seq[:-1]).all()):
+                    raise ValueError(f"{path}: events must be in strictly increasing seq order")
+                prev_seq = int(seq[-1])
+                w.write(EVENTS, encode_events(block), count=len(seq))
+                count += len(seq)
+                last_ts = max(last_ts, int(block["ts"].max()))
+            process.event_count = count
+            if not process.end_ns:
+                process.end_ns = last_ts
+            w.write(META, json.dumps(process.meta()).encode(), compress=False)
+            w.write(END, b"", compress=False)
+    except BaseException:
+        tmp.unlink(missing_ok=True)   # never leave a half-written file behind
+        raise
     os.replace(tmp, path)
     return path
 
