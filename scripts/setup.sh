@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
+command -v valgrind >/dev/null || need_apt+=(valgrind)
 if [ ${#need_apt[@]} -gt 0 ] && [ -z "${HEAPCAST_NO_APT:-}" ] && command -v apt-get >/dev/null; then
   echo "setup: installing ${need_apt[*]} with apt-get" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

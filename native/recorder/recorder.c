@@ -28,6 +28,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -114,6 +115,7 @@ static volatile int g_grow_lock;
 static uintptr_t g_self_lo, g_self_hi;  /* this library's code: its frames are not the program's */
 static uint64_t g_mods_adds = ~0ull, g_mods_subs = ~0ull; /* dl_iterate_phdr counters last written */
 static volatile int g_mods_lock;
+static volatile int g_exited;        /* the destructor ran */
 
 struct tstate {
     struct hc_record *rec;           /* current chunk, slot 0 is the chunk header */
@@ -618,9 +620,15 @@ static struct hc_record *slots(struct tstate *t, uint32_t n) {
     uint32_t i = claim_slots(&t->pos, n);
     if (LIKELY(i + n <= t->cap)) return &t->rec[i];
     if (t->busy) return NULL;  /* a signal handler interrupted our own slow path */
+    /* Signals wait the few microseconds of a claim, so that a handler that allocates is
+     * recorded rather than lost. */
+    sigset_t all, prev;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &prev);
     t->busy++;
     int ok = claim_chunk(t, n);
     t->busy--;
+    pthread_sigmask(SIG_SETMASK, &prev, NULL);
     return ok ? slots(t, n) : NULL;
 }
 
@@ -647,7 +655,7 @@ static int self_cb(struct dl_phdr_info *info, size_t size, void *arg) {
 static int walk_frames(struct tstate *t, uintptr_t *out, int max) {
     uintptr_t raw[MAX_STACK + 8];
     int got = 0, cap = max + 8 > MAX_STACK + 8 ? MAX_STACK + 8 : max + 8;
-    if (g_unwind_dwarf) {
+    if (g_unwind_dwarf && !g_exited) {  /* after exit, libgcc_s may be unloaded under us */
         t->busy++;  /* backtrace does not allocate once warmed up at init */
         got = backtrace((void **)raw, cap);
         t->busy--;
@@ -998,5 +1006,6 @@ __attribute__((destructor)) static void heapcast_end(void) {
     H->end_tsc = now_ticks();
     H->end_mono_ns = mono_ns();
     __atomic_fetch_or(&H->flags, HC_FLAG_CLEAN_EXIT, __ATOMIC_RELEASE);
+    g_exited = 1;
     T.busy--;
 }

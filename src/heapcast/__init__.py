@@ -3,6 +3,7 @@
 The Python API mirrors the command line: `record`, `load`, `stats`, ...
 """
 from .record import finalize, record
+from .stats import stats
 from .trace.format import EVENT_DTYPE, OPS, TraceError
 from .trace.model import Process, Trace
 from .trace.reader import load
@@ -11,8 +12,3 @@ __all__ = ["EVENT_DTYPE", "OPS", "Process", "Trace", "TraceError", "finalize", "
            "stats"]
 __version__ = "0.1.0"
 
-
-def stats(trace, top: int = 10) -> dict:
-    """Summary statistics of a trace (see heapcast.stats.stats)."""
-    from .stats import stats as _stats
-    return _stats(trace, top=top)

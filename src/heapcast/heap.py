@@ -91,8 +91,7 @@ def match(ev: np.ndarray, inherited_addrs: np.ndarray | None = None,
     same_prev[1:] = addr[1:] == addr[:-1]
     prev_acq = np.zeros(len(addr), bool)
     prev_acq[1:] = kind[:-1] == 1
-    prev_event = np.empty(len(addr), np.int64)
-    prev_event[0] = UNKNOWN
+    prev_event = np.full(len(addr), UNKNOWN, np.int64)
     prev_event[1:] = event[:-1]
 
     rel_rows = kind == 0

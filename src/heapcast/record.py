@@ -24,7 +24,7 @@ import numpy as np
 
 from .trace.format import RSS_DTYPE, SESSION_FILE, TRACE_SUFFIX
 from .trace.raw import HEADER_SIZE, RAW_MAGIC, RawProcess, raw_files
-from .trace.writer import write_process_file, write_session
+from .trace.writer import open_private, write_process_file, write_session
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -107,12 +107,15 @@ class _RssSampler:
         self._discover()
         newest = {}
         for name, (pid, m) in self.files.items():  # the newest image of a pid is the live one
-            newest[pid] = name if pid not in newest or name > newest[pid] else newest[pid]
+            if pid not in newest or _image(name) > _image(newest[pid]):
+                newest[pid] = name
         for pid, name in newest.items():
             try:
                 with open(f"/proc/{pid}/statm", "rb") as f:
                     resident = int(f.read().split()[1]) * PAGE
             except (OSError, ValueError, IndexError):
+                continue
+            if resident == 0:  # an exited (zombie) process reads 0: not a sample
                 continue
             seq = struct.unpack_from("<Q", self.files[name][1], 128)[0]
             self.samples[name].append((time.monotonic_ns(), seq, resident))
@@ -123,6 +126,12 @@ class _RssSampler:
 
     def rss(self, raw_name: str) -> np.ndarray:
         return np.array(self.samples.get(raw_name, []), dtype=RSS_DTYPE)
+
+
+def _image(raw_name: str) -> int:
+    """n of "<pid>.<n>.raw" (0 for "<pid>.raw")."""
+    parts = raw_name.split(".")
+    return int(parts[1]) if len(parts) == 3 else 0
 
 
 def _prepare_directory(path: Path) -> str | None:
@@ -253,10 +262,19 @@ def _convert(raw: Path, rp: RawProcess, sampler, bar):
         staged = Path(tempfile.mkdtemp(prefix="heapcast-")) / out.name
         bar.reset()
         write_process_file(staged, proc, blocks())
+    rp.close()  # the raw file's mapping holds its disk space until it is closed
     raw.unlink()
     raw.with_suffix(".mods").unlink(missing_ok=True)
     if staged is not None:
-        shutil.move(str(staged), str(out))
+        tmp = out.with_name(out.name + ".tmp")
+        try:
+            with open(staged, "rb") as src, open_private(tmp) as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(tmp, out)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise OSError(e.errno, f"{e.strerror}; the converted trace is kept at {staged}") from e
+        staged.unlink()
         staged.parent.rmdir()
     return proc
 

@@ -63,7 +63,8 @@ class RawProcess:
         self._read_mods()
 
     def close(self) -> None:
-        self._mm.close()
+        if not self._mm.closed:
+            self._mm.close()
         self._file.close()
 
     # ------------------------------------------------------------------ header and chunks

@@ -1,0 +1,218 @@
+"""End to end: real C programs with exactly known heap calls, recorded by `heapcast.record` and read
+back with `heapcast.load`; every event is checked against what the program itself saw."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import heapcast
+from heapcast.heap import INHERITED, match, match_trace
+from heapcast.trace.format import OP
+
+U64_MAX = 2**64 - 1
+SIZE_MAX = U64_MAX
+# ops.c's calls in order: (op, requested size, arg). It prints "<op> <addr> <old_addr>" for each.
+OPS_CALLS = [
+    ("malloc", 100, 0),
+    ("calloc", 300, 10),
+    ("realloc", 50, 0),                  # realloc(NULL, 50)
+    ("realloc", 5000, 0),
+    ("realloc", 4000, 0),
+    ("realloc", 0, 0),                   # realloc(p, 0): frees p, returns NULL
+    ("reallocarray", 63, 7),
+    ("reallocarray", 9000, 100),
+    ("posix_memalign", 200, 64),
+    ("free", 0, 0),
+    ("aligned_alloc", 512, 256),
+    ("free", 0, 0),
+    ("memalign", 300, 128),
+    ("free", 0, 0),
+    ("valloc", 1000, 4096),
+    ("free", 0, 0),
+    ("pvalloc", 5000, 4096),
+    ("free", 0, 0),
+    ("free", 0, 0),                      # free(NULL)
+    ("malloc", SIZE_MAX, 0),             # fails
+    ("calloc", U64_MAX, SIZE_MAX // 2),  # nmemb * size overflows: saturated, fails
+    ("posix_memalign", 64, 3),           # bad alignment: EINVAL
+    ("realloc", SIZE_MAX, 0),            # fails, the old block stays
+    ("reallocarray", U64_MAX, SIZE_MAX // 2),  # overflows, the old block stays
+    ("free", 0, 0),
+    ("free", 0, 0),
+]
+
+
+def _printed_calls(stdout: str) -> list:
+    """ops.c's lines "<op> <addr> <old>" as (op, addr, old) tuples."""
+    rows = []
+    for line in stdout.splitlines():
+        if not line.startswith("errno "):
+            name, addr, old = line.split()
+            rows.append((name, int(addr, 16), int(old, 16)))
+    return rows
+
+
+def test_every_op_is_recorded_exactly_as_called(build, own, tmp_path, capfd):
+    ops = build("ops")
+    result = heapcast.record([ops], output=tmp_path / "t")
+    out = capfd.readouterr().out
+    assert result.exit_code == 0
+    assert out.splitlines()[-1] == "errno 12 12 22 12"  # the failures set errno as without tracing
+    printed = _printed_calls(out)
+    assert [name for name, _, _ in printed] == [name for name, _, _ in OPS_CALLS]
+
+    trace = heapcast.load(tmp_path / "t")
+    assert len(trace.processes) == 1
+    proc = trace.processes[0]
+    assert proc.exe == os.path.realpath(ops) and proc.clean_exit and proc.lost_events == 0
+    ev = own(proc)
+    assert len(ev) == len(OPS_CALLS), f"expected one event per call, got {len(ev)}"
+    for i, ((name, size, arg), (_, addr, old), e) in enumerate(zip(OPS_CALLS, printed, ev)):
+        got = (heapcast.OPS[e["op"]], int(e["size"]), int(e["arg"]), int(e["addr"]), int(e["old_addr"]))
+        assert got == (name, size, arg, addr, old), f"call {i}: {got} != {(name, size, arg, addr, old)}"
+    assert (ev["tid"] == 0).all()
+    assert (np.diff(ev["seq"].astype(np.int64)) > 0).all()
+    assert (np.diff(ev["ts"].astype(np.int64)) >= 0).all()
+    assert proc.start_ns <= ev["ts"][0] and ev["ts"][-1] <= proc.end_ns
+    is_realloc = np.isin(ev["op"], [OP["realloc"], OP["reallocarray"]])
+    assert (ev["free_lag"][is_realloc] >= 1).all() and (ev["free_lag"][~is_realloc] == 0).all()
+
+    # Replay: every release finds its block, and only the 100-byte block is never freed.
+    blocks = match(proc.events)
+    assert blocks.unknown_releases == 0 and blocks.double_acquires == 0
+    leaked_own = blocks.leaked[np.isin(proc.events["seq"][blocks.leaked], ev["seq"])]
+    assert proc.events["seq"][leaked_own].tolist() == [ev["seq"][0]]
+
+
+@pytest.mark.skipif(shutil.which("setarch") is None, reason="setarch (util-linux) is not installed")
+def test_output_and_heap_addresses_unchanged_by_tracing(build, untraced, tmp_path, capfd):
+    """Without address randomization the traced program prints byte for byte what it prints
+    untraced: the same exit code, and even the same heap addresses (the recorder never
+    allocates from the program's heap)."""
+    ops = build("ops")
+    cmd = ["setarch", "-R", ops]
+    if untraced(["setarch", "-R", "true"]).returncode != 0:
+        pytest.skip("cannot turn address randomization off here (personality is not allowed)")
+    plain = untraced(cmd)
+    result = heapcast.record(cmd, output=tmp_path / "t", follow_children=True)
+    assert result.exit_code == plain.returncode == 0
+    assert capfd.readouterr().out == plain.stdout.decode()
+    traced = [p for p in heapcast.load(tmp_path / "t").processes if p.exe == os.path.realpath(ops)]
+    assert len(traced) == 1 and traced[0].event_count > len(OPS_CALLS)
+
+
+def test_sixteen_threads_cross_thread_frees_replay_exactly(build, own, tmp_path, capfd):
+    threads = build("threads")
+    result = heapcast.record([threads], output=tmp_path / "t")
+    assert result.exit_code == 0
+    printed = dict(line.split() for line in capfd.readouterr().out.splitlines())
+    proc, = heapcast.load(tmp_path / "t").processes
+    assert proc.lost_events == 0 and proc.threads == 17
+    ev = own(proc)
+    counts = {name: int(np.count_nonzero(ev["op"] == OP[name])) for name in printed}
+    assert counts == {name: int(n) for name, n in printed.items()}
+    per_round = 16 * 20  # threads x rounds, 256 allocations each
+    assert counts == {"malloc": per_round * 192 + 1, "calloc": per_round * 64,
+                      "realloc": per_round * 32, "free": per_round * 256 + 1}
+    assert set(np.unique(ev["tid"]).tolist()) == set(range(17))
+    assert (ev["addr"][ev["op"] != OP["free"]] != 0).all()
+
+    blocks = match(proc.events)
+    assert blocks.unknown_releases == 0, "a free of an address that was not live"
+    assert blocks.double_acquires == 0, "an address live twice"
+    # Every free of the program but the last (main's free of its own array) is made by another
+    # thread than the one that allocated the block.
+    frees = np.flatnonzero(np.isin(proc.events["seq"], ev["seq"][ev["op"] == OP["free"]]))
+    src = blocks.alloc_of[frees]
+    assert (src >= 0).all()
+    same_thread = proc.events["tid"][frees] == proc.events["tid"][src]
+    assert np.flatnonzero(same_thread).tolist() == [len(frees) - 1]
+
+
+def test_fork_children_continue_the_parents_heap(build, own, tmp_path, capfd):
+    fork = build("fork")
+    result = heapcast.record([fork], output=tmp_path / "t")
+    assert result.exit_code == 0
+    lines = {line.split()[0]: line.split()[1:] for line in capfd.readouterr().out.splitlines()}
+    parent, child, grandchild = (int(lines[r][0]) for r in ("parent", "child", "grandchild"))
+    a, b = (int(x, 16) for x in lines["parent"][1:3])
+
+    trace = heapcast.load(tmp_path / "t")
+    by_pid = {p.pid: p for p in trace.processes}
+    assert set(by_pid) == {parent, child, grandchild}
+    assert (by_pid[parent].forked_from, by_pid[child].forked_from,
+            by_pid[grandchild].forked_from) == (0, parent, child)
+    assert by_pid[child].ppid == parent and by_pid[grandchild].ppid == child
+    assert by_pid[child].fork_seq > 0 and by_pid[grandchild].fork_seq > 0
+    assert all(p.clean_exit and p.lost_events == 0 for p in trace.processes)
+
+    for p, b_ in zip(trace.processes, match_trace(trace)):
+        assert b_.unknown_releases == 0, f"process {p.pid}: a free of a block that was not live"
+        assert b_.double_acquires == 0
+    blocks = dict(zip((p.pid for p in trace.processes), match_trace(trace)))
+    # The child's first call frees `a`; the grandchild's two free `b` and the child's `c`: blocks
+    # that were live in its parent when it was forked.
+    c = int(lines["child"][2], 16)
+    for pid, frees in ((child, [a]), (grandchild, [b, c])):
+        ev = own(by_pid[pid])[:len(frees)]
+        assert ev["op"].tolist() == [OP["free"]] * len(frees) and ev["old_addr"].tolist() == frees
+        idx = np.flatnonzero(np.isin(by_pid[pid].events["seq"], ev["seq"]))
+        assert (blocks[pid].alloc_of[idx] == INHERITED).all()
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_exec_is_traced_only_with_follow_children(build, tmp_path, capfd, follow):
+    prog = build("exec")
+    result = heapcast.record([prog], output=tmp_path / "t", follow_children=follow)
+    assert result.exit_code == 0
+    out = capfd.readouterr().out
+    assert "child exit 0" in out
+    child_pid = int(out.split("child ")[1].split()[0])
+    trace = heapcast.load(tmp_path / "t")
+    execd = [p for p in trace.processes if p.argv[1:] == ["child"]]
+    malloc_4002 = [p.pid for p in trace.processes
+                   if ((p.events["op"] == OP["malloc"]) & (p.events["size"] == 4002)).any()]
+    if follow:
+        assert len(execd) == 1 and execd[0].pid == child_pid and execd[0].image >= 1
+        assert execd[0].exe == os.path.realpath(prog)
+        assert malloc_4002 == [child_pid]
+    else:
+        assert execd == [] and malloc_4002 == []
+    root = [p for p in trace.processes if p.forked_from == 0 and p.image == 0]
+    assert len(root) == 1 and ((root[0].events["size"] == 4001)).any()
+
+
+def test_exit_from_a_thread(build, own, tmp_path, capfd):
+    prog = build("thread_exit")
+    result = heapcast.record([prog], output=tmp_path / "t")
+    assert result.exit_code == 7
+    worker = [int(x, 16) for x in capfd.readouterr().out.split()[1:]]
+    proc, = heapcast.load(tmp_path / "t").processes
+    assert proc.clean_exit and proc.threads == 2
+    ev = own(proc)
+    got = [(int(e["tid"]), heapcast.OPS[e["op"]], int(e["size"]), int(e["addr"] or e["old_addr"]))
+           for e in ev]
+    assert got[1:] == [(1, "malloc", 1001, worker[0]), (1, "malloc", 1002, worker[1]),
+                       (1, "malloc", 1003, worker[2]), (1, "free", 0, worker[1])]
+    assert got[0][:3] == (0, "malloc", 1000)
+
+
+def test_abort_keeps_the_events_and_exits_134(build, own, cli, tmp_path):
+    prog = build("abort")
+    done = cli("record", "-o", tmp_path / "t", "--", prog)
+    assert done.returncode == 134  # 128 + SIGABRT, as a shell reports it
+    assert done.stdout.startswith("allocated ")
+    summary = done.stderr.strip().splitlines()[-1]
+    assert summary.startswith("heapcast: ") and " events, 1 process" in summary
+    assert str(tmp_path / "t") in summary
+
+    proc, = heapcast.load(tmp_path / "t").processes
+    assert not proc.clean_exit
+    ev = own(proc)
+    assert ev["op"].tolist() == [OP["malloc"]] * 10 + [OP["free"]]
+    assert ev["size"][:10].tolist() == list(range(2001, 2011))
+    assert ev["old_addr"][10] == ev["addr"][0]
+    assert int(done.stdout.split()[1], 16) == ev["addr"][9]

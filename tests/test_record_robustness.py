@@ -1,0 +1,216 @@
+"""The recorder in hostile conditions: SIGKILL from inside and outside, signal handlers that
+allocate, an output path that cannot be written, a file size limit, a full disk, private file
+modes, and the recorder itself under UBSan and valgrind."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+
+import numpy as np
+import pytest
+
+import heapcast
+from heapcast.heap import match, match_trace
+from heapcast.trace.format import OP, SESSION_FILE, TRACE_SUFFIX
+
+RECORDER_SRC = os.path.join(os.path.dirname(__file__), "..", "native", "recorder", "recorder.c")
+
+
+def _replays_cleanly(proc, blocks=None) -> None:
+    """Asserts the heap replay of `proc` (its Blocks, matched here if not given) is exact."""
+    if blocks is None:
+        blocks = match(proc.events)
+    assert blocks.unknown_releases == 0, f"process {proc.pid}: a free of an address that was not live"
+    assert blocks.double_acquires == 0, f"process {proc.pid}: an address live twice"
+
+
+def test_sigkill_by_the_program_keeps_every_completed_event(build, own, tmp_path, capfd):
+    prog = build("sigkill")
+    result = heapcast.record([prog], output=tmp_path / "t")
+    assert result.exit_code == 137  # 128 + SIGKILL
+    pid, reported = map(int, capfd.readouterr().out.split())
+    proc, = heapcast.load(tmp_path / "t").processes
+    assert proc.pid == pid and not proc.clean_exit
+    ev = own(proc)
+    mallocs = int(np.count_nonzero(ev["op"] == OP["malloc"]))
+    assert mallocs >= reported >= 200_000
+    assert proc.threads == 5 and set(np.unique(ev["tid"]).tolist()) == {1, 2, 3, 4}
+    _replays_cleanly(proc)
+
+
+def test_sigkill_from_outside_while_threads_allocate(build, own, cli_argv, tmp_path):
+    """`heapcast record` on the command line; the test kills the program while its threads run."""
+    prog = build("sigkill")
+    out = tmp_path / "t"
+    old_umask = os.umask(0)  # the files must be private by their creation mode, not by the umask
+    try:
+        rec = subprocess.Popen([*cli_argv, "record", "-o", out, "--", prog, "wait"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.umask(old_umask)
+    try:
+        pid, reported = map(int, rec.stdout.readline().split())
+        raw = sorted(p for p in os.listdir(out) if p.endswith((".raw", ".mods")))
+        assert raw == [f"{pid}.mods", f"{pid}.raw"]
+        for name in raw:
+            assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o600, name
+        os.kill(pid, signal.SIGKILL)
+        stdout, stderr = rec.communicate(timeout=60)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+    assert rec.returncode == 137, stderr
+    assert "heapcast: " in stderr and " events, 1 process, 5 threads" in stderr
+    proc, = heapcast.load(out).processes
+    assert int(np.count_nonzero(own(proc)["op"] == OP["malloc"])) >= reported
+    _replays_cleanly(proc)
+
+
+def test_signal_handler_allocations_are_recorded_or_counted(build, own, tmp_path, capfd):
+    prog = build("signal")
+    result = heapcast.record([prog], output=tmp_path / "t")
+    assert result.exit_code == 0
+    words = capfd.readouterr().out.split()  # "loop N handler M": malloc/free pairs of each
+    loop, handler = int(words[1]), int(words[3])
+    assert handler > 10, "the timer should have interrupted the loop many times"
+    proc, = heapcast.load(tmp_path / "t").processes
+    ev = own(proc)
+    expected = 2 * (loop + handler)
+    assert len(ev) <= expected <= len(ev) + proc.lost_events, (
+        f"{expected - len(ev)} events missing, {proc.lost_events} counted as lost")
+    sizes = {32: loop, 48: handler}
+    for size, n in sizes.items():
+        got = int(np.count_nonzero((ev["op"] == OP["malloc"]) & (ev["size"] == size)))
+        assert n - proc.lost_events <= got <= n
+    if proc.lost_events == 0:
+        _replays_cleanly(proc)
+
+
+def test_unwritable_output_path_runs_the_program_untouched(build, untraced, cli, tmp_path, capfd):
+    prog = build("threads")
+    plain = untraced([prog])
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = heapcast.record([prog], output=blocker / "trace")
+    assert result.exit_code == plain.returncode == 0
+    assert capfd.readouterr().out == plain.stdout.decode()
+    assert result.truncated and result.problems
+    assert str(blocker / "trace") in result.problems[0]
+    assert not (blocker / "trace").exists()
+
+    done = cli("record", "-o", blocker / "trace", "--", prog)
+    assert done.returncode == 0 and done.stdout == plain.stdout.decode()
+    assert "TRUNCATED" in done.stderr and "warning" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed")
+def test_file_size_limit_truncates_the_trace_not_the_program(build, own, untraced, tmp_path, capfd):
+    """Under RLIMIT_FSIZE the kernel kills a process that grows a file past the limit (SIGXFSZ):
+    the recorder must stop growing its trace instead, and count what it could not write."""
+    prog = build("threads")
+    cmd = ["prlimit", "--fsize=3000000", prog]
+    plain = untraced(cmd)
+    result = heapcast.record(cmd, output=tmp_path / "t", follow_children=True)
+    assert result.exit_code == plain.returncode == 0
+    out = capfd.readouterr().out
+    assert out == plain.stdout.decode()
+    printed = sum(int(line.split()[1]) for line in out.splitlines())
+    assert result.truncated and result.lost_events > 0
+    traced = [p for p in heapcast.load(tmp_path / "t").processes
+              if p.exe == os.path.realpath(prog)]
+    assert len(traced) == 1 and traced[0].truncated
+    ev = own(traced[0])
+    assert len(ev) <= printed <= len(ev) + traced[0].lost_events
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None,
+                    reason="needs root to mount a small tmpfs")
+def test_full_disk_runs_the_program_untouched(build, own, untraced, tmp_path, capfd):
+    """The trace directory is on a 2 MiB file system that the raw trace fills: the program runs
+    on, unchanged, and what could be written is a loadable trace marked truncated, with every
+    event it lacks counted as lost."""
+    prog = build("threads")
+    plain = untraced([prog])
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", disk],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        result = heapcast.record([prog], output=disk / "t")
+        assert result.exit_code == plain.returncode == 0
+        out = capfd.readouterr().out
+        assert out == plain.stdout.decode()
+        assert result.truncated and result.lost_events > 0
+        for name in os.listdir(disk / "t"):
+            assert stat.S_IMODE(os.stat(disk / "t" / name).st_mode) == 0o600, name
+        proc, = heapcast.load(disk / "t").processes
+        assert proc.truncated and proc.lost_events == result.lost_events
+        printed = sum(int(line.split()[1]) for line in out.splitlines())
+        assert len(own(proc)) <= printed <= len(own(proc)) + proc.lost_events
+    finally:
+        subprocess.run(["umount", "-l", disk], check=True)
+
+
+def test_trace_files_are_private(build, tmp_path):
+    prog = build("fork")
+    old_umask = os.umask(0)
+    try:
+        heapcast.record([prog], output=tmp_path / "t")
+    finally:
+        os.umask(old_umask)
+    files = sorted(os.listdir(tmp_path / "t"))
+    assert SESSION_FILE in files and sum(f.endswith(TRACE_SUFFIX) for f in files) == 3
+    for name in files:
+        assert stat.S_IMODE(os.stat(tmp_path / "t" / name).st_mode) == 0o600, name
+    assert stat.S_IMODE(os.stat(tmp_path / "t").st_mode) & 0o077 == 0
+
+
+def test_recorder_built_with_ubsan(build, own, tmp_path):
+    """The recorder compiled with -fsanitize=undefined (fatal) records threads, fork and signals
+    with stacks. (ASan cannot check it: ASan's runtime must come first in the preload list, and
+    then its malloc, not the recorder's, is what the program calls.)"""
+    lib = tmp_path / "librecorder_ubsan.so"
+    compiled = subprocess.run(
+        ["gcc", "-std=gnu11", "-O1", "-g", "-shared", "-fPIC", "-fno-omit-frame-pointer",
+         "-ftls-model=initial-exec", "-pthread", "-fsanitize=undefined",
+         "-fno-sanitize-recover=all", "-o", lib, RECORDER_SRC, "-ldl"],
+        capture_output=True, text=True)
+    if compiled.returncode != 0:
+        pytest.skip(f"cannot build with -fsanitize=undefined: {compiled.stderr.strip()[-200:]}")
+    for name in ("threads", "fork", "signal"):
+        out = tmp_path / name
+        out.mkdir()
+        env = dict(os.environ, LD_PRELOAD=str(lib), HEAPCAST_DIR=str(out), HEAPCAST_STACKS="16",
+                   UBSAN_OPTIONS="print_stacktrace=1")
+        done = subprocess.run([build(name)], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "runtime error" not in done.stderr, done.stderr
+        heapcast.finalize(out)
+        trace = heapcast.load(out)
+        assert trace.event_count > 0 and not trace.truncated
+        for p, blocks in zip(trace.processes, match_trace(trace)):
+            assert p.stack_depth == 16 and len(own(p)) > 0
+            if p.lost_events == 0:  # signal.c may lose (and count) a handler's events
+                _replays_cleanly(p, blocks)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_recorder_under_valgrind_memcheck(build, tmp_path, capfd):
+    """memcheck checks every access the recorder makes inside a 16-thread program, stacks walked
+    by frame pointers. somalloc=nouserintercepts: valgrind would otherwise replace the recorder's
+    own malloc (it replaces malloc in every library), and nothing would be recorded."""
+    prog = build("threads")
+    cmd = ["valgrind", "-q", "--error-exitcode=99", "--soname-synonyms=somalloc=nouserintercepts", prog]
+    result = heapcast.record(cmd, output=tmp_path / "t", follow_children=True, stacks=16)
+    captured = capfd.readouterr()
+    assert result.exit_code == 0, captured.err
+    printed = {k: int(v) for k, v in (line.split() for line in captured.out.splitlines())}
+    guest = max(heapcast.load(tmp_path / "t").processes, key=lambda p: p.event_count)
+    assert guest.threads == 17 and guest.lost_events == 0
+    workers = guest.events[guest.events["tid"] != 0]
+    assert int(np.count_nonzero(workers["op"] == OP["calloc"])) == printed["calloc"]
+    assert int(np.count_nonzero(workers["op"] == OP["realloc"])) == printed["realloc"]
+    _replays_cleanly(guest)
