@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from .plot import PlotError
 from .trace.format import TraceError
 
 
@@ -33,12 +34,9 @@ def _cmd_finalize(a) -> int:
 def _cmd_stats(a) -> int:
     from .stats import format_stats, stats
     from .trace.reader import load
-    trace = load(a.trace)
-    d = stats(trace, top=a.top)
+    d = stats(load(a.trace), top=a.top, plot=a.plot)
     print(json.dumps(d, indent=2) if a.json else format_stats(d))
     if a.plot:
-        from .plot import plot_stats
-        plot_stats(trace, a.plot)
         print(f"heapcast: wrote {a.plot}", file=sys.stderr)
     return 0
 
@@ -121,7 +119,7 @@ def main(argv=None) -> int:
         a.command = a.command[1:]
     try:
         return a.func(a)
-    except (TraceError, UsageError, ValueError, OSError) as e:
+    except (TraceError, UsageError, ValueError, OSError, PlotError) as e:
         print(f"heapcast {a.verb}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:

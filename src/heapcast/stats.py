@@ -116,6 +116,38 @@ class _CallSites:
         return sorted(self.sites.values(), key=lambda s: (-s[key], -s["count"], s["address"]))[:n]
 
 
+def _live_peak(ev, live, initial: int, offset: int, start_s: float, seconds) -> dict:
+    """The peak of one process's live bytes and when: seconds, event index in the trace, seq.
+
+    A forked child that never exceeds what it inherited peaks at its start."""
+    if len(ev) and int(live.max()) > initial:
+        i = int(np.argmax(live))
+        return {"bytes": int(live[i]), "seconds": seconds(ev["ts"][i]), "event_index": offset + i,
+                "seq": int(ev["seq"][i])}
+    return {"bytes": initial, "seconds": start_s, "event_index": offset, "seq": 0}
+
+
+def _rss_peak(p, seconds) -> dict:
+    """The largest RSS sample of a process and when, or VmHWM at exit when that is larger (its
+    time is then unknown: seconds and seq are None)."""
+    peak = {"bytes": 0, "seconds": None, "seq": None, "source": None}
+    if len(p.rss):
+        j = int(np.argmax(p.rss["rss"]))
+        peak = {"bytes": int(p.rss["rss"][j]), "seconds": seconds(p.rss["ts"][j]),
+                "seq": int(p.rss["seq"][j]), "source": "sample"}
+    if p.peak_rss_bytes > peak["bytes"]:
+        peak = {"bytes": int(p.peak_rss_bytes), "seconds": None, "seq": None, "source": "vmhwm"}
+    return peak
+
+
+def _larger(best: dict, candidate: dict, pid: int) -> dict:
+    """The trace-wide peak so far: `candidate` (of process `pid`) if it has more bytes."""
+    if candidate["bytes"] <= best["bytes"]:
+        return best
+    return {"bytes": candidate["bytes"], "pid": pid} | {k: v for k, v in candidate.items()
+                                                        if k != "bytes"}
+
+
 def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
     """Statistics of a trace (a Trace, or a path heapcast.load accepts) as a JSON-ready dict.
 
@@ -165,29 +197,10 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
         live = np.cumsum(b.live_delta(ev["size"])) + initial
         if p.pid in parents:
             live_by_pid[p.pid] = (ev["seq"], live)
-        if n and int(live.max()) > initial:
-            i = int(np.argmax(live))
-            p_peak = {"bytes": int(live[i]), "seconds": seconds(ev["ts"][i]),
-                      "event_index": offset + i, "seq": int(ev["seq"][i])}
-        else:
-            p_peak = {"bytes": initial, "seconds": seconds(p.start_ns or t0),
-                      "event_index": offset, "seq": 0}
-        if p_peak["bytes"] > peak_live["bytes"]:
-            peak_live = {"bytes": p_peak["bytes"], "pid": p.pid} | {
-                k: v for k, v in p_peak.items() if k != "bytes"}
-
-        # Peak RSS: the largest sample, or VmHWM at exit when that is larger (time then unknown).
-        p_rss = {"bytes": 0, "seconds": None, "seq": None, "source": None}
-        if len(p.rss):
-            j = int(np.argmax(p.rss["rss"]))
-            p_rss = {"bytes": int(p.rss["rss"][j]), "seconds": seconds(p.rss["ts"][j]),
-                     "seq": int(p.rss["seq"][j]), "source": "sample"}
-        if p.peak_rss_bytes > p_rss["bytes"]:
-            p_rss = {"bytes": int(p.peak_rss_bytes), "seconds": None, "seq": None,
-                     "source": "vmhwm"}
-        if p_rss["bytes"] > peak_rss["bytes"]:
-            peak_rss = {"bytes": p_rss["bytes"], "pid": p.pid} | {
-                k: v for k, v in p_rss.items() if k != "bytes"}
+        p_peak = _live_peak(ev, live, initial, offset, seconds(p.start_ns or t0), seconds)
+        peak_live = _larger(peak_live, p_peak, p.pid)
+        p_rss = _rss_peak(p, seconds)
+        peak_rss = _larger(peak_rss, p_rss, p.pid)
 
         acq = np.flatnonzero(b.acquires)
         sizes = ev["size"][acq]
@@ -338,7 +351,7 @@ def format_stats(d: dict) -> str:
     out += ["", "processes",
             *_table(["pid", "ppid", "events", "threads", "peak live", "peak RSS", "leaked",
                      "unknown frees", "exe"],
-                    [[p["pid"], p["ppid"], p["events"], p["threads"], p["peak_live_bytes"],
+                    [[str(p["pid"]), str(p["ppid"]), p["events"], p["threads"], p["peak_live_bytes"],
                       p["peak_rss_bytes"], p["leaked_blocks"], p["unknown_frees"],
                       p["exe"] or "?"] for p in d["per_process"]])]
     return "\n".join(out) + "\n"

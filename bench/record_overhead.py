@@ -1,0 +1,393 @@
+"""What recording costs: heapcast against no tracing, the article's tracer and heaptrack.
+
+For each reference workload (../shared/workloads: ring.c, threads.c, py_dicts.py) this runs,
+interleaved and --repeats times each:
+  untraced                  the program alone
+  heapcast                  `heapcast record -o DIR -- CMD` (recording and the conversion after it)
+  heapcast --stacks 16      the same with 16-frame stacks
+  heapcast [program]        CMD alone under the recorder library (LD_PRELOAD, HEAPCAST_DIR): the
+                            program's own run time inside `record`, without the conversion
+  article tracer            bench/article_tracer.c: mutex + sprintf + write() per call
+  heaptrack                 `heaptrack -o FILE CMD`, when installed
+and prints medians: seconds, ns added per event (against untraced), slowdown, bytes per event on
+disk, and pass/fail of the issue's targets. Events are counted in the heapcast trace and the same
+count is used for every tracer of that workload. Results go to bench/results/record_overhead.json
+(--out).
+
+    python bench/record_overhead.py [--repeats N] [--workloads ring,threads,py_dicts] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (RESULTS_DIR, BenchError, compile_c, directory_bytes,  # noqa: E402
+                     format_table, interleaved, machine_info, median, python_executable,
+                     time_command, workload, write_json)
+
+ARTICLE_SOURCE = Path(__file__).resolve().parent / "article_tracer.c"
+STACKS = 16
+TRACERS = {"heapcast", f"heapcast --stacks {STACKS}", "article tracer", "heaptrack"}
+
+# The issue's targets.
+RING_NS_LIMIT = {"heapcast": 25.0, f"heapcast --stacks {STACKS}": 150.0}
+PY_SLOWDOWN_LIMIT = 1.3
+HEAPTRACK_RATIO_MIN = 10.0
+BYTES_PER_EVENT_LIMIT = 4.0
+
+
+@dataclass
+class Workload:
+    """One reference workload, ready to run: its command line and environment."""
+
+    name: str
+    cmd: list
+    env: dict = field(default_factory=dict)
+
+
+def build_workloads(names: list[str], quick: bool, build_dir: Path) -> list[Workload]:
+    """Compiles the C workloads with gcc -O2 into build_dir and returns the requested workloads.
+    --quick shrinks the C workloads tenfold; py_dicts.py has no size knob and runs as it is."""
+    ring_args = ["500000", "1000"] if quick else ["5000000", "1000"]
+    threads_args = ["4", "100000", "1000"] if quick else ["4", "1000000", "1000"]
+    makers = {
+        "ring": lambda: Workload("ring", [str(compile_c(workload("ring.c"), build_dir / "ring")),
+                                          *ring_args]),
+        "threads": lambda: Workload("threads", [str(compile_c(
+            workload("threads.c"), build_dir / "threads", ("-O2", "-pthread"))), *threads_args]),
+        "py_dicts": lambda: Workload(
+            "py_dicts", [python_executable(), str(workload("py_dicts.py"))],
+            {"PYTHONMALLOC": "malloc"}),
+    }
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        raise BenchError(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(makers)}")
+    return [makers[n]() for n in names]
+
+
+@contextlib.contextmanager
+def fresh_dir(scratch: Path):
+    """A new empty directory under scratch for one run, removed (with its trace) afterwards."""
+    path = Path(tempfile.mkdtemp(dir=scratch))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- tracers: each returns a trial, a function that runs the workload once and measures it ----
+
+def untraced(w: Workload, scratch: Path) -> Callable[[], dict]:
+    """The program alone."""
+    def run():
+        with fresh_dir(scratch) as d:
+            return {"seconds": time_command(w.cmd, w.env, d)}
+    return run
+
+
+def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
+                    stacks: int) -> Callable[[], dict]:
+    """`heapcast record`: what the user waits for, conversion of the trace included."""
+    import heapcast
+
+    def run():
+        with fresh_dir(scratch) as d:
+            trace_dir = d / "trace"
+            cmd = [*heapcast_cmd, "record", "-o", str(trace_dir),
+                   *(["--stacks", str(stacks)] if stacks else []), "--", *w.cmd]
+            seconds = time_command(cmd, w.env, d)
+            try:
+                trace = heapcast.load(trace_dir)
+            except (heapcast.TraceError, OSError) as e:
+                raise BenchError(f"heapcast could not read its own trace: {e}") from None
+            return {"seconds": seconds, "events": trace.event_count,
+                    "bytes": directory_bytes(trace_dir, ".hct"),
+                    "lost_events": trace.lost_events, "truncated": trace.truncated}
+    return run
+
+
+def heapcast_program(w: Workload, scratch: Path, library: str, stacks: int) -> Callable[[], dict]:
+    """The program under the recorder library alone: its own run time inside `heapcast record`."""
+    def run():
+        with fresh_dir(scratch) as d:
+            env = {**w.env, "LD_PRELOAD": library, "HEAPCAST_DIR": str(d),
+                   "HEAPCAST_STACKS": str(stacks)}
+            return {"seconds": time_command(w.cmd, env, d)}
+    return run
+
+
+def article_tracer(w: Workload, scratch: Path, library: Path) -> Callable[[], dict]:
+    """The article's tracer: a text line per call, written under a mutex."""
+    def run():
+        with fresh_dir(scratch) as d:
+            log = d / "tracemalloc.log"
+            env = {**w.env, "LD_PRELOAD": str(library), "TRACEMALLOC_LOG": str(log)}
+            seconds = time_command(w.cmd, env, d)
+            return {"seconds": seconds, "bytes": log.stat().st_size, "lines": count_lines(log)}
+    return run
+
+
+def heaptrack(w: Workload, scratch: Path, executable: str) -> Callable[[], dict]:
+    """heaptrack: runs until its interpreter has written the compressed output."""
+    def run():
+        with fresh_dir(scratch) as d:
+            seconds = time_command([executable, "-o", str(d / "heaptrack"), *w.cmd], w.env, d)
+            return {"seconds": seconds, "bytes": sum(f.stat().st_size
+                                                      for f in d.glob("heaptrack.*"))}
+    return run
+
+
+def count_lines(path: Path) -> int:
+    """Lines in a (large) text file, read in blocks."""
+    lines = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            lines += block.count(b"\n")
+    return lines
+
+
+# ---- the run ----
+
+def heapcast_tools() -> tuple[list | None, str | None, str]:
+    """The `heapcast` command and the recorder library's path (None when heapcast is missing),
+    and a note saying what is missing."""
+    try:
+        from heapcast.record import recorder_library
+    except ImportError:
+        return None, None, "heapcast is not installed (pip install -e .): its rows are left out"
+    beside = Path(sys.executable).parent / "heapcast"  # the venv's, even if not on PATH
+    exe = str(beside) if beside.exists() else shutil.which("heapcast")
+    if not exe:
+        return None, None, "the heapcast command is not on PATH: its rows are left out"
+    return [exe], str(recorder_library()), ""
+
+
+def make_trials(w: Workload, scratch: Path, tools: dict) -> dict[str, Callable[[], dict]]:
+    """Every available tracer's trial for one workload, in table order."""
+    trials = {"untraced": untraced(w, scratch)}
+    if tools["heapcast_cmd"]:
+        for stacks in (0, STACKS):
+            name = heapcast_name(stacks)
+            trials[name] = heapcast_record(w, scratch, tools["heapcast_cmd"], stacks)
+            trials[f"{name} [program]"] = heapcast_program(w, scratch, tools["library"], stacks)
+    trials["article tracer"] = article_tracer(w, scratch, tools["article"])
+    if tools["heaptrack"]:
+        trials["heaptrack"] = heaptrack(w, scratch, tools["heaptrack"])
+    return {name: trial for name, trial in trials.items() if wanted(name, tools["only"])}
+
+
+def heapcast_name(stacks: int) -> str:
+    """The tracer name of a heapcast configuration."""
+    return "heapcast" if not stacks else f"heapcast --stacks {stacks}"
+
+
+def wanted(name: str, only: set | None) -> bool:
+    """Whether --tracers selects this trial (untraced, the baseline, always runs)."""
+    base = name.removesuffix(" [program]")
+    return only is None or base == "untraced" or base in only
+
+
+def summarize(w: Workload, runs: dict[str, list[dict]]) -> dict:
+    """Medians, per-event costs and targets of one workload from its raw runs."""
+    events, source = workload_events(runs)
+    base = median(r["seconds"] for r in runs["untraced"])
+    tracers = {}
+    for name, samples in runs.items():
+        if name.endswith(" [program]"):
+            continue
+        wall = median(r["seconds"] for r in samples)
+        program_runs = runs.get(f"{name} [program]")
+        if program_runs:
+            program = median(r["seconds"] for r in program_runs)
+        else:  # these tracers do all their work inside the program; heaptrack's runs beside it
+            program = None if name == "heaptrack" else wall
+        size = median(r.get("bytes") for r in samples)
+        tracers[name] = {
+            "wall_s": [r["seconds"] for r in samples],
+            "wall_median_s": wall,
+            "program_s": [r["seconds"] for r in program_runs] if program_runs else None,
+            "program_median_s": program,
+            "added_ns_per_event": per_event(wall - base, events) if name != "untraced" else 0.0,
+            "program_added_ns_per_event": (per_event(program - base, events)
+                                           if program is not None and name != "untraced" else None),
+            "slowdown": wall / base if base else None,
+            "trace_bytes": [r.get("bytes") for r in samples],
+            "bytes_per_event": size / events if size is not None and events else None,
+            **{k: [r[k] for r in samples] for k in ("events", "lost_events", "truncated", "lines")
+               if k in samples[0]},
+        }
+    add_heaptrack_ratios(tracers)
+    return {"command": [Path(a).name if "/" in a else a for a in w.cmd], "env": w.env,
+            "events": events, "events_source": source,
+            "untraced_median_s": base, "tracers": tracers, "targets": targets(w.name, tracers)}
+
+
+def workload_events(runs: dict[str, list[dict]]) -> tuple[int | None, str]:
+    """Events per run, from the heapcast trace (else the article tracer's lines, realloc counting
+    twice), and where the number came from."""
+    for name in (heapcast_name(0), heapcast_name(STACKS)):
+        if name in runs:
+            return int(median(r["events"] for r in runs[name])), f"{name} trace"
+    if "article tracer" in runs:
+        return int(median(r["lines"] for r in runs["article tracer"])), "article tracer log lines"
+    return None, "none"
+
+
+def per_event(seconds: float, events: int | None) -> float | None:
+    return seconds / events * 1e9 if events else None
+
+
+def add_heaptrack_ratios(tracers: dict) -> None:
+    """heaptrack's added time per event over each heapcast configuration's ("x less")."""
+    ht = tracers.get("heaptrack", {}).get("added_ns_per_event")
+    for name, row in tracers.items():
+        if name.startswith("heapcast") and ht is not None and row["added_ns_per_event"] is not None:
+            added = row["added_ns_per_event"]
+            row["heaptrack_ratio"] = ht / added if added > 0 else float("inf")
+
+
+def targets(workload_name: str, tracers: dict) -> list[dict]:
+    """The issue's targets that apply to this workload, each with its value and pass/fail."""
+    out = []
+
+    def check(target, tracer, value, limit, at_most=True):
+        if value is not None:
+            out.append({"target": target, "tracer": tracer, "value": value, "limit": limit,
+                        "pass": bool(value <= limit if at_most else value >= limit)})
+
+    for name, row in tracers.items():
+        if not name.startswith("heapcast"):
+            continue
+        if workload_name == "ring":
+            check("ns", name, row["added_ns_per_event"], RING_NS_LIMIT[name])
+        if workload_name == "py_dicts" and name == heapcast_name(0):
+            check("slowdown", name, row["slowdown"], PY_SLOWDOWN_LIMIT)
+        if name == heapcast_name(0):
+            check("heaptrack", name, row.get("heaptrack_ratio"), HEAPTRACK_RATIO_MIN, at_most=False)
+        check("bytes", name, row["bytes_per_event"], BYTES_PER_EVENT_LIMIT)
+    return out
+
+
+# ---- output ----
+
+TARGET_COLUMNS = [("ns", "ns target"), ("slowdown", f"<={PY_SLOWDOWN_LIMIT}x"),
+                  ("heaptrack", f">={HEAPTRACK_RATIO_MIN:g}x less"),
+                  ("bytes", f"<={BYTES_PER_EVENT_LIMIT:g} B/ev")]
+
+
+def table(results: dict) -> str:
+    """The summary table of all workloads."""
+    headers = ["workload", "tracer", "wall s", "prog s", "+ns/ev", "+ns/ev prog", "slowdown",
+               "heaptrack/x", "B/ev", "events", *(title for _, title in TARGET_COLUMNS)]
+    rows = []
+    for wname, wres in results.items():
+        for tname, t in wres["tracers"].items():
+            verdicts = {c["target"]: c for c in wres["targets"] if c["tracer"] == tname}
+            rows.append([
+                wname, tname, fmt(t["wall_median_s"], ".3f"), fmt(t["program_median_s"], ".3f"),
+                fmt(t["added_ns_per_event"], ".1f"), fmt(t["program_added_ns_per_event"], ".1f"),
+                fmt(t["slowdown"], ".2f", "x"), fmt(t.get("heaptrack_ratio"), ".1f", "x"),
+                fmt(t["bytes_per_event"], ".2f"), fmt(wres["events"], ","),
+                *(verdict(verdicts.get(key)) for key, _ in TARGET_COLUMNS)])
+    return format_table(headers, rows)
+
+
+def fmt(value, spec: str, suffix: str = "") -> str | None:
+    return None if value is None else f"{value:{spec}}{suffix}"
+
+
+def verdict(check: dict | None) -> str:
+    """A target cell: empty where the target does not apply; the ns target names its limit."""
+    if check is None:
+        return ""
+    word = "pass" if check["pass"] else "FAIL"
+    return f"{word} ({check['limit']:g})" if check["target"] == "ns" else word
+
+
+def warnings(results: dict) -> list[str]:
+    """Anything that makes a number doubtful: lost events, truncated traces."""
+    out = []
+    for wname, wres in results.items():
+        for tname, t in wres["tracers"].items():
+            if any(t.get("lost_events") or ()) or any(t.get("truncated") or ()):
+                out.append(f"{wname} / {tname}: lost events {t.get('lost_events')}, "
+                           f"truncated {t.get('truncated')}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each tracer (default 3)")
+    parser.add_argument("--workloads", default="ring,threads,py_dicts",
+                        help="comma-separated: ring, threads, py_dicts (default all)")
+    parser.add_argument("--tracers", default=None,
+                        help="comma-separated subset of: heapcast, 'heapcast --stacks 16', "
+                             "'article tracer', heaptrack (untraced always runs)")
+    parser.add_argument("--quick", action="store_true", help="ring and threads at 1/10 size")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "record_overhead.json",
+                        help="JSON results (default bench/results/record_overhead.json)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+
+    notes = []
+    heapcast_cmd, library, why = heapcast_tools()
+    if why:
+        notes.append(why)
+    heaptrack_exe = shutil.which("heaptrack")
+    if not heaptrack_exe:
+        notes.append("heaptrack is not installed (Debian package heaptrack): its row is left out")
+    only = set(t.strip() for t in args.tracers.split(",")) if args.tracers else None
+    if only and not only <= TRACERS:
+        parser.error(f"unknown tracer(s) {', '.join(sorted(only - TRACERS))}; "
+                     f"known: {', '.join(sorted(TRACERS))}")
+
+    results, errors = {}, {}
+    with tempfile.TemporaryDirectory(prefix="heapcast-bench-") as tmp:
+        scratch = Path(tmp)
+        try:
+            workloads = build_workloads([n.strip() for n in args.workloads.split(",")],
+                                        args.quick, scratch)
+            tools = {"heapcast_cmd": heapcast_cmd, "library": library, "heaptrack": heaptrack_exe,
+                     "only": only,
+                     "article": compile_c(ARTICLE_SOURCE, scratch / "article_tracer.so",
+                                          ("-O2", "-shared", "-fPIC", "-pthread"), ("-ldl",))}
+        except BenchError as e:
+            print(f"record_overhead: {e}", file=sys.stderr)
+            return 1
+        for w in workloads:  # a failing workload is reported; the others still run
+            try:
+                time_command(w.cmd, w.env, scratch)  # warm-up: page cache, .pyc files
+                runs = interleaved(make_trials(w, scratch, tools), args.repeats, label=w.name)
+                results[w.name] = summarize(w, runs)
+            except BenchError as e:
+                errors[w.name] = str(e)
+                print(f"record_overhead: {w.name}: {e}", file=sys.stderr)
+
+    print(table(results))
+    for line in notes + warnings(results):
+        print(f"note: {line}")
+    for name, message in errors.items():
+        lines = message.splitlines()
+        tail = f" ... {lines[-1]}" if len(lines) > 1 else ""
+        print(f"error: {name} left out: {lines[0]}{tail}")
+    failed = [c for w in results.values() for c in w["targets"] if not c["pass"]]
+    print(f"targets: {sum(len(w['targets']) for w in results.values()) - len(failed)} pass, "
+          f"{len(failed)} fail")
+    out = write_json(args.out, {"benchmark": "record_overhead", "machine": machine_info(),
+                                "settings": {"repeats": args.repeats, "quick": args.quick,
+                                             "stacks": STACKS},
+                                "notes": notes, "errors": errors, "workloads": results})
+    print(f"results: {out}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
