@@ -159,7 +159,7 @@ def heapcast_tools() -> tuple[list | None, str | None, str]:
     """The `heapcast` command and the recorder library's path (None when heapcast is missing),
     and a note saying what is missing."""
     try:
-        from heapcast.record import recorder_library
+        from heapcast.recording import recorder_library
     except ImportError:
         return None, None, "heapcast is not installed (pip install -e .): its rows are left out"
     beside = Path(sys.executable).parent / "heapcast"  # the venv's, even if not on PATH

@@ -2,7 +2,7 @@
 
 The Python API mirrors the command line: `record`, `load`, `stats`, ...
 """
-from .record import finalize, record
+from .recording import finalize, record
 from .stats import stats
 from .trace.format import EVENT_DTYPE, OPS, TraceError
 from .trace.model import Process, Trace

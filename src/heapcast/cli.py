@@ -11,7 +11,7 @@ from .trace.format import TraceError
 
 
 def _cmd_record(a) -> int:
-    from .record import RecordError, record
+    from .recording import RecordError, record
     if not a.command:
         raise UsageError("record needs a command: heapcast record [options] -- CMD ARGS...")
     try:
@@ -25,7 +25,7 @@ def _cmd_record(a) -> int:
 
 
 def _cmd_finalize(a) -> int:
-    from .record import finalize
+    from .recording import finalize
     r = finalize(a.trace)
     print(r.summary(), file=sys.stderr)
     return 0

@@ -165,9 +165,12 @@ class RawProcess:
         slots = np.frombuffer(self._mm, SLOT_DTYPE, c.n, c.offset + SLOT)
         head = slots["head"]
         ops = (head & 0xFF).astype(np.uint8)
-        ev_idx = np.flatnonzero(ops <= F.MREMAP)
-        s = slots[ev_idx]
-        op = ops[ev_idx]
+        is_event = ops <= F.MREMAP
+        if is_event.all():        # the common chunk: nothing but one-slot events
+            ev_idx, s, op = np.arange(c.n), slots, ops
+        else:
+            ev_idx = np.flatnonzero(is_event)
+            s, op = slots[ev_idx], ops[ev_idx]
         # Time base of each slot: the chunk's own, or the latest HC_TIME slot before it.
         tsc = _CHUNK.unpack_from(self._mm, c.offset)[4]
         ticks = s["ts"].astype(np.uint64) + np.uint64(tsc)

@@ -5,6 +5,8 @@ import json
 import os
 import struct
 import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
@@ -32,16 +34,43 @@ def open_private(path: Path, mode: str = "wb"):
 
 
 class _SectionWriter:
+    """Writes sections in order. EVENTS blocks are encoded and compressed on a worker thread
+    while the caller produces the next block (numpy and zstd release the GIL), at most two in
+    flight, so memory stays bounded."""
+
     def __init__(self, f, level: int):
         self.f = f
+        self.level = level
         self.zstd = zstandard.ZstdCompressor(level=level)
+        self.pool = ThreadPoolExecutor(1)
+        self.pending = deque()
+
+    def _section(self, kind: int, raw: bytes, count: int, compress: bool, zstd) -> bytes:
+        stored = zstd.compress(raw) if compress and raw else raw
+        codec_id = CODEC_ZSTD if stored is not raw else CODEC_STORED
+        return SECTION.pack(kind, codec_id, len(stored), len(raw),
+                            zlib.crc32(stored) & 0xFFFFFFFF, count) + stored
 
     def write(self, kind: int, raw: bytes, count: int = 0, compress: bool = True) -> None:
-        stored = self.zstd.compress(raw) if compress and raw else raw
-        codec_id = CODEC_ZSTD if stored is not raw else CODEC_STORED
-        self.f.write(SECTION.pack(kind, codec_id, len(stored), len(raw),
-                                  zlib.crc32(stored) & 0xFFFFFFFF, count))
-        self.f.write(stored)
+        self.drain()
+        self.f.write(self._section(kind, raw, count, compress, self.zstd))
+
+    def write_events(self, block) -> None:
+        def work(block=block):
+            zstd = zstandard.ZstdCompressor(level=self.level)  # one per thread: not thread-safe
+            return self._section(EVENTS, encode_events(block), _length(block), True, zstd)
+        self.pending.append(self.pool.submit(work))
+        while len(self.pending) > 1:
+            self.f.write(self.pending.popleft().result())
+
+    def drain(self) -> None:
+        while self.pending:
+            self.f.write(self.pending.popleft().result())
+
+    def close(self) -> None:
+        for fut in self.pending:
+            fut.cancel()
+        self.pool.shutdown(wait=True)
 
 
 def encode_events(block) -> bytes:
@@ -94,6 +123,7 @@ def write_process_file(path, process: Process, events, level: int = 3) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     count = 0
     last_ts = 0
+    w = None
     try:
         with open_private(tmp) as f:
             f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
@@ -109,7 +139,7 @@ def write_process_file(path, process: Process, events, level: int = 3) -> Path:
                 if len(seq) and (int(seq[0]) <= prev_seq or not (seq[1:] > seq[:-1]).all()):
                     raise ValueError(f"{path}: events must be in strictly increasing seq order")
                 prev_seq = int(seq[-1])
-                w.write(EVENTS, encode_events(block), count=len(seq))
+                w.write_events(block)
                 count += len(seq)
                 last_ts = max(last_ts, int(block["ts"].max()))
             process.event_count = count
@@ -120,6 +150,9 @@ def write_process_file(path, process: Process, events, level: int = 3) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)   # never leave a half-written file behind
         raise
+    finally:
+        if w is not None:
+            w.close()
     os.replace(tmp, path)
     return path
 
