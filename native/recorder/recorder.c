@@ -559,7 +559,9 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     if (t->rec) { sys_munmap(t->rec, (size_t)t->cap * HC_RECORD_SIZE); t->rec = NULL; t->cap = 0; }
     uint64_t off = __atomic_fetch_add(&H->file_end, size, __ATOMIC_RELAXED);
     if (!reserve_file(off + size)) return 0;
-    struct hc_record *m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+    /* No MAP_POPULATE: it pre-faults the pages for reading, and every page then faults again on
+     * its first write; letting the writes fault once is cheaper. */
+    struct hc_record *m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED,
                                    g_fd, (off_t)off);
     if (m == MAP_FAILED) return 0;
     struct hc_chunk *c = (struct hc_chunk *)m;
