@@ -218,6 +218,7 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> dict:
             "program_added_ns_per_event": (per_event(program - base, events)
                                            if program is not None and name != "untraced" else None),
             "slowdown": wall / base if base else None,
+            "program_slowdown": program / base if base and program is not None else None,
             "trace_bytes": [r.get("bytes") for r in samples],
             "bytes_per_event": size / events if size is not None and events else None,
             **{k: [r[k] for r in samples] for k in ("events", "lost_events", "truncated", "lines")
@@ -245,16 +246,23 @@ def per_event(seconds: float, events: int | None) -> float | None:
 
 
 def add_heaptrack_ratios(tracers: dict) -> None:
-    """heaptrack's added time per event over each heapcast configuration's ("x less")."""
+    """heaptrack's added time per event over each heapcast configuration's ("x less"): on the
+    whole wait (heapcast's conversion included) and on the program's own run."""
     ht = tracers.get("heaptrack", {}).get("added_ns_per_event")
     for name, row in tracers.items():
-        if name.startswith("heapcast") and ht is not None and row["added_ns_per_event"] is not None:
-            added = row["added_ns_per_event"]
-            row["heaptrack_ratio"] = ht / added if added > 0 else float("inf")
+        if not name.startswith("heapcast") or ht is None:
+            continue
+        for key, added in (("heaptrack_ratio", row["added_ns_per_event"]),
+                           ("program_heaptrack_ratio", row["program_added_ns_per_event"])):
+            if added is not None:
+                row[key] = ht / added if added > 0 else float("inf")
 
 
 def targets(workload_name: str, tracers: dict) -> list[dict]:
-    """The issue's targets that apply to this workload, each with its value and pass/fail."""
+    """The issue's targets that apply to this workload, each with its value and pass/fail.
+
+    Time targets are judged on the program's own run under the recorder: the issue lets the
+    compression run once the program has ended. The total wait is in the table beside them."""
     out = []
 
     def check(target, tracer, value, limit, at_most=True):
@@ -266,11 +274,12 @@ def targets(workload_name: str, tracers: dict) -> list[dict]:
         if not name.startswith("heapcast"):
             continue
         if workload_name == "ring":
-            check("ns", name, row["added_ns_per_event"], RING_NS_LIMIT[name])
+            check("ns", name, row["program_added_ns_per_event"], RING_NS_LIMIT[name])
         if workload_name == "py_dicts" and name == heapcast_name(0):
-            check("slowdown", name, row["slowdown"], PY_SLOWDOWN_LIMIT)
+            check("slowdown", name, row["program_slowdown"], PY_SLOWDOWN_LIMIT)
         if name == heapcast_name(0):
-            check("heaptrack", name, row.get("heaptrack_ratio"), HEAPTRACK_RATIO_MIN, at_most=False)
+            check("heaptrack", name, row.get("program_heaptrack_ratio"), HEAPTRACK_RATIO_MIN,
+                  at_most=False)
         check("bytes", name, row["bytes_per_event"], BYTES_PER_EVENT_LIMIT)
     return out
 
@@ -285,7 +294,8 @@ TARGET_COLUMNS = [("ns", "ns target"), ("slowdown", f"<={PY_SLOWDOWN_LIMIT}x"),
 def table(results: dict) -> str:
     """The summary table of all workloads."""
     headers = ["workload", "tracer", "wall s", "prog s", "+ns/ev", "+ns/ev prog", "slowdown",
-               "heaptrack/x", "B/ev", "events", *(title for _, title in TARGET_COLUMNS)]
+               "prog slowdown", "heaptrack/x", "heaptrack/x prog", "B/ev", "events",
+               *(title for _, title in TARGET_COLUMNS)]
     rows = []
     for wname, wres in results.items():
         for tname, t in wres["tracers"].items():
@@ -293,7 +303,9 @@ def table(results: dict) -> str:
             rows.append([
                 wname, tname, fmt(t["wall_median_s"], ".3f"), fmt(t["program_median_s"], ".3f"),
                 fmt(t["added_ns_per_event"], ".1f"), fmt(t["program_added_ns_per_event"], ".1f"),
-                fmt(t["slowdown"], ".2f", "x"), fmt(t.get("heaptrack_ratio"), ".1f", "x"),
+                fmt(t["slowdown"], ".2f", "x"), fmt(t.get("program_slowdown"), ".2f", "x"),
+                fmt(t.get("heaptrack_ratio"), ".1f", "x"),
+                fmt(t.get("program_heaptrack_ratio"), ".1f", "x"),
                 fmt(t["bytes_per_event"], ".2f"), fmt(wres["events"], ","),
                 *(verdict(verdicts.get(key)) for key, _ in TARGET_COLUMNS)])
     return format_table(headers, rows)
