@@ -119,11 +119,12 @@ def main(argv=None) -> int:
         a.command = a.command[1:]
     try:
         return a.func(a)
+    except BrokenPipeError:  # `heapcast stats ... | head`
+        sys.stderr.close()
+        return 0
     except (TraceError, UsageError, ValueError, OSError, PlotError) as e:
         print(f"heapcast {a.verb}: error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":
