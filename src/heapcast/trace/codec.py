@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import numpy as np
 
-PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA = 0, 1, 2, 3
+PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA, BACKREF = 0, 1, 2, 3, 4
 
 #: The encoding of each stored column (EVENT_DTYPE order; `proc` is not stored).
 COLUMN_ENCODING = {
-    "seq": DELTA, "ts": ZIGZAG_DELTA, "addr": NONZERO_DELTA, "old_addr": NONZERO_DELTA,
+    "seq": DELTA, "ts": ZIGZAG_DELTA, "addr": NONZERO_DELTA, "old_addr": BACKREF,
     "size": PLAIN, "arg": PLAIN, "loc": PLAIN, "tid": PLAIN, "free_lag": PLAIN,
     "op": PLAIN, "flags": PLAIN,
 }
+#: What a reader accepts: any generic encoding for any column (older files used NONZERO_DELTA for
+#: old_addr); BACKREF only for old_addr, which follows addr in the block.
+GENERIC_ENCODINGS = frozenset((PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA))
+ALLOWED_ENCODINGS = {"old_addr": GENERIC_ENCODINGS | {BACKREF}}
 
 
 def _zigzag(d: np.ndarray) -> np.ndarray:
@@ -40,8 +44,30 @@ def _unshuffle(b: bytes, dtype: np.dtype, count: int) -> np.ndarray:
     return np.ascontiguousarray(planes.T).view(dtype).reshape(count)
 
 
-def encode(values: np.ndarray, encoding: int) -> bytes:
-    """Encodes one column (unsigned integers) to bytes."""
+def _backref(old: np.ndarray, addr: np.ndarray) -> np.ndarray:
+    """For each row: 0 if old is 0, d + 1 if old equals addr of the row d rows earlier (the latest
+    such row), 1 if no earlier row of the block produced it (an escape)."""
+    codes = np.zeros(len(old), np.uint64)
+    rel, acq = np.flatnonzero(old), np.flatnonzero(addr)
+    vals = np.concatenate([addr[acq], old[rel]])
+    pos = np.concatenate([acq, rel])
+    kind = np.concatenate([np.ones(len(acq), np.int8), np.zeros(len(rel), np.int8)])
+    order = np.lexsort((kind, pos, vals))     # per value, by row; a release before its row's own
+    v, p, k = vals[order], pos[order], kind[order]
+    last_acq = np.maximum.accumulate(np.where(k == 1, np.arange(len(v)), -1))
+    src = np.maximum(last_acq, 0)
+    found = (k == 0) & (last_acq >= 0) & (v[src] == v)
+    codes[p[found]] = (p[found] - p[src[found]]).astype(np.uint64) + np.uint64(1)
+    codes[p[(k == 0) & ~found]] = 1
+    return codes
+
+
+def encode(values: np.ndarray, encoding: int, block=None) -> bytes:
+    """Encodes one column (unsigned integers) to bytes. BACKREF needs the block's `addr`."""
+    if encoding == BACKREF:
+        v = values.astype(np.uint64)
+        codes = _backref(v, np.asarray(block["addr"], np.uint64))
+        return _shuffle(codes) + encode(v[codes == 1], NONZERO_DELTA)
     if encoding == PLAIN:
         return _shuffle(values)
     v = values.astype(np.uint64)
@@ -58,8 +84,23 @@ def encode(values: np.ndarray, encoding: int) -> bytes:
     raise ValueError(f"unknown encoding {encoding}")
 
 
-def decode(data: bytes, encoding: int, dtype: np.dtype, count: int) -> np.ndarray:
-    """Inverse of encode(); raises ValueError on a length that does not fit."""
+def decode(data: bytes, encoding: int, dtype: np.dtype, count: int, decoded=None) -> np.ndarray:
+    """Inverse of encode(); raises ValueError on data that does not fit. BACKREF needs the
+    block's decoded `addr` column in `decoded`."""
+    if encoding == BACKREF:
+        if len(data) < 8 * count:
+            raise ValueError(f"column holds {len(data)} bytes, expected at least {8 * count}")
+        codes = _unshuffle(data[:8 * count], np.dtype(np.uint64), count)
+        escapes = codes == 1
+        out = np.zeros(count, np.uint64)
+        out[escapes] = decode(data[8 * count:], NONZERO_DELTA, np.dtype(np.uint64),
+                              int(np.count_nonzero(escapes)))
+        rows = np.flatnonzero(codes > 1)
+        src = rows - (codes[rows] - np.uint64(1)).astype(np.int64)
+        if len(src) and (src.min() < 0 or (codes[rows] > np.uint64(count)).any()):
+            raise ValueError("a back-reference points before the start of the block")
+        out[rows] = decoded["addr"][src]
+        return out.astype(dtype)
     stored = dtype if encoding == PLAIN else np.dtype(np.uint64)
     if len(data) != stored.itemsize * count:
         raise ValueError(f"column holds {len(data)} bytes, expected {stored.itemsize * count}")

@@ -132,10 +132,10 @@ def read_process(path) -> Process:
                 if count > BLOCK_EVENTS:
                     raise TraceError(path, off + 28, f"EVENTS block of {count} events, expected at "
                                      f"most {BLOCK_EVENTS}")
-                expected = _events_payload_len(count)
-                if raw_len != expected:
+                least = _events_payload_len(count)
+                if not least <= raw_len <= least + 8 * count:
                     raise TraceError(path, off + 16, f"EVENTS block of {count} events has "
-                                     f"{raw_len} bytes, expected {expected}")
+                                     f"{raw_len} bytes, expected {least} to {least + 8 * count}")
                 blocks.append(_Block(off, stored_len, raw_len, crc, count, codec_id))
             else:
                 if kind in found:
@@ -162,6 +162,8 @@ def read_process(path) -> Process:
 
 
 def _events_payload_len(count: int) -> int:
+    """Bytes of an EVENTS payload of `count` events, without BACKREF escapes (at most 8 more per
+    event)."""
     n = COLUMN.size * len(STORED_FIELDS)
     for name in STORED_FIELDS:
         enc = codec.COLUMN_ENCODING[name]
@@ -216,17 +218,20 @@ def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
     raw = _payload(f, path, b.offset, b.stored_len, b.raw_len, b.crc, b.codec, "EVENTS block")
     out = np.zeros(b.count, EVENT_DTYPE)
     pos = 0
-    for _ in STORED_FIELDS:
+    for name in STORED_FIELDS:
+        if pos + COLUMN.size > len(raw):
+            raise TraceError(path, b.offset, f"EVENTS block ends before column {name}")
         field_idx, enc, _, n = COLUMN.unpack_from(raw, pos)
         pos += COLUMN.size
-        if field_idx >= len(EVENT_DTYPE.names) or EVENT_DTYPE.names[field_idx] == "proc":
-            raise TraceError(path, b.offset, f"EVENTS block: column index {field_idx} is not a field")
-        name = EVENT_DTYPE.names[field_idx]
-        if enc != codec.COLUMN_ENCODING[name]:
+        if field_idx != EVENT_DTYPE.names.index(name):
+            raise TraceError(path, b.offset, f"EVENTS block: column {field_idx} where column "
+                             f"{EVENT_DTYPE.names.index(name)} ({name}) was expected")
+        allowed = codec.ALLOWED_ENCODINGS.get(name, codec.GENERIC_ENCODINGS)
+        if enc not in allowed:
             raise TraceError(path, b.offset, f"EVENTS block: column {name} has encoding {enc}, "
-                             f"expected {codec.COLUMN_ENCODING[name]}")
+                             f"expected one of {sorted(allowed)}")
         try:
-            out[name] = codec.decode(raw[pos:pos + n], enc, EVENT_DTYPE[name], b.count)
+            out[name] = codec.decode(raw[pos:pos + n], enc, EVENT_DTYPE[name], b.count, out)
         except ValueError as e:
             raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
         pos += n

@@ -78,7 +78,7 @@ def encode_events(block) -> bytes:
     parts = []
     for name in STORED_FIELDS:
         enc = codec.COLUMN_ENCODING[name]
-        data = codec.encode(np.ascontiguousarray(block[name]), enc)
+        data = codec.encode(np.ascontiguousarray(block[name]), enc, block)
         parts.append(COLUMN.pack(EVENT_DTYPE.names.index(name), enc, 0, len(data)))
         parts.append(data)
     return b"".join(parts)
