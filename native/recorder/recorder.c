@@ -246,19 +246,26 @@ static ssize_t read_file(const char *path, char *buf, size_t cap) {
 
 struct mods_ctx { struct textbuf *tb; uint64_t adds, subs; int count_only; };
 
+/* The address range spanned by a module's loaded segments (hi = 0 if it has none). */
+static void module_range(const struct dl_phdr_info *info, uint64_t *lo, uint64_t *hi) {
+    *lo = ~0ull;
+    *hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *p = &info->dlpi_phdr[i];
+        if (p->p_type != PT_LOAD) continue;
+        uint64_t a = info->dlpi_addr + p->p_vaddr;
+        if (a < *lo) *lo = a;
+        if (a + p->p_memsz > *hi) *hi = a + p->p_memsz;
+    }
+}
+
 static int mods_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     struct mods_ctx *c = arg;
     c->adds = info->dlpi_adds;
     c->subs = info->dlpi_subs;
     if (c->count_only) return 1;  /* the counters are the same in every callback */
-    uint64_t lo = ~0ull, hi = 0;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *p = &info->dlpi_phdr[i];
-        if (p->p_type != PT_LOAD) continue;
-        uint64_t a = info->dlpi_addr + p->p_vaddr;
-        if (a < lo) lo = a;
-        if (a + p->p_memsz > hi) hi = a + p->p_memsz;
-    }
+    uint64_t lo, hi;
+    module_range(info, &lo, &hi);
     if (hi == 0) return 0;
     const char *name = info->dlpi_name ? info->dlpi_name : "";
     tb_str(c->tb, "m ");
@@ -640,14 +647,8 @@ static struct hc_record *slots(struct tstate *t, uint32_t n) {
 
 /* Finds the address range of this library, whose frames are never the program's. */
 static int self_cb(struct dl_phdr_info *info, size_t size, void *arg) {
-    uintptr_t me = (uintptr_t)arg, lo = ~(uintptr_t)0, hi = 0;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *p = &info->dlpi_phdr[i];
-        if (p->p_type != PT_LOAD) continue;
-        uintptr_t a = info->dlpi_addr + p->p_vaddr;
-        if (a < lo) lo = a;
-        if (a + p->p_memsz > hi) hi = a + p->p_memsz;
-    }
+    uint64_t me = (uintptr_t)arg, lo, hi;
+    module_range(info, &lo, &hi);
     if (me < lo || me >= hi) return 0;
     g_self_lo = lo;
     g_self_hi = hi;
