@@ -4,10 +4,10 @@ from setuptools.command.build_ext import build_ext
 
 
 class NativeBuild(build_ext):
-    """Names the preload library libheapcast_recorder.so instead of a Python extension name."""
+    """Names the native libraries libheapcast_*.so (plain shared libraries, not Python extensions)."""
 
     def get_ext_filename(self, ext_name):
-        if ext_name.endswith("libheapcast_recorder"):
+        if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -23,4 +23,15 @@ recorder = Extension(
     extra_link_args=["-pthread", "-ldl"],
 )
 
-setup(ext_modules=[recorder], cmdclass={"build_ext": NativeBuild})
+# The allocator lab's replay kernels: a plain shared library loaded with ctypes (heapcast.lab.native).
+lab = Extension(
+    "heapcast.libheapcast_lab",
+    sources=[f"native/lab/{name}.c" for name in ("util", "fitheap", "pages", "policy", "pol_fit",
+                                                 "pol_buddy", "pol_seg", "pol_glibc", "pol_life",
+                                                 "predictor", "driver")],
+    depends=["native/lab/lab.h"],
+    extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra",
+                        "-Wno-unused-parameter"],
+)
+
+setup(ext_modules=[recorder, lab], cmdclass={"build_ext": NativeBuild})

@@ -36,7 +36,8 @@ void fh_clone(fitheap *dst, const fitheap *src) {
     hm_clone(&dst->by_end, &src->by_end);
 }
 
-static inline int uses_addr(const fitheap *h) { return h->mode != FIT_BEST || h->want_addr_tree; }
+/* The address-ordered tree serves first-fit and next-fit; best-fit searches by size. */
+static inline int uses_addr(const fitheap *h) { return h->mode != FIT_BEST; }
 
 static void ins_range(fitheap *h, u64 s, u64 len) {
     hm_put(&h->by_start, s, len);
@@ -56,6 +57,22 @@ static void del_range(fitheap *h, u64 s, u64 len) {
     if (h->mode == FIT_BEST)
         tr_erase(&h->size, len, s);
     h->free_bytes -= len;
+}
+
+/* The free range [s, s + len) loses its first `cut` bytes (its end stays where it is). */
+static void shrink_front(fitheap *h, u64 s, u64 len, u64 cut) {
+    hm_del(&h->by_start, s, NULL);
+    hm_put(&h->by_start, s + cut, len - cut);
+    hm_put(&h->by_end, s + len, s + cut);
+    if (uses_addr(h)) {
+        tr_erase(&h->addr, s, 0);
+        tr_insert(&h->addr, s + cut, 0, len - cut);
+    }
+    if (h->mode == FIT_BEST) {
+        tr_erase(&h->size, len, s);
+        tr_insert(&h->size, len - cut, s + cut, len - cut);
+    }
+    h->free_bytes -= cut;
 }
 
 /* Where an aligned chunk starts inside a range beginning at f: its payload (start + hdr) is a
@@ -92,14 +109,18 @@ u64 fh_alloc_nowild(fitheap *h, u64 len, u64 align, u64 hdr, u64 *got) {
     }
     u64 f = h->mode == FIT_BEST ? n[x].k2 : n[x].k1, flen = n[x].len;
     u64 s = aligned_start(h, f, align, hdr);
-    del_range(h, f, flen);
-    if (s > f)
-        ins_range(h, f, s - f);
     u64 tail = f + flen - (s + len);
-    if (tail >= h->minchunk)
-        ins_range(h, s + len, tail);
-    else
-        len += tail;
+    if (s == f && tail >= h->minchunk) {
+        shrink_front(h, f, flen, len);   /* the common case: split off the front */
+    } else {
+        del_range(h, f, flen);
+        if (s > f)
+            ins_range(h, f, s - f);
+        if (tail >= h->minchunk)
+            ins_range(h, s + len, tail);
+        else
+            len += tail;
+    }
     h->rover = s + len;
     *got = len;
     return s;
@@ -179,7 +200,7 @@ int fh_extend(fitheap *h, u64 start, u64 len, u64 newlen, int allow_top, u64 *go
 const char *fh_check(const fitheap *h) {
     u64 total = 0, count = 0;
     for (size_t i = 0; i < h->by_start.cap; i++) {
-        u64 s = h->by_start.keys[i], len = h->by_start.vals[i], v;
+        u64 s = h->by_start.e[i].key, len = h->by_start.e[i].val, v;
         if (s == ~0ULL)
             continue;
         count++;

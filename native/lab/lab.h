@@ -46,13 +46,16 @@ typedef struct {
 
 /* ---- growable arrays ---- */
 void *lab_grow(void *p, size_t *cap, size_t need, size_t elsize);
-#define VEC_RESERVE(ptr, cap, need) ((ptr) = lab_grow((ptr), &(cap), (need), sizeof(*(ptr))))
 void *lab_dup(const void *p, size_t bytes);
 void lab_fatal(const char *what);
+u64 lab_now_ns(void);
 
 /* ---- hash map u64 -> u64 (open addressing; key ~0 is reserved) ---- */
 typedef struct {
-    u64 *keys, *vals;
+    u64 key, val;
+} hm_entry;
+typedef struct {
+    hm_entry *e;
     size_t cap, len;    /* cap: power of two */
 } hmap;
 void hm_init(hmap *m);
@@ -87,7 +90,6 @@ u32 tr_min(const treap *t);
 enum { FIT_FIRST, FIT_NEXT, FIT_BEST };
 typedef struct {
     int mode;
-    int want_addr_tree;   /* keep the address-ordered tree in BEST mode too */
     u64 gran, minchunk;   /* chunk granularity and minimum free-range size */
     u64 nocross;          /* if not 0: free ranges never cross a multiple of it */
     u64 top;              /* start of the wilderness */
@@ -133,6 +135,39 @@ void pg_add(pages *p, u64 start, u64 len, int sign);
 static inline u64 pg_4k(const pages *p) { return p->exclusive4k + p->shared4k; }
 static inline u64 pg_2m(const pages *p) { return p->exclusive2m + p->shared2m; }
 
+/* ---- the call-site lifetime predictor (predictor.c) ---- */
+typedef struct {
+    u32 id, gen;
+    u64 clock0;
+} pr_entry;
+typedef struct {
+    pr_entry *e;
+    size_t cap, head, len;
+} pr_queue;
+typedef struct {
+    u32 gen, row_site, row_size;
+    u8 lower, pad[3];      /* live past bound[lower - 1]: its class is >= lower (0: not yet) */
+} pr_block;
+typedef struct {
+    int k, nq;             /* classes; finite bounds (timer queues) */
+    u64 quantile;          /* per mille */
+    u64 bound[LAB_MAX_CLASSES];
+    hmap row_of;           /* (loc << 7 | size class, or 127 for any size) -> row */
+    u32 *rows;             /* see predictor.c */
+    size_t rows_cap, nrows;
+    pr_queue q[LAB_MAX_CLASSES];
+    pr_block *blk;         /* by block id */
+    size_t blk_cap;
+} predictor;
+void pr_init(predictor *pr, int k, const u64 *bound, u64 quantile);
+void pr_free(predictor *pr);
+void pr_clone(predictor *dst, const predictor *src);
+void pr_prior(predictor *pr, u32 loc, int sc, int c, u32 n);
+u8 pr_predict(predictor *pr, u32 loc, int sc);
+void pr_born(predictor *pr, u32 id, u32 loc, int sc, u64 clock);
+void pr_died(predictor *pr, u32 id, int c);
+void pr_advance(predictor *pr, u64 clock);
+
 /* ---- policies ---- */
 enum { POL_FIRST, POL_NEXT, POL_BEST, POL_BUDDY, POL_SEG, POL_GLIBC, POL_ORACLE, POL_LEARNED,
        POL_COUNT };
@@ -144,7 +179,8 @@ typedef struct {
     u64 addr, len;    /* the chunk: header, payload and rounding */
     u64 req;          /* requested bytes */
     u32 aux;          /* policy-specific: slab/span id, order, ... */
-    u8 region, live, cls, pad;
+    u32 hdr;          /* the payload starts at addr + hdr */
+    u8 region, live, pad[6];
 } pblock;
 
 /* Metrics, as exported (native.py: Metrics). */
@@ -158,6 +194,7 @@ typedef struct {
     u64 ns;                        /* time spent replaying */
     u64 moves, inplace, reclassified;
     u64 check_failures;
+    u64 sum_footprint16, sum_pages4k;   /* over ops (footprint in 16-byte units): time averages */
 } lab_metrics;
 
 typedef struct policy policy;
@@ -182,6 +219,8 @@ struct policy {
     int kind;
     int checked;
     int use_oracle;       /* lifetime policies: class source */
+    u64 base;             /* where the arena starts: the footprint is counted from there */
+    u64 align_now;        /* alignment the op being replayed asks for (checked mode) */
     pblock *blk;
     size_t blk_cap;
     pages pg;
@@ -199,7 +238,7 @@ void pol_run(policy *p, const lab_op *ops, size_t n);
 
 /* Helpers for policies (policy.c). */
 pblock *pol_block(policy *p, u32 id);
-void pol_place(policy *p, u32 id, u64 addr, u64 len, u64 req, int region, u32 aux);
+void pol_place(policy *p, u32 id, u64 addr, u64 len, u64 req, int region, u32 aux, u64 hdr);
 void pol_unplace(policy *p, u32 id);
 void pol_set_top(policy *p, u64 top);
 void pol_set_mmapped(policy *p, u64 mmapped);
@@ -215,7 +254,13 @@ void *glibc_new(policy *p, const u64 *params);
 void *life_new(policy *p, const u64 *params);
 
 /* Parameters (params[] indices, all u64; 0 means the default). */
-enum { PARAM_NCLASSES, PARAM_SPAN, PARAM_SMALL_MAX, PARAM_BOUND0 /* .. + LAB_MAX_CLASSES */ };
+enum { PARAM_NCLASSES,   /* lifetime classes (the last one: everything longer, and never freed) */
+       PARAM_SPAN,       /* lifetime policies: span bytes (64 KiB) */
+       PARAM_SMALL_MAX,  /* lifetime policies: largest chunk placed in spans (span / 4) */
+       PARAM_CLOCK,      /* lifetime clock: 0 events, 1 nanoseconds */
+       PARAM_QUANTILE,   /* call-site predictor: quantile of observed classes, per mille (900) */
+       PARAM_MAIN_CLASS, /* lifetime policies: classes from this one on share the main heap */
+       PARAM_BOUND0      /* .. + LAB_MAX_CLASSES - 1: class c holds lifetimes < bound[c] */ };
 #define LAB_NPARAMS (PARAM_BOUND0 + LAB_MAX_CLASSES)
 
 static inline u64 align_up(u64 x, u64 a) { return (x + a - 1) & ~(a - 1); }
@@ -223,7 +268,9 @@ static inline u64 align_down(u64 x, u64 a) { return x & ~(a - 1); }
 static inline u64 max_u64(u64 a, u64 b) { return a > b ? a : b; }
 static inline u64 min_u64(u64 a, u64 b) { return a < b ? a : b; }
 /* The dlmalloc/glibc chunk of a request: 8-byte header, 16-byte granules, 32 bytes at least. */
-static inline u64 dl_chunk(u64 size) { return size > (~0ULL >> 2) ? (~0ULL >> 2) : max_u64(32, align_up(size + 8, 16)); }
+static inline u64 dl_chunk(u64 size) {
+    return size > (~0ULL >> 2) ? (~0ULL >> 2) : max_u64(32, align_up(size + 8, 16));
+}
 #define DL_HDR 8
 #define NONE (~0ULL)
 

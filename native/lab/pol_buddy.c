@@ -62,7 +62,7 @@ static void buddy_alloc(policy *p, u32 id, u64 size, u64 align, u8 cls, u64 cloc
     if (a + (1ULL << k) > b->high)
         b->high = a + (1ULL << k);
     pol_set_top(p, b->high);
-    pol_place(p, id, a, 1ULL << k, size, REG_ARENA, (u32)k);
+    pol_place(p, id, a, 1ULL << k, size, REG_ARENA, (u32)k, align > BUDDY_HDR ? align : BUDDY_HDR);
 }
 
 static void buddy_release(policy *p, u32 id) {
@@ -89,7 +89,7 @@ static void buddy_realloc(policy *p, u32 old, u32 id, u64 size, u8 cls, u64 cloc
     }
     p->m.inplace++;
     pol_unplace(p, old);
-    pol_place(p, id, ob.addr, ob.len, size, REG_ARENA, ob.aux);
+    pol_place(p, id, ob.addr, ob.len, size, REG_ARENA, ob.aux, ob.hdr);
 }
 
 static void buddy_clone(policy *dst, const policy *src) {

@@ -16,7 +16,7 @@ void *fit_new(policy *p, const u64 *params) {
         lab_fatal("out of memory");
     int mode = p->kind == POL_FIRST ? FIT_FIRST : p->kind == POL_NEXT ? FIT_NEXT : FIT_BEST;
     fh_init(h, mode, ARENA_BASE, 16, 32);
-    p->m.arena_top = ARENA_BASE;
+    p->base = p->m.arena_top = ARENA_BASE;
     return h;
 }
 
@@ -24,7 +24,7 @@ static void fit_alloc(policy *p, u32 id, u64 size, u64 align, u8 cls, u64 clock)
     (void)cls, (void)clock;
     u64 got, s = fh_alloc(H(p), dl_chunk(size), align, DL_HDR, &got);
     pol_set_top(p, H(p)->top);
-    pol_place(p, id, s, got, size, REG_ARENA, 0);
+    pol_place(p, id, s, got, size, REG_ARENA, 0, DL_HDR);
 }
 
 static void fit_release(policy *p, u32 id) {
@@ -52,7 +52,7 @@ static void fit_realloc(policy *p, u32 old, u32 id, u64 size, u8 cls, u64 clock)
     }
     p->m.inplace++;
     pol_set_top(p, H(p)->top);
-    pol_place(p, id, b.addr, got, size, REG_ARENA, 0);
+    pol_place(p, id, b.addr, got, size, REG_ARENA, 0, DL_HDR);
 }
 
 static void fit_clone(policy *dst, const policy *src) {

@@ -48,7 +48,7 @@ void *glibc_new(policy *p, const u64 *params) {
     if (!g)
         lab_fatal("out of memory");
     fh_init(&g->h, FIT_BEST, ARENA_BASE, 16, MINSIZE);
-    g->brk = ARENA_BASE;
+    g->brk = p->base = ARENA_BASE;
     g->mmap_threshold = 128 * 1024;
     g->trim_threshold = 128 * 1024;
     g->next_mmap = pol_mmap_base();
@@ -110,13 +110,13 @@ static void alloc_chunk(policy *p, u32 id, u64 size, u64 align, int from_tcache)
     if (align <= 16) {
         u64 tc = (nb - MINSIZE) / 16;
         if (from_tcache && tc < TCACHE_BINS && g->tcount[tc]) {
-            pol_place(p, id, g->tcache[tc][--g->tcount[tc]], nb, size, REG_ARENA, 0);
+            pol_place(p, id, g->tcache[tc][--g->tcount[tc]], nb, size, REG_ARENA, 0, DL_HDR);
             return;
         }
         if (nb <= MAX_FAST && g->fast_n[nb / 16 - 2]) {
             int f = (int)(nb / 16 - 2);
             g->have_fast--;
-            pol_place(p, id, g->fast[f][--g->fast_n[f]], nb, size, REG_ARENA, 0);
+            pol_place(p, id, g->fast[f][--g->fast_n[f]], nb, size, REG_ARENA, 0, DL_HDR);
             return;
         }
         if (nb >= MIN_LARGE && g->have_fast)
@@ -125,7 +125,7 @@ static void alloc_chunk(policy *p, u32 id, u64 size, u64 align, int from_tcache)
     for (;;) {
         a = fh_alloc_nowild(&g->h, nb, align, DL_HDR, &got);
         if (a != NONE) {
-            pol_place(p, id, a, got, size, REG_ARENA, 0);
+            pol_place(p, id, a, got, size, REG_ARENA, 0, DL_HDR);
             return;
         }
         if (g->brk - g->h.top >= need + MINSIZE)
@@ -136,19 +136,21 @@ static void alloc_chunk(policy *p, u32 id, u64 size, u64 align, int from_tcache)
     }
     if (g->brk - g->h.top < need + MINSIZE) {
         if (nb >= g->mmap_threshold) {
-            u64 len = align_up(nb + (align > 16 ? align : 0) + 8, PAGE);
-            a = g->next_mmap;
-            g->next_mmap += len;
+            /* Page-aligned mapping; the payload follows the 16-byte mmapped-chunk header
+             * (memalign: the first aligned address after it). */
+            u64 hdr = align > 16 ? align : 16, len = align_up(nb + hdr, PAGE);
+            a = align_up(g->next_mmap, align > PAGE ? align : PAGE);
+            g->next_mmap = a + len;
             g->mmapped += len;
             pol_set_mmapped(p, g->mmapped);
-            pol_place(p, id, a, len, size, REG_MMAP, 0);
+            pol_place(p, id, a, len, size, REG_MMAP, 0, hdr);
             return;
         }
         g->brk += align_up(need + TOP_PAD + MINSIZE - (g->brk - g->h.top), PAGE);
         pol_set_top(p, g->brk);
     }
     a = fh_alloc_top(&g->h, nb, align, DL_HDR, &got);
-    pol_place(p, id, a, got, size, REG_ARENA, 0);
+    pol_place(p, id, a, got, size, REG_ARENA, 0, DL_HDR);
 }
 
 static void glibc_alloc(policy *p, u32 id, u64 size, u64 align, u8 cls, u64 clock) {
@@ -178,12 +180,12 @@ static void glibc_realloc(policy *p, u32 old, u32 id, u64 size, u8 cls, u64 cloc
     pblock b = p->blk[old];
     u64 nb = dl_chunk(size), got = b.len;
     if (b.region == REG_MMAP) {   /* mremap */
-        u64 len = align_up(nb + 8, PAGE);
+        u64 len = align_up(nb + b.hdr, PAGE);
         pol_unplace(p, old);
         g->mmapped += len - b.len;
         pol_set_mmapped(p, g->mmapped);
         p->m.inplace++;
-        pol_place(p, id, b.addr, len, size, REG_MMAP, 0);
+        pol_place(p, id, b.addr, len, size, REG_MMAP, 0, b.hdr);
         return;
     }
     if (nb <= b.len) {
@@ -210,7 +212,7 @@ static void glibc_realloc(policy *p, u32 old, u32 id, u64 size, u8 cls, u64 cloc
         return;
     }
     p->m.inplace++;
-    pol_place(p, id, b.addr, got, size, REG_ARENA, 0);
+    pol_place(p, id, b.addr, got, size, REG_ARENA, 0, DL_HDR);
 }
 
 static void glibc_clone(policy *dst, const policy *src) {

@@ -107,7 +107,7 @@ static void large_alloc(policy *p, u32 id, u64 size, u64 align) {
     u64 got, len = size_class(max_u64(size, SMALL_MAX + 1));
     u64 a = fh_alloc(&s->pages, len, max_u64(align, PAGE), 0, &got);
     pol_set_top(p, s->pages.top);
-    pol_place(p, id, a, got, size, REG_ARENA, LARGE);
+    pol_place(p, id, a, got, size, REG_ARENA, LARGE, 0);
 }
 
 static void seg_alloc(policy *p, u32 id, u64 size, u64 align, u8 cls, u64 clock) {
@@ -129,7 +129,7 @@ static void seg_alloc(policy *p, u32 id, u64 size, u64 align, u8 cls, u64 clock)
     sl->bits[w] &= sl->bits[w] - 1;
     if (--sl->nfree == 0)
         tr_erase(&s->nonfull[c], sl->start, sid);
-    pol_place(p, id, sl->start + (u64)i * s->reg[c], s->reg[c], size, REG_ARENA, sid);
+    pol_place(p, id, sl->start + (u64)i * s->reg[c], s->reg[c], size, REG_ARENA, sid, 0);
 }
 
 static void seg_release(policy *p, u32 id) {
@@ -188,7 +188,7 @@ static void seg_realloc(policy *p, u32 old, u32 id, u64 size, u8 cls, u64 clock)
         pol_set_top(p, s->pages.top);
     }
     p->m.inplace++;
-    pol_place(p, id, b.addr, got, size, REG_ARENA, b.aux);
+    pol_place(p, id, b.addr, got, size, REG_ARENA, b.aux, 0);
 }
 
 static void seg_clone(policy *dst, const policy *src) {

@@ -3,7 +3,6 @@
  * footprint) and the op loop. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "lab.h"
 
@@ -102,13 +101,18 @@ static void mmap_pages(policy *p, u64 len, int sign) {
     p->pg.exclusive2m += sign > 0 ? n2 : (u64)0 - n2;
 }
 
-void pol_place(policy *p, u32 id, u64 addr, u64 len, u64 req, int region, u32 aux) {
+void pol_place(policy *p, u32 id, u64 addr, u64 len, u64 req, int region, u32 aux, u64 hdr) {
     pblock *b = pol_block(p, id);
     if (p->checked) {
         if (b->live)
             pol_fail(p, "a block id was placed twice");
-        if (len < req)
-            pol_fail(p, "a chunk is smaller than its request");
+        if (hdr >= len || req > len - hdr)
+            pol_fail(p, "a chunk is smaller than its header and request");
+        /* The default alignment is 16, or 8 for requests of 8 bytes or less (what malloc
+         * promises: enough for any object that fits). */
+        u64 want = p->align_now == 16 && req <= 8 ? 8 : p->align_now;
+        if ((addr + hdr) % want)
+            pol_fail(p, "a block is not aligned as asked");
         if (region == REG_ARENA) {
             if (addr + len > p->m.arena_top)
                 pol_fail(p, "a chunk lies outside the footprint");
@@ -118,7 +122,7 @@ void pol_place(policy *p, u32 id, u64 addr, u64 len, u64 req, int region, u32 au
             tr_insert(&p->live, addr, 0, len);
         }
     }
-    *b = (pblock){addr, len, req, aux, (u8)region, 1, 0, 0};
+    *b = (pblock){addr, len, req, aux, (u32)hdr, (u8)region, 1, {0}};
     p->m.live_bytes += req;
     p->m.chunk_bytes += len;
     if (region == REG_MMAP)
@@ -152,7 +156,7 @@ void pol_realloc_by_move(policy *p, u32 old, u32 id, u64 size, u8 cls, u64 clock
 
 static void note_peaks(policy *p) {
     lab_metrics *m = &p->m;
-    u64 fp = m->arena_top + m->mmapped, p4 = pg_4k(&p->pg);
+    u64 fp = m->arena_top - p->base + m->mmapped, p4 = pg_4k(&p->pg);
     if (fp > m->peak_footprint) {
         m->peak_footprint = fp;
         m->peak_live_at_footprint = m->live_bytes;
@@ -166,6 +170,8 @@ static void note_peaks(policy *p) {
         m->peak_chunk_bytes = m->chunk_bytes;
     if (m->mmapped > m->peak_mmapped)
         m->peak_mmapped = m->mmapped;
+    m->sum_footprint16 += fp >> 4;
+    m->sum_pages4k += p4;
     series *s = &p->s;
     if (s->every) {
         if (fp > s->max_extent)
@@ -189,18 +195,13 @@ static void note_peaks(policy *p) {
     }
 }
 
-static u64 now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (u64)t.tv_sec * 1000000000ULL + (u64)t.tv_nsec;
-}
-
 void pol_run(policy *p, const lab_op *ops, size_t n) {
-    u64 t0 = now_ns();
+    u64 t0 = lab_now_ns();
     for (size_t i = 0; i < n; i++) {
         const lab_op *o = &ops[i];
         u8 cls = p->use_oracle ? o->cls_oracle : o->cls_pred;
         u64 align = o->align_log2 ? 1ULL << o->align_log2 : 16;
+        p->align_now = o->kind == OP_ALLOC ? align : 16;
         switch (o->kind) {
         case OP_ALLOC:
             p->ops->alloc(p, o->id, o->size, align, cls, o->clock);
@@ -217,7 +218,7 @@ void pol_run(policy *p, const lab_op *ops, size_t n) {
     p->m.ops += n;
     if (p->checked && p->ops->check)
         p->ops->check(p);
-    p->m.ns += now_ns() - t0;
+    p->m.ns += lab_now_ns() - t0;
 }
 
 u64 pol_mmap_base(void) { return MMAP_BASE; }

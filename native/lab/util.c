@@ -3,12 +3,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lab.h"
 
 void lab_fatal(const char *what) {
     fprintf(stderr, "heapcast lab: %s\n", what);
     abort();
+}
+
+u64 lab_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (u64)t.tv_sec * 1000000000ULL + (u64)t.tv_nsec;
 }
 
 void *lab_grow(void *p, size_t *cap, size_t need, size_t elsize) {
@@ -34,7 +41,7 @@ void *lab_dup(const void *p, size_t bytes) {
     return memcpy(q, p, bytes);
 }
 
-/* ---- hash map ---- */
+/* ---- hash map: keys and values side by side (one cache line per probe) ---- */
 
 #define HM_EMPTY (~0ULL)
 
@@ -42,56 +49,53 @@ static inline size_t hm_slot(u64 key, size_t cap) {
     return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 17) & (cap - 1);
 }
 
+static hm_entry *hm_alloc(size_t cap) {
+    hm_entry *e = malloc(cap * sizeof(hm_entry));
+    if (!e)
+        lab_fatal("out of memory");
+    for (size_t i = 0; i < cap; i++)
+        e[i].key = HM_EMPTY;
+    return e;
+}
+
 void hm_init(hmap *m) {
     m->cap = 64;
     m->len = 0;
-    m->keys = malloc(m->cap * sizeof(u64));
-    m->vals = malloc(m->cap * sizeof(u64));
-    if (!m->keys || !m->vals)
-        lab_fatal("out of memory");
-    memset(m->keys, 0xff, m->cap * sizeof(u64));
+    m->e = hm_alloc(m->cap);
 }
 
 void hm_free(hmap *m) {
-    free(m->keys);
-    free(m->vals);
-    m->keys = m->vals = NULL;
+    free(m->e);
+    m->e = NULL;
 }
 
 void hm_clone(hmap *dst, const hmap *src) {
     *dst = *src;
-    dst->keys = lab_dup(src->keys, src->cap * sizeof(u64));
-    dst->vals = lab_dup(src->vals, src->cap * sizeof(u64));
+    dst->e = lab_dup(src->e, src->cap * sizeof(hm_entry));
 }
 
 static void hm_rehash(hmap *m, size_t cap) {
-    u64 *ok = m->keys, *ov = m->vals;
+    hm_entry *old = m->e;
     size_t ocap = m->cap;
     m->cap = cap;
-    m->keys = malloc(cap * sizeof(u64));
-    m->vals = malloc(cap * sizeof(u64));
-    if (!m->keys || !m->vals)
-        lab_fatal("out of memory");
-    memset(m->keys, 0xff, cap * sizeof(u64));
+    m->e = hm_alloc(cap);
     for (size_t i = 0; i < ocap; i++) {
-        if (ok[i] == HM_EMPTY)
+        if (old[i].key == HM_EMPTY)
             continue;
-        size_t j = hm_slot(ok[i], cap);
-        while (m->keys[j] != HM_EMPTY)
+        size_t j = hm_slot(old[i].key, cap);
+        while (m->e[j].key != HM_EMPTY)
             j = (j + 1) & (cap - 1);
-        m->keys[j] = ok[i];
-        m->vals[j] = ov[i];
+        m->e[j] = old[i];
     }
-    free(ok);
-    free(ov);
+    free(old);
 }
 
 int hm_get(const hmap *m, u64 key, u64 *val) {
     size_t j = hm_slot(key, m->cap);
     for (;;) {
-        u64 k = m->keys[j];
+        u64 k = m->e[j].key;
         if (k == key) {
-            *val = m->vals[j];
+            *val = m->e[j].val;
             return 1;
         }
         if (k == HM_EMPTY)
@@ -106,34 +110,33 @@ void hm_put(hmap *m, u64 key, u64 val) {
     if (2 * (m->len + 1) > m->cap)
         hm_rehash(m, m->cap * 2);
     size_t j = hm_slot(key, m->cap);
-    while (m->keys[j] != HM_EMPTY && m->keys[j] != key)
+    while (m->e[j].key != HM_EMPTY && m->e[j].key != key)
         j = (j + 1) & (m->cap - 1);
-    if (m->keys[j] == HM_EMPTY)
+    if (m->e[j].key == HM_EMPTY)
         m->len++;
-    m->keys[j] = key;
-    m->vals[j] = val;
+    m->e[j].key = key;
+    m->e[j].val = val;
 }
 
 int hm_del(hmap *m, u64 key, u64 *val) {
     size_t mask = m->cap - 1, j = hm_slot(key, m->cap);
-    while (m->keys[j] != key) {
-        if (m->keys[j] == HM_EMPTY)
+    while (m->e[j].key != key) {
+        if (m->e[j].key == HM_EMPTY)
             return 0;
         j = (j + 1) & mask;
     }
     if (val)
-        *val = m->vals[j];
+        *val = m->e[j].val;
     /* Backward-shift deletion: no tombstones, probe chains stay short. */
     size_t hole = j;
-    for (size_t i = (j + 1) & mask; m->keys[i] != HM_EMPTY; i = (i + 1) & mask) {
-        size_t home = hm_slot(m->keys[i], m->cap);
+    for (size_t i = (j + 1) & mask; m->e[i].key != HM_EMPTY; i = (i + 1) & mask) {
+        size_t home = hm_slot(m->e[i].key, m->cap);
         if (((i - home) & mask) >= ((i - hole) & mask)) {
-            m->keys[hole] = m->keys[i];
-            m->vals[hole] = m->vals[i];
+            m->e[hole] = m->e[i];
             hole = i;
         }
     }
-    m->keys[hole] = HM_EMPTY;
+    m->e[hole].key = HM_EMPTY;
     m->len--;
     return 1;
 }

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("trace", type=Path)
     e.add_argument("--parquet", type=Path, metavar="OUT", help="Apache Parquet file")
     e.set_defaults(func=_cmd_export)
+
+    from .lab.cli import add_parsers as add_lab_parsers
+    add_lab_parsers(sub)
     return p
 
 

@@ -1,0 +1,50 @@
+"""`heapcast simulate`: the allocator lab's subcommand (registered by heapcast.cli)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .replay import ALL_POLICIES, LabError
+
+
+def _cmd_simulate(a) -> int:
+    from ..plot import PlotError
+    from .replay import simulate
+    from .report import format_simulation, plot_simulation
+    if a.plot:   # fail before a long replay, not after it
+        from ..plot import require_matplotlib
+        try:
+            require_matplotlib()
+        except PlotError as e:
+            raise LabError(str(e)) from None
+    d = simulate(a.trace, policies=a.policy, train=a.train, model=a.model, checked=a.check,
+                 series=a.plot is not None)
+    if a.plot:
+        plot_simulation(d, a.plot)
+        print(f"heapcast: wrote {a.plot}", file=sys.stderr)
+        del d["series"]
+    print(json.dumps(d, indent=2) if a.json else format_simulation(d))
+    return 0
+
+
+def add_parsers(subparsers) -> None:
+    """Adds `simulate` to the `heapcast` command's subparsers."""
+    s = subparsers.add_parser(
+        "simulate", help="replay a trace through allocation policies and compare their footprint",
+        description="Replays every allocation, realloc and free of TRACE through simulated "
+                    "allocators and reports peak footprint, fragmentation and replay speed "
+                    "(docs/policies.md).")
+    s.add_argument("trace", type=Path)
+    s.add_argument("--policy", metavar="P[,P...]",
+                   help=f"policies to run (default: all): {', '.join(ALL_POLICIES)}")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--plot", type=Path, metavar="PNG",
+                   help="draw the footprint over time of every policy into this PNG")
+    s.add_argument("--train", type=Path, metavar="TRACE",
+                   help="seed learned-lifetime's call-site predictor with another recording")
+    s.add_argument("--model", type=Path, metavar="MODEL",
+                   help="learned-lifetime: use a lifetime model (heapcast train --task lifetime)")
+    s.add_argument("--check", action="store_true",
+                   help="verify the invariants at every op (no overlap, inside the footprint)")
+    s.set_defaults(func=_cmd_simulate)

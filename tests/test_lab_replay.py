@@ -1,0 +1,156 @@
+"""The allocator lab on a real recording (a C program compiled here, which forks), streamed
+replay, lifetime labels against the forecasting stage's, and the `simulate` command line."""
+import argparse
+import importlib.util
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import heapcast
+from heapcast.lab import lifetime_classes, simulate
+from heapcast.lab import replay as lab_replay
+from heapcast.lab.cli import add_parsers
+from heapcast.stats import stats
+
+PROGRAM = r"""
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+int main(void) {
+    void *keep[64];
+    for (int i = 0; i < 64; i++)
+        keep[i] = malloc(16 + i * 24);
+    for (int r = 0; r < 3000; r++) {
+        char *p = malloc(1 + (r * 37) % 700);
+        p[0] = 1;
+        p = realloc(p, 1 + (r * 91) % 3000);
+        void *q = calloc(3, 1 + r % 50), *a = NULL;
+        if (posix_memalign(&a, (size_t)64 << (r % 4), 100 + r % 300))
+            return 1;
+        free(p);
+        free(q);
+        free(a);
+        if (r % 7 == 0) {
+            free(keep[r % 64]);
+            keep[r % 64] = malloc(r % 500);
+        }
+    }
+    char *big = malloc(1 << 20);
+    memset(big, 1, 4096);
+    pid_t c = fork();
+    if (c == 0) {   /* the child frees blocks it inherited */
+        for (int i = 0; i < 64; i += 2)
+            free(keep[i]);
+        free(big);
+        void *x = malloc(5000);
+        free(x);
+        exit(0);
+    }
+    waitpid(c, NULL, 0);
+    for (int i = 0; i < 64; i++)
+        free(keep[i]);
+    free(big);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A recording of PROGRAM: parent and forked child."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    d = tmp_path_factory.mktemp("lab")
+    src, exe = d / "churn.c", d / "churn"
+    src.write_text(PROGRAM)
+    subprocess.run(["gcc", "-O1", "-fno-builtin", "-o", str(exe), str(src)], check=True)
+    r = heapcast.record([str(exe)], output=d / "trace")
+    assert r.exit_code == 0
+    return heapcast.load(d / "trace")
+
+
+def test_real_trace_replays_exactly_under_every_policy(recorded):
+    assert len(recorded.processes) == 2 and recorded.processes[1].forked_from
+    r = simulate(recorded, checked=True)
+    assert r["unknown_frees"] == 0 and r["double_acquires"] == 0
+    expected = stats(recorded)
+    # The child starts with its parent's live blocks (so it frees none it does not know).
+    for mine, theirs in zip(r["per_process"], expected["per_process"]):
+        assert mine["peak_live_bytes"] == theirs["peak_live_bytes"]
+        assert mine["unknown_frees"] == 0
+    assert r["peak_live_bytes"] == expected["peak_live_bytes"]
+    for name, v in r["policies"].items():
+        assert v["peak_footprint_bytes"] >= r["peak_live_bytes"], name
+        assert v["fragmentation"] >= 1.0
+        assert v["live_bytes_at_peak"] + v["internal_bytes_at_peak"] + v["external_bytes_at_peak"] \
+            == v["peak_footprint_bytes"]
+        assert v["events_per_s"] > 0
+    # At the end every policy holds the same live bytes: in the parent, what it never freed; in
+    # the child, also the inherited blocks it did not free.
+    for proc, theirs in zip(r["per_process"], expected["per_process"]):
+        ends = {v["live_bytes"] for v in proc["policies"].values()}
+        assert len(ends) == 1
+    assert ends != {0}
+    assert {v["live_bytes"] for v in r["per_process"][0]["policies"].values()} == \
+        {expected["per_process"][0]["leaked_bytes"]}
+
+
+def test_streamed_in_small_blocks_gives_the_same_result(recorded, monkeypatch):
+    whole = simulate(recorded, policies="best-fit,glibc,oracle-lifetime,learned-lifetime")
+    monkeypatch.setattr(lab_replay, "BLOCK_EVENTS", 97)
+    streamed = simulate(recorded, policies="best-fit,glibc,oracle-lifetime,learned-lifetime")
+    for name in whole["policies"]:
+        for key in ("peak_footprint_bytes", "peak_pages_4k", "internal_bytes_at_peak", "moves"):
+            assert whole["policies"][name][key] == streamed["policies"][name][key], (name, key)
+
+
+def test_lifetime_classes_match_the_forecasting_labels(recorded):
+    lifetime = pytest.importorskip("heapcast.forecast.lifetime")
+    from heapcast.heap import match
+    p = recorded.processes[0]
+    theirs = lifetime.lifetime_labels(p.events, match(p.events))["cls"]
+    mine = lifetime_classes(p).astype(np.int16)
+    mine[mine == 255] = -1
+    assert np.array_equal(mine, theirs)
+
+
+def test_simulate_command_json_and_plot(recorded, tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="heapcast")
+    add_parsers(parser.add_subparsers(dest="verb", required=True))
+    argv = ["simulate", str(recorded.path), "--policy", "first-fit,segregated", "--json"]
+    plot = tmp_path / "footprint.png" if importlib.util.find_spec("matplotlib") else None
+    if plot is not None:
+        argv += ["--plot", str(plot)]
+    a = parser.parse_args(argv)
+    assert a.func(a) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d["policies"]) == {"first-fit", "segregated"}
+    for v in d["policies"].values():
+        for key in ("peak_footprint_bytes", "peak_pages_4k", "fragmentation",
+                    "internal_bytes_at_peak", "events_per_s"):
+            assert key in v
+    assert d["peak_live_bytes"] > 0
+    if plot is not None:
+        assert plot.stat().st_size > 10_000
+
+
+def test_learned_lifetime_with_a_lifetime_model(recorded, tmp_path):
+    forecast_train = pytest.importorskip("heapcast.forecast.train")
+    model = tmp_path / "lifetime.model"
+    forecast_train.train([recorded.path], model, model="ngram", task="lifetime")
+    r = simulate(recorded, policies="oracle-lifetime,learned-lifetime", model=model, checked=True)
+    assert r["predictor"] == f"model {model}"
+    assert r["prediction"]["accuracy"] > 0.5
+    assert r["unknown_frees"] == 0
+
+
+def test_model_needs_a_lifetime_model(recorded, tmp_path):
+    bogus = tmp_path / "not-a-model"
+    bogus.write_text("nothing")
+    with pytest.raises((ValueError, OSError)):
+        simulate(recorded, policies="learned-lifetime", model=bogus)
