@@ -170,6 +170,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     if not 0 <= stacks <= 64:
         raise ValueError(f"stacks must be between 0 and 64 frames, not {stacks}")
     path = Path(output) if output is not None else default_output(cmd)
+    existed = path.exists()
     problem = _prepare_directory(path)
     env = {**os.environ, **(env or {})}
     if problem is None:
@@ -179,7 +180,12 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
                    HEAPCAST_UNWIND=unwind, HEAPCAST_MMAP="1" if mmap else "0",
                    HEAPCAST_FOLLOW="1" if follow_children else "0")
     start = time.monotonic()
-    exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms)
+    try:
+        exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms)
+    except RecordError:
+        if problem is None and not existed:
+            shutil.rmtree(path, ignore_errors=True)  # nothing ran: leave no empty trace behind
+        raise
     result = RecordResult(exit_code, path, cmd)
     result.wall_s = time.monotonic() - start
     if problem is not None:
