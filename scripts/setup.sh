@@ -20,6 +20,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# --no-build-isolation would need setuptools in the venv; an isolated build is fine and quick.
-.venv/bin/python -m pip install -q -e '.[test,plot]'
+# PyTorch for the neural forecasting models: pinned to the CPU build, which an open range would
+# replace by a multi-GB CUDA build. Skip with HEAPCAST_NO_TORCH=1 (the rest works without it).
+extras="test,plot"
+if [ -z "${HEAPCAST_NO_TORCH:-}" ]; then
+  .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
+  extras="$extras,ml"
+fi
+.venv/bin/python -m pip install -q -e ".[$extras]"
 echo "setup: ready (.venv/bin/heapcast)" >&2

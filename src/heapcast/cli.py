@@ -108,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--parquet", type=Path, metavar="OUT", help="Apache Parquet file")
     e.set_defaults(func=_cmd_export)
 
+    from .forecast.cli import add_parsers as add_forecast_parsers
     from .lab.cli import add_parsers as add_lab_parsers
+    add_forecast_parsers(sub)
     add_lab_parsers(sub)
     return p
 

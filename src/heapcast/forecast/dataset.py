@@ -1,0 +1,169 @@
+"""`heapcast dataset`: token streams and side features of traces, on disk, memory-mapped.
+
+A dataset is a directory:
+
+| file | what |
+|---|---|
+| `dataset.json` | format/version, stream order, vocabularies and their versions, columns, sources |
+| `offsets.npy` | int64 stream boundaries (stream s is rows offsets[s]:offsets[s+1]) |
+| `<column>.npy` | one numpy array per column of heapcast.forecast.features (seed64 uint8, rich uint16, site, ...) |
+| `events.parquet` | the same rows and columns (plus `stream`) for other tools (unless parquet=False) |
+
+Traces are featurized one at a time and appended to preallocated memory-mapped arrays, so a
+corpus larger than memory streams through (each trace's events must fit). `load_dataset` maps
+the arrays back without reading them; `heapcast train/evaluate` accept a dataset directory
+wherever they accept a trace.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from .features import COLUMNS, ORDERS, Features, featurize
+from .lifetime import LIFETIME_VERSION
+from .vocab import VOCABS
+
+FORMAT = "heapcast-dataset"
+VERSION = 1
+MANIFEST = "dataset.json"
+
+
+def is_dataset(path) -> bool:
+    """Whether `path` is a dataset directory."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def build_dataset(traces, out_dir, order: str = "thread", parquet: bool = True,
+                  progress: bool = False) -> Path:
+    """Writes the dataset of `traces` (paths or Trace objects) into the new directory `out_dir`."""
+    from ..trace.model import Trace
+    from ..trace.reader import load
+    if order not in ORDERS:
+        raise ValueError(f"unknown stream order {order!r} (known: {', '.join(ORDERS)})")
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out}: already exists (expected a new or empty directory)")
+    loaded = [t if isinstance(t, Trace) else load(t) for t in traces]
+    total = sum(t.event_count for t in loaded)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        arrays = {c: np.lib.format.open_memmap(out / f"{c}.npy", "w+", dt, (total,))
+                  for c, dt in COLUMNS.items()}
+        writer = _ParquetSink(out / "events.parquet") if parquet else None
+        offsets, sources, row, proc = [0], [], 0, 0
+        from tqdm import tqdm
+        for trace in tqdm(loaded, desc="dataset", unit="trace", disable=not progress):
+            f = featurize([trace], order=order)
+            f.columns["proc"] = (f.columns["proc"] + proc).astype(np.uint16)
+            proc += len(trace.processes)
+            n = len(f)
+            if row + n > total:
+                raise ValueError(f"{trace.path}: more events than its metadata says")
+            for c in COLUMNS:
+                arrays[c][row:row + n] = f.columns[c]
+            if writer is not None:
+                writer.write(f, len(offsets) - 1)
+            offsets.extend((f.offsets[1:] + row).tolist())
+            sources += f.sources
+            row += n
+            for p in trace.processes:      # let the events go before the next trace
+                p._events = None
+        for a in arrays.values():
+            a.flush()
+        if writer is not None:
+            writer.close()
+        del arrays
+        if row != total:
+            _truncate_columns(out, row)
+        np.save(out / "offsets.npy", np.asarray(offsets, np.int64))
+        manifest = {"format": FORMAT, "version": VERSION, "order": order, "events": row,
+                    "streams": len(offsets) - 1,
+                    "vocabularies": {v.name: v.version for v in VOCABS.values()},
+                    "lifetime_classes_version": LIFETIME_VERSION,
+                    "columns": {c: np.dtype(d).name for c, d in COLUMNS.items()},
+                    "parquet": "events.parquet" if parquet else None, "sources": sources}
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return out
+
+
+def _truncate_columns(out: Path, rows: int) -> None:
+    for c in COLUMNS:
+        arr = np.load(out / f"{c}.npy", mmap_mode="r")[:rows].copy()
+        np.save(out / f"{c}.npy", arr)
+
+
+def load_dataset(path) -> Features:
+    """The Features of a dataset directory, columns memory-mapped (read-only)."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path / MANIFEST}: cannot read the dataset manifest: {e}") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ValueError(f"{path / MANIFEST}: not a heapcast dataset of version {VERSION}")
+    for name, version in manifest.get("vocabularies", {}).items():
+        if name in VOCABS and VOCABS[name].version != version:
+            raise ValueError(f"{path}: built with vocabulary {name!r} version {version}, this "
+                             f"heapcast has version {VOCABS[name].version}: rebuild it")
+    offsets = np.load(path / "offsets.npy")
+    cols = {}
+    for c, dt in COLUMNS.items():
+        arr = np.load(path / f"{c}.npy", mmap_mode="r")
+        if arr.dtype != np.dtype(dt) or len(arr) != int(offsets[-1]):
+            raise ValueError(f"{path / (c + '.npy')}: expected {int(offsets[-1])} values of "
+                             f"{np.dtype(dt).name}, found {len(arr)} of {arr.dtype}")
+        cols[c] = arr
+    return Features(manifest["order"], offsets, cols, manifest.get("sources", []))
+
+
+class _ParquetSink:
+    """Appends Features rows to one zstd-compressed Parquet file."""
+
+    def __init__(self, path: Path):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        self.pa = pa
+        fields = [pa.field("stream", pa.uint32())]
+        fields += [pa.field(c, pa.from_numpy_dtype(np.dtype(d))) for c, d in COLUMNS.items()]
+        self.schema = pa.schema(fields)
+        self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
+
+    def write(self, f: Features, first_stream: int) -> None:
+        stream = np.repeat(np.arange(first_stream, first_stream + f.streams, dtype=np.uint32),
+                           np.diff(f.offsets))
+        arrays = [self.pa.array(stream)] + [self.pa.array(np.asarray(f.columns[c]))
+                                            for c in COLUMNS]
+        self.writer.write_table(self.pa.Table.from_arrays(arrays, schema=self.schema),
+                                row_group_size=1 << 20)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def load_features(paths, order: str, need_ranks: bool = False) -> Features:
+    """Features of the given traces (paths or Trace objects) and/or dataset directories, in
+    stream order `order`."""
+    from ..trace.model import Trace
+    from .features import concat
+    parts, traces = [], []
+    for p in paths:
+        if not isinstance(p, Trace) and is_dataset(p):
+            if traces:
+                parts.append(featurize(traces, order, need_ranks))
+                traces = []
+            d = load_dataset(p)
+            if d.order != order:
+                raise ValueError(f"{p}: a dataset of {d.order}-order streams; this needs "
+                                 f"{order}-order streams (heapcast dataset --order {order})")
+            parts.append(d)
+        else:
+            traces.append(p)
+    if traces:
+        parts.append(featurize(traces, order, need_ranks))
+    return parts[0] if len(parts) == 1 else concat(parts)

@@ -1,0 +1,175 @@
+"""`heapcast evaluate`: score a model file on traces under a protocol (heapcast.forecast.protocols).
+
+Metrics: top-1 and top-5 accuracy, allocation-only accuracy (rows whose true token is an
+allocation; for lifetimes every row is one), a per-class table, a confusion matrix for
+lifetimes. For `next` the article's buggy target is scored too: `top1_article_target` compares
+`bit_length` of predicted and true seed64 classes (rich tokens are projected to seed64 first,
+exactly). A model trained on that buggy target (`seed`, target "article") outputs article labels:
+its `top1` (against the true classes, which is what the article claimed to predict) and its
+`top1_article_target` (what it was actually trained and validated on) stand side by side.
+
+The protocol decides which rows are scored and what the model must not have seen: `article` and
+`time` score the held-out tail of the traces the model was trained on with the same split;
+`cross-run` and `cross-program` score whole traces the model never saw (refused otherwise).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .dataset import load_features
+from .modelfile import ModelError
+from .models import load_model
+from .protocols import PROTOCOLS, split_masks
+from .tasks import FREE_RANKS, label_names, make_task
+from .vocab import article_target, is_allocation_token, rich_to_seed64
+
+PER_CLASS_ROWS = 30
+
+
+def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5,
+             seed: int = 0) -> dict:
+    """Scores the model at `model_path` on `traces` (paths of traces or datasets) under
+    `protocol`; returns the metrics as a JSON-able dict. `max_samples` > 0 scores a random
+    subset (fixed `seed`) of that many rows (for the slow `seed` model)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
+    model = load_model(model_path)
+    training = model.meta.get("training", {})
+    feats = load_features(list(traces), training.get("order", "thread"),
+                          need_ranks=model.task == "free")
+    data = make_task(feats, model.task, model.vocab)
+    overlap = _overlap(training.get("traces", []), feats.sources)
+    test = _test_rows(model_path, protocol, data, training, feats.sources, overlap)
+    rows = np.flatnonzero(test)
+    total = len(rows)
+    if max_samples and total > max_samples:
+        rng = np.random.default_rng(seed)
+        rows = np.sort(rng.choice(rows, max_samples, replace=False))
+    t0 = time.perf_counter()
+    pred = model.predict(data, rows, k) if len(rows) else np.zeros((0, k), np.int64)
+    seconds = time.perf_counter() - t0
+    result = {"protocol": protocol, "task": model.task, "model": model.kind,
+              "vocab": model.vocab, "target": model.target, "model_path": str(model_path),
+              "traces": [s["path"] for s in feats.sources], "events": int(len(rows)),
+              "events_available": int(total), "sampled": bool(len(rows) < total),
+              "trained_on_these_traces": bool(overlap), "predict_seconds": seconds,
+              "predict_events_per_s": len(rows) / max(seconds, 1e-9)}
+    result.update(metrics(model, data.labels[rows], pred))
+    return result
+
+
+def _overlap(trained: list, sources: list) -> list:
+    """Evaluated traces the model was trained on (same file, or same program and event count)."""
+    seen = {(os.path.realpath(t.get("path", "")), t.get("events")) for t in trained}
+    progs = {(t.get("program"), t.get("events")) for t in trained}
+    return [s["path"] for s in sources
+            if (os.path.realpath(s["path"]), s["events"]) in seen
+            or (s.get("program"), s["events"]) in progs]
+
+
+def _test_rows(model_path, protocol: str, data, training: dict, sources: list,
+               overlap: list) -> np.ndarray:
+    split = training.get("split", "all")
+    if protocol in ("article", "time"):
+        if overlap and split != protocol:
+            raise ModelError(f"{model_path}: trained with split {split!r} on "
+                             f"{', '.join(overlap)}: the {protocol!r} protocol needs a model "
+                             f"trained with --split {protocol} (its test rows were learned)")
+        return split_masks(data, protocol)[1]
+    if overlap:
+        raise ModelError(f"{model_path}: was trained on {', '.join(overlap)}: the {protocol!r} "
+                         f"protocol scores recordings the model never saw")
+    trained_progs = {t.get("program") for t in training.get("traces", [])}
+    test_progs = {s.get("program") for s in sources}
+    if protocol == "cross-program" and trained_progs & test_progs:
+        raise ModelError(f"{model_path}: trained on {', '.join(sorted(trained_progs & test_progs))}"
+                         f": cross-program needs a program the model was not trained on")
+    if protocol == "cross-run" and trained_progs and not test_progs <= trained_progs:
+        raise ModelError(f"{model_path}: trained on {', '.join(sorted(trained_progs))}, "
+                         f"evaluated on {', '.join(sorted(test_progs))}: that is cross-program")
+    return data.labels >= 0
+
+
+def metrics(model, y: np.ndarray, pred: np.ndarray) -> dict:
+    """top1/top5, allocation-only accuracy, the article's target, per-class and confusion."""
+    task, vocab = model.task, model.vocab
+    valid = y < FREE_RANKS if task == "free" else np.ones(len(y), bool)   # "beyond" never right
+    hit1 = (pred[:, 0] == y) & valid
+    hitk = (pred == y[:, None]).any(1) & valid
+    out = {"top1": _mean(hit1), "top5": _mean(hitk)}
+    if task == "next":
+        alloc = is_allocation_token(vocab, y)
+        out["top1_alloc"] = _mean(hit1[alloc])
+        out["top1_article_target"] = _article_top1(model, y, pred[:, 0])
+        if vocab == "rich":
+            table = rich_to_seed64()
+            p = np.where(pred[:, 0] >= 0, table[np.maximum(pred[:, 0], 0)], 255)
+            out["top1_seed64"] = _mean(p == table[y])
+    elif task == "lifetime":
+        out["top1_alloc"] = out["top1"]
+        out["confusion"] = _confusion(y, pred[:, 0], len(label_names(task, vocab)))
+    else:
+        out["top1_alloc"] = None
+        out["beyond_rank_fraction"] = _mean(~valid)
+    out["per_class"] = _per_class(y, hit1, hitk, label_names(task, vocab))
+    return out
+
+
+def _article_top1(model, y: np.ndarray, p: np.ndarray):
+    if model.target == "article":
+        # The model outputs bit_length(class) already; the true classes are seed64.
+        return _mean(p == article_target(y))
+    if model.vocab == "rich":
+        table = rich_to_seed64()
+        y, p = table[y], np.where(p >= 0, table[np.maximum(p, 0)], 255)
+    return _mean(article_target(p) == article_target(y))
+
+
+def _per_class(y: np.ndarray, hit1: np.ndarray, hitk: np.ndarray, names: list) -> list:
+    classes, counts = np.unique(y, return_counts=True)
+    order = np.argsort(-counts, kind="stable")[:PER_CLASS_ROWS]
+    rows = []
+    for c, n in zip(classes[order].tolist(), counts[order].tolist()):
+        sel = y == c
+        rows.append({"class": int(c), "name": names[c] if 0 <= c < len(names) else str(c),
+                     "events": int(n), "share": n / len(y), "top1": _mean(hit1[sel]),
+                     "top5": _mean(hitk[sel])})
+    return rows
+
+
+def _confusion(y: np.ndarray, p: np.ndarray, n: int) -> list:
+    m = np.zeros((n, n), np.int64)
+    ok = (p >= 0) & (p < n)
+    np.add.at(m, (y[ok], p[ok]), 1)
+    return m.tolist()
+
+
+def _mean(x: np.ndarray):
+    return float(np.mean(x)) if len(x) else None
+
+
+def format_result(r: dict) -> str:
+    """A short text report of one evaluation."""
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.2f}%"
+    lines = [f"{r['model']} ({r['task']}, {r['vocab']}, target {r['target']}) under "
+             f"{r['protocol']}: {r['events']:,} events" + (" (sampled)" if r["sampled"] else ""),
+             f"  top-1 {pct(r['top1'])}   top-5 {pct(r['top5'])}   allocations top-1 "
+             f"{pct(r.get('top1_alloc'))}"]
+    if "top1_article_target" in r:
+        lines.append(f"  top-1 on the article's (buggy) target: {pct(r['top1_article_target'])}"
+                     f"   on the true classes: {pct(r['top1'])}")
+    if "beyond_rank_fraction" in r:
+        lines.append(f"  frees of blocks beyond rank {FREE_RANKS - 1}: "
+                     f"{pct(r['beyond_rank_fraction'])}")
+    lines.append("  per class (most frequent first):")
+    for c in r["per_class"][:12]:
+        lines.append(f"    {c['name']:<28} {c['share'] * 100:6.2f}% of events   top-1 "
+                     f"{pct(c['top1'])}")
+    if "confusion" in r:
+        lines.append("  confusion (rows: true class, columns: predicted):")
+        lines += ["    " + " ".join(f"{v:>9}" for v in row) for row in r["confusion"]]
+    return "\n".join(lines)

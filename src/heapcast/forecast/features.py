@@ -1,0 +1,283 @@
+"""Per-event features of traces, arranged as token streams: what datasets store and models read.
+
+`featurize(traces, order)` turns traces into one `Features` table: rows are events, grouped into
+streams (contiguous rows), either one per thread (`order="thread"`: the article's per-thread
+sequences, threads of a process in tid order, processes in trace order) or one per process
+(`order="process"`: the exact global order, which block identity needs). Columns:
+
+| column | dtype | meaning |
+|---|---|---|
+| seed64, rich | u1, u2 | tokens (heapcast.forecast.vocab) |
+| site, stack | u4 | stable call-site / whole-stack key: hash of (module file name, offset in the module), 0 unknown |
+| proc, tid | u2, u4 | process (numbered across all input traces) and thread |
+| ts | u8 | CLOCK_MONOTONIC ns |
+| dt | u1 | bit_length of ns since the previous event of the same stream (0 at a stream start) |
+| lifetime_events, lifetime_ns | i8 | block lifetime (heapcast.forecast.lifetime), -1 none/never |
+| lifetime_class, lifetime_ns_class | i1 | lifetime classes, -1 for events that produce no block |
+| free_rank | i4 | at a free of a known block: its recency rank among the live blocks (0 = the youngest), else -1 |
+
+Everything is vectorized per process (heapcast.heap.match, numpy sorts): no Python loop per event.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..heap import match_trace
+from ..stats import size_classes
+from ..trace.format import FREE
+from ..trace.model import Process, Trace
+from .lifetime import lifetime_labels
+from .vocab import rich_tokens, seed64_tokens
+
+ORDERS = ("thread", "process")
+COLUMNS = {
+    "seed64": np.uint8, "rich": np.uint16, "site": np.uint32, "stack": np.uint32,
+    "proc": np.uint16, "tid": np.uint32, "ts": np.uint64, "dt": np.uint8,
+    "lifetime_events": np.int64, "lifetime_ns": np.int64, "lifetime_class": np.int8,
+    "lifetime_ns_class": np.int8, "free_rank": np.int32,
+}
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a well-spread 64-bit hash of each uint64 (wrapping arithmetic)."""
+    x = np.asarray(x, np.uint64)
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+@dataclass
+class Features:
+    """Per-event columns of one or more traces, in stream order (see the module docstring)."""
+
+    order: str
+    offsets: np.ndarray     # int64 [streams + 1]: stream s is rows offsets[s]:offsets[s+1]
+    columns: dict           # name -> array of len(self)
+    sources: list = field(default_factory=list)   # per trace: path, program, events, processes
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def streams(self) -> int:
+        return len(self.offsets) - 1
+
+    def stream_starts(self) -> np.ndarray:
+        """bool per row: the first row of its stream."""
+        first = np.zeros(len(self), bool)
+        first[self.offsets[:-1][self.offsets[:-1] < len(self)]] = True
+        return first
+
+    def position_in_stream(self) -> np.ndarray:
+        """int64 per row: its index within its stream."""
+        lengths = np.diff(self.offsets)
+        return np.arange(len(self), dtype=np.int64) - np.repeat(self.offsets[:-1], lengths)
+
+
+def program_name(trace: Trace) -> str:
+    """The program a trace recorded: the file name of its first process's executable."""
+    for p in trace.processes:
+        if p.exe or p.argv:
+            return os.path.basename(p.exe or p.argv[0])
+    return os.path.basename(str(trace.path))
+
+
+def location_keys(process: Process) -> tuple[np.ndarray, np.ndarray]:
+    """Stable keys of every location id of a process: (call site, whole stack), uint32, 0 unknown.
+
+    A frame's key hashes the file name of the module holding it and its offset in that module
+    (the last module map: it knows every dlopen), so the same code has the same key in every run
+    and process despite ASLR. Addresses outside every module hash as they are.
+    """
+    table = process.locations
+    nloc = len(table)
+    if nloc == 0:
+        return np.zeros(0, np.uint32), np.zeros(0, np.uint32)
+    frames = table.flat.astype(np.uint64)
+    fkeys = _frame_keys(process, frames)
+    lengths = np.diff(table.offsets.astype(np.int64))
+    has = lengths > 0
+    starts = table.offsets[:-1].astype(np.int64)
+    site = np.zeros(nloc, np.uint64)
+    site[has] = fkeys[starts[has]]
+    # A stack hashes its frames with their depth, so that order matters.
+    depth = np.arange(len(frames), dtype=np.int64) - np.repeat(starts, lengths)
+    weighted = mix64(fkeys ^ (depth.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+    stack = np.zeros(nloc, np.uint64)
+    if len(frames):
+        sums = np.add.reduceat(weighted, np.minimum(starts, len(frames) - 1))
+        stack[has] = sums[has]
+    return _fold32(site, has), _fold32(stack, has)
+
+
+def _fold32(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
+    folded = ((keys >> np.uint64(32)) ^ keys).astype(np.uint32)
+    folded[folded == 0] = 1          # 0 means unknown
+    return np.where(known, folded, 0).astype(np.uint32)
+
+
+def _frame_keys(process: Process, frames: np.ndarray) -> np.ndarray:
+    mods = sorted(process.modules[-1].modules, key=lambda m: m.start) if process.modules else []
+    keys = mix64(frames)
+    if not mods or not len(frames):
+        return keys
+    starts = np.array([m.start for m in mods], np.uint64)
+    ends = np.array([m.end for m in mods], np.uint64)
+    bases = np.array([m.base % (1 << 64) for m in mods], np.uint64)
+    names = np.array([zlib.crc32(os.path.basename(m.path).encode()) for m in mods], np.uint64)
+    probe = frames - np.uint64(1)              # return addresses: the call is just before
+    mi = np.searchsorted(starts, probe, side="right").astype(np.int64) - 1
+    inside = (mi >= 0) & (frames != 0)
+    inside[inside] = probe[inside] < ends[mi[inside]]
+    m = mi[inside]
+    keys[inside] = mix64((names[m] << np.uint64(40)) ^ (frames[inside] - bases[m]))
+    return keys
+
+
+def free_ranks(op: np.ndarray, blocks) -> np.ndarray:
+    """Recency rank of the block each free releases, among the blocks live at that moment.
+
+    0: the youngest live block (a LIFO guess), 1: the next younger, ... -1 for events that are
+    not frees of a block allocated in this process. rank(free f of block allocated at a) =
+    #acquisitions in (a, f) - #{releases r < f of blocks allocated after a}: the second term is
+    a 2-D dominance count, done offline level by level (sorts and binary searches, O(n log^2 n),
+    no Python loop per event).
+    """
+    n = len(op)
+    out = np.full(n, -1, np.int32)
+    alloc_of = blocks.alloc_of
+    q = np.flatnonzero((op == FREE) & (alloc_of >= 0))
+    if not len(q):
+        return out
+    a = alloc_of[q]
+    acq_cum = np.concatenate([[0], np.cumsum(blocks.acquires, dtype=np.int64)])
+    between = acq_cum[q] - acq_cum[a + 1]          # acquisitions at indices a+1 .. f-1
+    pts = np.flatnonzero(blocks.releases & (alloc_of >= 0))
+    nested = _dominance_count(pts, alloc_of[pts], q, a)
+    out[q] = (between - nested).astype(np.int32)
+    return out
+
+
+def _dominance_count(px: np.ndarray, pv: np.ndarray, qx: np.ndarray, qv: np.ndarray) -> np.ndarray:
+    """For each query (qx, qv): the number of points with px < qx and pv > qv (ints >= 0)."""
+    x = np.concatenate([px, qx]).astype(np.int64)
+    is_q = np.concatenate([np.zeros(len(px), bool), np.ones(len(qx), bool)])
+    val = np.concatenate([pv, qv]).astype(np.int64)
+    order = np.argsort(x * 2 + ~is_q, kind="stable")   # a query before a point at the same x
+    is_q, val = is_q[order], val[order]
+    m = len(x)
+    pos = np.arange(m, dtype=np.int64)
+    big = int(val.max()) + 2
+    counts = np.zeros(m, np.int64)
+    k = 0
+    while (1 << k) < m:
+        side = (pos >> k) & 1
+        group = pos >> (k + 1)
+        lp = ~is_q & (side == 0)
+        rq = np.flatnonzero(is_q & (side == 1))
+        if len(rq) and lp.any():
+            keys = np.sort(group[lp] * big + val[lp])
+            g = group[rq] * big
+            le = np.searchsorted(keys, g + val[rq], "right")
+            end = np.searchsorted(keys, g + big, "left")
+            counts[rq] += end - le
+        k += 1
+    result = np.empty(len(qx), np.int64)
+    result[order[is_q] - len(px)] = counts[is_q]
+    return result
+
+
+def featurize_process(process: Process, blocks=None, order: str = "thread",
+                      need_ranks: bool = True, proc: int = 0) -> Features:
+    """Features of one process (its events in the stream order asked for)."""
+    if blocks is None:
+        from ..heap import match
+        blocks = match(process.events)
+    return _build([(process, blocks)], order, need_ranks, proc)
+
+
+def featurize(traces, order: str = "thread", need_ranks: bool = True) -> Features:
+    """Features of every process of every trace (Trace objects or paths), in stream order."""
+    from ..trace.reader import load
+    if order not in ORDERS:
+        raise ValueError(f"unknown stream order {order!r} (known: {', '.join(ORDERS)})")
+    parts, sources, proc = [], [], 0
+    for t in traces:
+        trace = t if isinstance(t, Trace) else load(t)
+        blocks = match_trace(trace)
+        f = _build(list(zip(trace.processes, blocks)), order, need_ranks, proc)
+        proc += len(trace.processes)
+        parts.append(f)
+        sources.append({"path": str(trace.path), "program": program_name(trace),
+                        "events": len(f), "processes": len(trace.processes)})
+    return concat(parts, sources)
+
+
+def concat(parts: list, sources: list | None = None) -> Features:
+    """One Features table holding the streams of `parts` one after the other."""
+    if not parts:
+        raise ValueError("no traces given")
+    order = parts[0].order
+    offsets = [np.zeros(1, np.int64)]
+    base = 0
+    for f in parts:
+        offsets.append(f.offsets[1:] + base)
+        base += len(f)
+    names = [c for c in COLUMNS if all(c in f.columns for f in parts)]
+    cols = {c: np.concatenate([f.columns[c] for f in parts]) for c in names if c != "proc"}
+    # Process numbers continue from one part to the next.
+    procs, base = [], 0
+    for f in parts:
+        p = np.asarray(f.columns["proc"], np.int64)
+        procs.append(p - (p.min() if len(p) else 0) + base)
+        base = int(procs[-1].max()) + 1 if len(p) else base
+    cols["proc"] = np.concatenate(procs).astype(np.uint16)
+    srcs = sources if sources is not None else [s for f in parts for s in f.sources]
+    return Features(order, np.concatenate(offsets), cols, srcs)
+
+
+def _build(procs: list, order: str, need_ranks: bool, proc0: int) -> Features:
+    cols = {c: [] for c in COLUMNS if c != "dt" and (c != "free_rank" or need_ranks)}
+    offsets = [0]
+    for i, (p, blocks) in enumerate(procs):
+        ev = p.events
+        site_of, stack_of = location_keys(p)
+        loc = ev["loc"].astype(np.int64)
+        loc = np.where(loc < len(site_of), loc, 0) if len(site_of) else np.zeros(len(ev), np.int64)
+        life = lifetime_labels(ev, blocks)
+        per = {
+            "seed64": seed64_tokens(ev, blocks), "rich": rich_tokens(ev, blocks),
+            "site": site_of[loc] if len(site_of) else np.zeros(len(ev), np.uint32),
+            "stack": stack_of[loc] if len(stack_of) else np.zeros(len(ev), np.uint32),
+            "proc": np.full(len(ev), proc0 + i, np.uint16), "tid": ev["tid"], "ts": ev["ts"],
+            "lifetime_events": life["events"], "lifetime_ns": life["ns"],
+            "lifetime_class": life["cls"], "lifetime_ns_class": life["ns_cls"],
+        }
+        if need_ranks:
+            per["free_rank"] = free_ranks(ev["op"], blocks)
+        if order == "thread":
+            perm = np.argsort(ev["tid"], kind="stable")
+            lengths = np.unique(ev["tid"], return_counts=True)[1]
+        else:
+            perm, lengths = None, np.array([len(ev)] if len(ev) else [], np.int64)
+        for c in cols:
+            cols[c].append(per[c][perm] if perm is not None else per[c])
+        offsets.extend((offsets[-1] + np.cumsum(lengths)).tolist())
+    out = {c: (np.concatenate(v).astype(COLUMNS[c], copy=False) if v else np.zeros(0, COLUMNS[c]))
+           for c, v in cols.items()}
+    feats = Features(order, np.asarray(offsets, np.int64), out)
+    feats.columns["dt"] = _time_deltas(feats)
+    return feats
+
+
+def _time_deltas(f: Features) -> np.ndarray:
+    ts = f.columns["ts"].astype(np.int64)
+    d = np.zeros(len(ts), np.int64)
+    d[1:] = np.maximum(ts[1:] - ts[:-1], 0)
+    d[f.stream_starts()] = 0
+    return np.minimum(size_classes(d.astype(np.uint64)), 63).astype(np.uint8)

@@ -1,0 +1,84 @@
+"""The forecasting models, by name, and model files: `load_model(path)`, `save_model(...)`.
+
+Neural models import torch only when they are asked for: heapcast and its baselines work
+without it.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from ..modelfile import ModelError, read_model_file, save_model_file
+from ..vocab import get_vocab
+
+#: name -> "module:Class". "gru" is the default model (`heapcast train` without --model).
+MODELS = {
+    "majority": "simple:Majority",
+    "repeat-last": "simple:RepeatLast",
+    "ngram": "ngram:NGram",
+    "gru": "rnn:RNNModel",
+    "lstm": "rnn:LSTMModel",
+    "seed": "seed:SeedModel",
+}
+DEFAULT_MODEL = "gru"
+NEURAL = ("gru", "lstm", "seed")
+
+
+def model_class(name: str):
+    """The class of model `name`; ValueError naming the known ones, or a clear message when a
+    neural model is asked for and torch is missing."""
+    try:
+        module, cls = MODELS[name].split(":")
+    except KeyError:
+        raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})") from None
+    try:
+        mod = importlib.import_module(f"{__name__}.{module}")
+    except ModuleNotFoundError as e:
+        if e.name == "torch":
+            raise ModelError(f"model {name!r} needs PyTorch: pip install 'heapcast[ml]'") from None
+        raise
+    return getattr(mod, cls)
+
+
+def create_model(name: str, task: str, vocab: str, config: dict | None = None):
+    """A new, untrained model."""
+    return model_class(name)(task, vocab, config)
+
+
+def save_model(model, path, training: dict) -> Path:
+    """Writes a trained model (weights as safetensors, settings and `training` as metadata)."""
+    vocab = get_vocab(model.vocab)
+    meta = {"model": model.kind, "task": model.task, "vocab": vocab.name,
+            "vocab_version": vocab.version, "target": model.target, "config": model.config,
+            "training": training}
+    return save_model_file(path, model.tensors(), meta)
+
+
+def load_model(path, task: str | None = None, vocab: str | None = None):
+    """Reads a model file; ModelError when it is corrupt, of an unknown kind or version, or not
+    of the `task`/`vocab` asked for (when given). The model's metadata is in `.meta`."""
+    path = Path(path)
+    tensors, meta = read_model_file(path)
+    kind = meta.get("model")
+    if kind not in MODELS:
+        raise ModelError(f"{path}: unknown model kind {kind!r}")
+    v = meta.get("vocab")
+    try:
+        known = get_vocab(v)
+    except ValueError as e:
+        raise ModelError(f"{path}: {e}") from None
+    if meta.get("vocab_version") != known.version:
+        raise ModelError(f"{path}: vocabulary {v!r} version {meta.get('vocab_version')}, this "
+                         f"heapcast has version {known.version}")
+    if task is not None and meta.get("task") != task:
+        raise ModelError(f"{path}: a model for task {meta.get('task')!r}, not {task!r}")
+    if vocab is not None and v != vocab:
+        raise ModelError(f"{path}: a model of vocabulary {v!r}, not {vocab!r}")
+    model = create_model(kind, meta["task"], v, meta.get("config"))
+    model.target = meta.get("target", "true")
+    try:
+        model.load_tensors(tensors)
+    except (KeyError, ValueError, RuntimeError, TypeError) as e:
+        raise ModelError(f"{path}: tensors do not fit a {kind} model: {e}") from None
+    model.meta = meta
+    return model

@@ -1,0 +1,157 @@
+"""The n-gram / PPM baseline: variable-order contexts with blending, trained in seconds.
+
+For each order k (default 1, 2, 3, 4, 6, 8, 12, 16, 24, 32), the context of a row is the k
+symbols before it in its stream (for `lifetime`: the row's own symbol and the k-1 before it);
+positions before the stream's start are padding. A symbol is the event's token (next, free) or a
+hash of its token and call site (lifetime, or `sites=True`), and with `dt=True` of its time-delta
+bucket too (bit_length of the ns since the previous event, // 4). Training hashes the contexts of all
+rows at once with numpy (a rolling 64-bit hash, one vectorized pass per order), sorts
+(context, label) keys and keeps, per context, its count n, its number of distinct labels d and
+its `topk` most frequent labels.
+
+Prediction blends the orders as PPM method C does (without exclusions): from the longest context
+seen in training down, a label gets weight * c(label) / (n + d), and the weight passed down is
+multiplied by the escape probability d / (n + d); order 0 (label frequencies) gets what is left.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..features import mix64
+from ..tasks import TaskData
+from .base import Model, pad_k, top_k
+
+_P = np.uint64(0x100000001B3)       # FNV-1 prime: rolling hash multiplier
+_PAD = np.uint64(0xFFFFFFFFFFFF)    # symbol before a stream's start
+_LABEL_BITS = 16
+_CHUNK = 8192
+
+
+class NGram(Model):
+    """PPM-C blended n-gram model (see the module docstring)."""
+
+    kind = "ngram"
+
+    @classmethod
+    def default_config(cls) -> dict:
+        return {"orders": [1, 2, 3, 4, 6, 8, 12, 16, 24, 32], "topk": 8, "sites": None,
+                "dt": False}
+
+    def _use_sites(self) -> bool:
+        s = self.config["sites"]
+        return self.task == "lifetime" if s is None else bool(s)
+
+    def symbols(self, data: TaskData) -> np.ndarray:
+        """uint64 symbol of every row."""
+        sym = data.tokens.astype(np.uint64)
+        if self._use_sites():
+            sym = mix64(sym ^ (data.sites.astype(np.uint64) << np.uint64(20)))
+        if self.config["dt"]:
+            # 16 time-delta buckets: bit_length(ns since the previous event) // 4.
+            sym = mix64(sym ^ ((data.dt.astype(np.uint64) >> np.uint64(2)) << np.uint64(56)))
+        return sym & np.uint64(0xFFFFFFFFFFFE)     # never equal to the padding
+
+    def _contexts(self, data: TaskData, sym: np.ndarray, pos: np.ndarray, rows: np.ndarray):
+        """Yields (order, context hash of each row in `rows`) for every order, ascending;
+        `pos`: every row's position in its stream."""
+        pos = pos[rows]
+        h = np.zeros(len(rows), np.uint64)
+        wanted = set(self.config["orders"])
+        for m in range(1, max(wanted) + 1):
+            # The m-th newest symbol: rows j-1 .. j-m, or j .. j-m+1 when the row's own event
+            # is an input (lifetime).
+            back = m if data.shift else m - 1
+            valid = pos >= back
+            s = np.where(valid, sym[np.where(valid, rows - back, 0)], _PAD)
+            h = h * _P + s + np.uint64(1)
+            if m in wanted:
+                yield m, mix64(h ^ np.uint64(m)) >> np.uint64(_LABEL_BITS)
+
+    def fit(self, data: TaskData, train: np.ndarray, **options) -> dict:
+        self.check_data(data)
+        t0 = time.perf_counter()
+        rows = np.flatnonzero(train & (data.labels >= 0))
+        y = data.labels[rows]
+        self.classes = np.unique(y)
+        yc = np.searchsorted(self.classes, y).astype(np.uint64)
+        self.unigram = np.bincount(yc.astype(np.int64), minlength=len(self.classes))
+        sym = self.symbols(data)
+        self.tables = {}
+        for m, ctx in self._contexts(data, sym, data.position_in_stream(), rows):
+            self.tables[m] = self._count(ctx, yc)
+        return {"events": int(train.sum()), "labels": int(len(rows)),
+                "seconds": time.perf_counter() - t0,
+                "contexts": int(sum(len(t["ctx"]) for t in self.tables.values()))}
+
+    def _count(self, ctx: np.ndarray, yc: np.ndarray) -> dict:
+        keys, counts = np.unique((ctx << np.uint64(_LABEL_BITS)) | yc, return_counts=True)
+        c = keys >> np.uint64(_LABEL_BITS)
+        lab = (keys & np.uint64((1 << _LABEL_BITS) - 1)).astype(np.int64)
+        first = np.ones(len(c), bool)
+        first[1:] = c[1:] != c[:-1]
+        starts = np.flatnonzero(first)
+        group = np.cumsum(first) - 1
+        n = np.add.reduceat(counts, starts)
+        d = np.diff(np.append(starts, len(c)))
+        # Within each context, labels by decreasing count (ties: lower label), first `topk` kept.
+        order = np.lexsort((-counts, group))
+        rank = np.arange(len(c)) - starts[group[order]]
+        keep = order[rank < self.config["topk"]]
+        kk = self.config["topk"]
+        tok = np.full((len(starts), kk), len(self.classes), np.uint32)   # padding column
+        cnt = np.zeros((len(starts), kk), np.uint32)
+        r = (np.arange(len(c)) - starts[group[order]])[rank < kk]
+        tok[group[keep], r] = lab[keep]
+        cnt[group[keep], r] = counts[keep]
+        return {"ctx": c[starts], "n": n.astype(np.uint32), "d": d.astype(np.uint32),
+                "tok": tok, "cnt": cnt}
+
+    def predict(self, data: TaskData, rows: np.ndarray, k: int = 5) -> np.ndarray:
+        return self.predict_proba(data, rows, k)[0]
+
+    def predict_proba(self, data: TaskData, rows: np.ndarray, k: int = 5):
+        """(labels, probabilities): the k most likely labels of each row (-1 padding) and their
+        blended probabilities (float32)."""
+        self.check_data(data)
+        sym, pos = self.symbols(data), data.position_in_stream()
+        labels = np.empty((len(rows), k), np.int64)
+        probs = np.zeros((len(rows), k), np.float32)
+        base = self.unigram / max(self.unigram.sum(), 1)
+        for s in range(0, len(rows), _CHUNK):
+            chunk = rows[s:s + _CHUNK]
+            ctxs = list(self._contexts(data, sym, pos, chunk))
+            scores = np.zeros((len(chunk), len(self.classes) + 1))
+            weight = np.ones(len(chunk))
+            for m, ctx in reversed(ctxs):          # longest context first
+                t = self.tables[m]
+                if not len(t["ctx"]):
+                    continue
+                i = np.minimum(np.searchsorted(t["ctx"], ctx), len(t["ctx"]) - 1)
+                hit = np.flatnonzero(t["ctx"][i] == ctx)
+                j = i[hit]
+                n, d = t["n"][j].astype(np.float64), t["d"][j].astype(np.float64)
+                w = weight[hit] / (n + d)
+                scores[hit[:, None], t["tok"][j]] += w[:, None] * t["cnt"][j]
+                weight[hit] *= d / (n + d)
+            scores[:, :-1] += weight[:, None] * base[None, :]
+            best = top_k(scores[:, :-1], k)
+            labels[s:s + len(chunk)] = pad_k(self.classes[best], k)
+            probs[s:s + len(chunk), :best.shape[1]] = np.take_along_axis(scores, best, 1)
+        return labels, probs
+
+    def tensors(self) -> dict:
+        out = {"classes": self.classes.astype(np.int64), "unigram": self.unigram}
+        for m, t in self.tables.items():
+            for name, arr in t.items():
+                out[f"order{m}.{name}"] = arr
+        return out
+
+    def load_tensors(self, tensors: dict) -> None:
+        self.classes = np.asarray(tensors["classes"], np.int64)
+        self.unigram = np.asarray(tensors["unigram"], np.int64)
+        self.tables = {}
+        for m in self.config["orders"]:
+            self.tables[int(m)] = {name: np.asarray(tensors[f"order{m}.{name}"])
+                                   for name in ("ctx", "n", "d", "tok", "cnt")}

@@ -1,0 +1,432 @@
+"""The learned models: stateful GRU/LSTM over long contiguous streams, truncated BPTT.
+
+Instead of the article's 100-event windows (100 recurrent steps recomputed for every single
+label), the training rows are laid out as `batch` contiguous segments run in parallel; the
+network steps through them `bptt` events at a time, carrying its hidden state from one chunk to
+the next (gradients stop at chunk edges). Every event is one recurrent step and one label.
+
+Inputs at each step: the event's token (an embedding over the tokens seen in training, plus
+"unknown" and "stream start"), its call-site key (hashed into `site_buckets` embeddings: the
+article's "next step", context from the call stack) and its time-delta bucket (bit_length of the
+ns since the previous event of the stream). For `next` and `free` the step that predicts row j
+reads row j-1 (the future is never an input); for `lifetime` it reads row j itself (the
+allocation is known when its lifetime is guessed).
+
+With `ngram_hints` (the default) the network also reads, at each step, what a PPM n-gram model
+(heapcast.forecast.models.ngram, with call sites) predicts for that row: its two best labels and
+its confidence. The n-gram memorizes long exact sequences that a 128-unit state cannot; the
+network learns when to follow it and when its own context (time deltas, longer history) knows
+better; a learned boost of the hinted labels' logits per confidence level makes following it
+cheap. So that it learns how far the n-gram can be trusted on data the n-gram has not seen,
+training rows get hints from n-grams fitted on the other rows (cross-fitting over interleaved
+blocks); prediction uses an n-gram fitted on all of them, stored in the model file.
+
+Prediction runs the same way without gradients: segments start `warmup` events early so that
+the hidden state is warm where scoring begins. Determinism: fixed seeds,
+torch.use_deterministic_algorithms, a fixed thread count: the same run gives the same bytes.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..tasks import TaskData
+from .base import Model, pad_k
+
+_BOS, _UNK = 0, 1      # reserved input token ids; training tokens start at 2
+#: Confidence buckets of the n-gram hint: its top label's blended probability.
+CONF_BOUNDS = np.array([0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99])
+HINT_BLOCK = 8192      # rows per cross-fitting block
+HINT_FOLDS = 4
+
+
+class StreamNet(nn.Module):
+    """Embeddings -> GRU/LSTM -> linear head over the model's label classes.
+
+    Inputs per step (int64, time-major): token, site bucket, dt bucket, and with n-gram hints
+    the n-gram's two best labels (as output class ids + 1, 0 none) and its confidence bucket.
+    """
+
+    def __init__(self, cell: str, n_tokens: int, n_sites: int, n_dt: int, n_out: int, cfg: dict,
+                 hints: bool = False):
+        super().__init__()
+        self.tok = nn.Embedding(n_tokens, cfg["embed"])
+        width = cfg["embed"]
+        self.site = nn.Embedding(n_sites, cfg["site_embed"]) if n_sites else None
+        width += cfg["site_embed"] if n_sites else 0
+        self.dt = nn.Embedding(n_dt, cfg["dt_embed"]) if n_dt else None
+        width += cfg["dt_embed"] if n_dt else 0
+        if hints:
+            self.hint = nn.Embedding(n_out + 1, cfg["hint_embed"])
+            self.conf = nn.Embedding(len(CONF_BOUNDS) + 1, 8)
+            width += 2 * cfg["hint_embed"] + 8
+            # A direct path too: the hinted labels' logits get a learned boost per confidence
+            # bucket, so that following a sure n-gram costs the network nothing to learn.
+            self.boost = nn.Embedding(len(CONF_BOUNDS) + 1, 2)
+            with torch.no_grad():       # start out following the n-gram, more when it is sure
+                self.boost.weight[:, 0] = 2.0 * torch.arange(1.0, len(CONF_BOUNDS) + 2)
+                self.boost.weight[:, 1] = 2.0
+        else:
+            self.hint = self.conf = self.boost = None
+        rnn = nn.GRU if cell == "gru" else nn.LSTM
+        self.rnn = rnn(width, cfg["hidden"], num_layers=cfg["layers"])
+        self.head = nn.Linear(cfg["hidden"], n_out)
+
+    def forward(self, tok, site, dt, hint1, hint2, conf, state=None):
+        """(logits over the output classes, new recurrent state) of a time-major chunk."""
+        parts = [self.tok(tok)]
+        if self.site is not None:
+            parts.append(self.site(site))
+        if self.dt is not None:
+            parts.append(self.dt(dt))
+        if self.hint is not None:
+            parts += [self.hint(hint1), self.hint(hint2), self.conf(conf)]
+        out, state = self.rnn(torch.cat(parts, -1), state)
+        return self._logits(out, hint1, hint2, conf), state
+
+    def _logits(self, out, hint1, hint2, conf):
+        logits = self.head(out)
+        if self.boost is None:
+            return logits
+        boost = self.boost(conf)
+        for i, hint in enumerate((hint1, hint2)):
+            value = (boost[..., i] * (hint > 0)).unsqueeze(-1)
+            logits = logits.scatter_add(-1, (hint - 1).clamp(min=0).unsqueeze(-1), value)
+        return logits
+
+
+def _detach(state):
+    if state is None:
+        return None
+    return tuple(s.detach() for s in state) if isinstance(state, tuple) else state.detach()
+
+
+class RNNModel(Model):
+    """Stateful GRU (kind "gru", the default model) or LSTM (kind "lstm")."""
+
+    kind = "gru"
+    needs_torch = True
+
+    @classmethod
+    def default_config(cls) -> dict:
+        return {"hidden": 128, "layers": 1, "embed": 48, "site_embed": 32, "site_buckets": 4096,
+                "dt_embed": 8, "batch": 32, "bptt": 64, "lr": 3e-3, "clip": 1.0,
+                "warmup": 256, "seed": 0, "threads": 2, "ngram_hints": True, "hint_embed": 32,
+                "ngram": {"sites": True}}
+
+    def __init__(self, task: str, vocab: str, config: dict | None = None):
+        from .ngram import NGram
+        super().__init__(task, vocab, config)
+        self.cell = self.kind
+        self.config["ngram"] = {**NGram.default_config(), **self.config["ngram"]}
+        self.ngram = None
+
+    # ---- inputs ----------------------------------------------------------------------------
+
+    def _token_ids(self, tokens: np.ndarray) -> np.ndarray:
+        """Model input id of each vocabulary token (UNK for tokens unseen in training)."""
+        i = np.searchsorted(self.input_tokens, tokens)
+        i = np.minimum(i, len(self.input_tokens) - 1)
+        return np.where(self.input_tokens[i] == tokens, i + 2, _UNK).astype(np.int64)
+
+    def _inputs(self, data: TaskData, hints=None) -> list:
+        """Per-row input ids: token, site bucket and dt of the previous row for shifted tasks
+        (of the row itself for lifetime), then the n-gram hints for the row (`hints`: their
+        arrays, else computed with the model's n-gram)."""
+        tok = self._token_ids(data.tokens.astype(np.int64))
+        buckets = self.config["site_buckets"]
+        site = np.where(data.sites == 0, 0, 1 + data.sites.astype(np.int64) % max(buckets - 1, 1))
+        dt = data.dt.astype(np.int64)
+        if data.shift:
+            start = np.zeros(len(data), bool)
+            start[data.offsets[:-1][data.offsets[:-1] < len(data)]] = True
+            tok, site, dt = (np.concatenate([[_BOS], a[:-1]]) for a in (tok, site, dt))
+            tok[start], site[start], dt[start] = _BOS, 0, 0
+        if hints is None:
+            hints = self._hints(data, self.ngram, np.arange(len(data))) if self.ngram else \
+                [np.zeros(len(data), np.int64)] * 3
+        return [tok, site, dt, *hints]
+
+    def _hints(self, data: TaskData, ngram, rows: np.ndarray) -> list:
+        """The n-gram's two best labels for `rows` (output class id + 1, 0: none or unknown)
+        and its confidence bucket, as arrays over all rows of `data` (0 elsewhere)."""
+        labels, probs = ngram.predict_proba(data, rows, 2)
+        out = [np.zeros(len(data), np.int64) for _ in range(3)]
+        for c in range(2):
+            i = np.minimum(np.searchsorted(self.classes, labels[:, c]), len(self.classes) - 1)
+            out[c][rows] = np.where(self.classes[i] == labels[:, c], i + 1, 0)
+        out[2][rows] = np.searchsorted(CONF_BOUNDS, probs[:, 0], "right")
+        return out
+
+    def _fit_hints(self, part: TaskData) -> list:
+        """Hints for training rows that do not come from an n-gram that learned those very rows:
+        rows are dealt into HINT_FOLDS folds by blocks of HINT_BLOCK (so that every fold sees
+        every phase of the program, as a model trained on another run has), and each fold gets
+        the predictions of an n-gram fitted on the other folds (cross-fitting). The model keeps
+        an n-gram fitted on all of them for prediction."""
+        from .ngram import NGram
+        n = len(part)
+        fold = (np.arange(n) // HINT_BLOCK) % HINT_FOLDS
+        hints = [np.zeros(n, np.int64) for _ in range(3)]
+        for f in range(HINT_FOLDS):
+            score = fold == f
+            if not score.any() or not (~score & (part.labels >= 0)).any():
+                continue
+            ng = NGram(self.task, self.vocab, self.config["ngram"])
+            ng.fit(part, ~score)
+            for h, new in zip(hints, self._hints(part, ng, np.flatnonzero(score))):
+                h[score] = new[score]
+        self.ngram = NGram(self.task, self.vocab, self.config["ngram"])
+        self.ngram.fit(part, np.ones(n, bool))
+        return hints
+
+    def _net(self) -> "StreamNet":
+        c = self.config
+        return StreamNet(self.cell, len(self.input_tokens) + 2,
+                         c["site_buckets"] if c["site_embed"] else 0,
+                         64 if c["dt_embed"] else 0, len(self.classes), c,
+                         hints=bool(c["ngram_hints"]))
+
+    # ---- training --------------------------------------------------------------------------
+
+    def fit(self, data: TaskData, train: np.ndarray, epochs: int = 1, max_steps: int = 0,
+            max_events: int = 0, progress: bool = True, checkpoint=None, resume: bool = False,
+            device: str = "cpu", **options) -> dict:
+        """Trains on the rows where `train` is true (each stream's part must be a prefix, as
+        every split makes). `max_events` > 0: the network steps through about that many of them
+        (blocks spread over all, train.spread_rows), the n-gram of its hints learns from all.
+        `max_steps` > 0 stops early; `checkpoint` (a path) gets the state every epoch and when
+        stopping; with `resume`, training continues from it."""
+        from ..train import spread_rows
+        self.check_data(data)
+        c = self.config
+        _setup_torch(c)
+        t0 = time.perf_counter()
+        part = data.select(train)
+        y = part.labels
+        self.classes = np.unique(y[y >= 0])
+        self.input_tokens = np.unique(part.tokens).astype(np.int64)
+        self.net = self._net().to(device)
+        _keras_like_init(self.net, self.cell)
+        opt = torch.optim.Adam(self.net.parameters(), lr=c["lr"])
+        self.ngram = None
+        hints = self._fit_hints(part) if c["ngram_hints"] else None
+        inputs = self._inputs(part, hints)
+        lab = np.where(y >= 0, np.searchsorted(self.classes, np.maximum(y, 0)), -1)
+        if max_events:
+            keep = spread_rows(np.ones(len(part), bool), max_events)
+            inputs, lab = [a[keep] for a in inputs], lab[keep]
+        world, rank = _distributed()
+        grid = _segments(len(lab), c["batch"] * world)[:, rank::world]
+        tensors = [_gather(a, grid, device) for a in (*inputs, lab)]
+        steps_per_epoch = math.ceil(grid.shape[0] / c["bptt"])
+        rows_per_step = np.add.reduceat((grid >= 0).sum(1), np.arange(0, grid.shape[0], c["bptt"]))
+        total = steps_per_epoch * epochs          # the learning-rate schedule's length
+        stop = min(total, max_steps) if max_steps else total
+        net = nn.parallel.DistributedDataParallel(self.net) if world > 1 else self.net
+        step, state, losses = 0, None, []
+        if resume and checkpoint is not None and os.path.exists(checkpoint):
+            step, state = _load_checkpoint(checkpoint, self, opt, device)
+        from tqdm import tqdm
+        bar = tqdm(total=stop, initial=step, desc=f"train {self.kind}", unit="step",
+                   disable=not progress, file=sys.stderr, leave=False)
+        events = 0
+        while step < stop:
+            s = (step % steps_per_epoch) * c["bptt"]
+            if s == 0:
+                state = None
+            for g in opt.param_groups:           # linear decay to 10% of the rate
+                g["lr"] = c["lr"] * (1.0 - 0.9 * step / total)
+            *xs, lb = (t[s:s + c["bptt"]] for t in tensors)
+            logits, state = net(*xs, state)
+            state = _detach(state)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                               lb.reshape(-1), ignore_index=-1)
+            opt.zero_grad(set_to_none=True)
+            if bool((lb >= 0).any()):
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.net.parameters(), c["clip"])
+                opt.step()
+                losses.append(float(loss.detach()))
+            events += int(rows_per_step[step % steps_per_epoch])
+            step += 1
+            bar.update()
+            if checkpoint is not None and rank == 0 and (step % steps_per_epoch == 0
+                                                         or step == stop):
+                _save_checkpoint(checkpoint, self, opt, step, state)
+        bar.close()
+        seconds = time.perf_counter() - t0
+        return {"events": events * world, "rows": int(len(lab)), "steps": int(stop),
+                "epochs": epochs, "seconds": seconds,
+                "events_per_s": events * world / max(seconds, 1e-9),
+                "final_loss": float(np.mean(losses[-20:])) if losses else None}
+
+    # ---- prediction ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def predict(self, data: TaskData, rows: np.ndarray, k: int = 5) -> np.ndarray:
+        self.check_data(data)
+        _setup_torch(self.config)
+        self.net.eval()
+        if not len(rows):
+            return np.zeros((0, k), np.int64)
+        # Rows long before the first scored one only warm up the state: skip them.
+        first = max(0, int(rows.min()) - self.config["warmup"])
+        if first:
+            data = data.select(np.arange(len(data)) >= first)
+            rows = rows - first
+        n = len(data)
+        inputs = self._inputs(data)
+        want = np.zeros(n, bool)
+        want[rows] = True
+        batch, warm = self.config["batch"], self.config["warmup"]
+        seg = max(1, math.ceil(n / batch))
+        starts = np.arange(0, n, seg)
+        # Row index at each (step, segment): `warm` rows of history, then the scored rows.
+        steps = np.arange(-warm, seg)[:, None] + starts[None, :]
+        valid = (steps >= 0) & (steps < n)
+        scored = valid & (np.arange(-warm, seg) >= 0)[:, None]
+        idx = np.where(valid, steps, 0)
+        out = np.full((n, k), -1, np.int64)
+        state = None
+        chunk = 512
+        for s in range(0, steps.shape[0], chunk):
+            ix, ok = idx[s:s + chunk], valid[s:s + chunk]
+            xs = [torch.from_numpy(np.where(ok, a[ix], _BOS if i == 0 else 0))
+                  for i, a in enumerate(inputs)]
+            logits, state = self.net(*xs, state)
+            sel = scored[s:s + chunk] & want[ix]
+            if not sel.any():
+                continue
+            logits = logits[torch.from_numpy(sel)]
+            best = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).indices.numpy()
+            out[ix[sel]] = pad_k(self.classes[best], k)
+        return out[rows]
+
+    # ---- state -----------------------------------------------------------------------------
+
+    def tensors(self) -> dict:
+        out = {f"net.{name}": t.detach().cpu().numpy() for name, t in self.net.state_dict().items()}
+        out["classes"] = self.classes.astype(np.int64)
+        out["input_tokens"] = self.input_tokens.astype(np.int64)
+        if self.ngram is not None:
+            out.update({f"ngram.{k}": v for k, v in self.ngram.tensors().items()})
+        return out
+
+    def load_tensors(self, tensors: dict) -> None:
+        from .ngram import NGram
+        self.classes = np.asarray(tensors["classes"], np.int64)
+        self.input_tokens = np.asarray(tensors["input_tokens"], np.int64)
+        self.net = self._net()
+        state = {name[4:]: torch.from_numpy(np.array(arr)) for name, arr in tensors.items()
+                 if name.startswith("net.")}
+        self.net.load_state_dict(state)
+        self.ngram = None
+        if self.config["ngram_hints"]:
+            self.ngram = NGram(self.task, self.vocab, self.config["ngram"])
+            self.ngram.load_tensors({k[6:]: v for k, v in tensors.items()
+                                     if k.startswith("ngram.")})
+
+
+class LSTMModel(RNNModel):
+    """The same stateful network with LSTM cells."""
+
+    kind = "lstm"
+
+
+def _setup_torch(cfg: dict) -> None:
+    torch.manual_seed(cfg["seed"])
+    torch.use_deterministic_algorithms(True)
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg["threads"]))
+
+
+def _keras_like_init(net: "StreamNet", cell: str) -> None:
+    """Glorot-uniform input weights, orthogonal recurrent weights, zero biases (forget-gate bias
+    1 for LSTMs): trains faster than PyTorch's uniform default, and is what Keras does."""
+    for name, p in net.named_parameters():
+        if "weight_hh" in name:
+            nn.init.orthogonal_(p)
+        elif "weight_ih" in name or name == "head.weight":
+            nn.init.xavier_uniform_(p)
+        elif "bias" in name:
+            nn.init.zeros_(p)
+            if cell == "lstm" and "bias_ih" in name:     # gates i, f, g, o
+                h = p.shape[0] // 4
+                with torch.no_grad():
+                    p[h:2 * h] = 1.0
+
+
+def _segments(n: int, batch: int) -> np.ndarray:
+    """(length, batch) row indices laying n rows out as `batch` contiguous segments; -1 pads."""
+    batch = max(1, min(batch, n))
+    seg = math.ceil(n / batch)
+    grid = np.arange(seg * batch, dtype=np.int64).reshape(batch, seg).T
+    return np.where(grid < n, grid, -1)
+
+
+def _gather(values: np.ndarray, grid: np.ndarray, device: str):
+    pad = -1 if values.dtype.kind == "i" and values.min(initial=0) < 0 else 0
+    out = np.where(grid >= 0, values[np.maximum(grid, 0)], pad)
+    return torch.from_numpy(np.ascontiguousarray(out)).to(device)
+
+
+def _distributed() -> tuple[int, int]:
+    """(world size, rank) under torchrun, (1, 0) otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 1, 0
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return world, dist.get_rank()
+
+
+def _save_checkpoint(path, model: RNNModel, opt, step: int, state) -> None:
+    """Weights, Adam's moments, the step and the hidden state: resuming repeats the exact run."""
+    from ..modelfile import save_model_file
+    tensors = {f"model.{k}": v for k, v in model.tensors().items()}
+    for i, s in opt.state_dict()["state"].items():
+        for key, val in s.items():
+            tensors[f"opt.{i}.{key}"] = val.detach().cpu().numpy().reshape(-1)
+    states = state if isinstance(state, tuple) else (state,) if state is not None else ()
+    for i, h in enumerate(states):
+        tensors[f"hidden.{i}"] = h.detach().cpu().numpy()
+    save_model_file(path, tensors, {"checkpoint": True, "model": model.kind, "step": step,
+                                    "task": model.task, "vocab": model.vocab,
+                                    "config": model.config})
+
+
+def _load_checkpoint(path, model: RNNModel, opt, device: str):
+    """Restores what _save_checkpoint wrote; returns (step, hidden state)."""
+    from ..modelfile import ModelError, read_model_file
+    tensors, meta = read_model_file(path)
+    mine = {"model": model.kind, "task": model.task, "vocab": model.vocab, "config": model.config}
+    if not meta.get("checkpoint") or any(meta.get(k) != v for k, v in mine.items()):
+        raise ModelError(f"{path}: not a checkpoint of this training run (model "
+                         f"{meta.get('model')!r}, task {meta.get('task')!r}, other settings): "
+                         f"delete it or drop --resume")
+    if not np.array_equal(tensors.get("model.classes"), model.classes):
+        raise ModelError(f"{path}: checkpoint of a run on other data (label classes differ)")
+    # Into the existing network: the optimizer holds its parameters.
+    model.net.load_state_dict({k[10:]: torch.from_numpy(np.array(v)).to(device)
+                               for k, v in tensors.items() if k.startswith("model.net.")})
+    sd = opt.state_dict()
+    sd["state"] = {}
+    for i, p in enumerate(model.net.parameters()):
+        if f"opt.{i}.step" in tensors:
+            moment = {key: torch.from_numpy(np.array(tensors[f"opt.{i}.{key}"])).reshape(p.shape)
+                      for key in ("exp_avg", "exp_avg_sq")}
+            sd["state"][i] = {"step": torch.tensor(float(tensors[f"opt.{i}.step"][0])), **moment}
+    # Adam's constructor-time state (the parameters' order) stays; only moments are restored.
+    opt.load_state_dict(sd)
+    hidden = [torch.from_numpy(np.array(tensors[f"hidden.{i}"])).to(device)
+              for i in range(2) if f"hidden.{i}" in tensors]
+    state = tuple(hidden) if len(hidden) == 2 else (hidden[0] if hidden else None)
+    return int(meta["step"]), state

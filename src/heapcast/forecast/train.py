@@ -1,0 +1,87 @@
+"""`heapcast train`: fit a forecasting model on traces (or datasets) and write its model file.
+
+    train(["run-a"], "model.safetensors")                       # the default model: stateful GRU
+    train(["run-a"], "ngram.safetensors", model="ngram", task="lifetime")
+    train(["run-a"], "seed.safetensors", model="seed", split="article", max_steps=2000)
+
+`split` says which rows may be learned from: "all" (for cross-run and cross-program
+evaluation), or "article"/"time" (everything before the held-out part that `heapcast evaluate
+--protocol article/time` scores). The model file records the split and the traces, so that
+evaluate can refuse to score a model on what it was trained on.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .dataset import load_features
+from .models import DEFAULT_MODEL, create_model, save_model
+from .protocols import SPLITS, split_masks
+from .tasks import DEFAULT_ORDER, TASKS, make_task
+
+
+def spread_rows(mask: np.ndarray, n: int, block: int = 16384) -> np.ndarray:
+    """About `n` of the rows where `mask` is true, as blocks of `block` consecutive rows spread
+    evenly over them (a subset that sees every phase of the program, unlike a prefix)."""
+    rows = np.flatnonzero(mask)
+    if len(rows) <= n:
+        return mask
+    blocks = np.array_split(rows, max(1, len(rows) // block))
+    keep = np.linspace(0, len(blocks) - 1, max(1, n // block)).round().astype(int)
+    out = np.zeros_like(mask)
+    for b in np.unique(keep):
+        out[blocks[b]] = True
+    return out
+
+
+def default_vocab(model: str) -> str:
+    """The vocabulary a model reads unless told: the article's for `seed`, else `rich`."""
+    return "seed64" if model == "seed" else "rich"
+
+
+def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab: str | None = None,
+          epochs: int = 1, split: str = "all", order: str | None = None, max_steps: int = 0,
+          max_events: int = 0, config: dict | None = None, progress: bool = False,
+          resume: bool = False, device: str = "cpu") -> dict:
+    """Trains `model` for `task` on `traces` and writes it to `output` (a .safetensors file).
+
+    Returns a summary: what was trained, its statistics (`events_per_s` of the training loop)
+    and `wall_s`/`events_per_s_wall` from the start, loading and featurizing included.
+    `max_events` > 0 learns from about that many training rows only, blocks spread over them
+    (spread_rows: a smaller training set that still sees every phase of the program; for gru
+    and lstm only the network's steps: the n-gram of their hints learns from every row);
+    `max_steps` > 0 stops the optimizer early, as an interrupted run would. Neural models write `<output>.ckpt` after each epoch and when they
+    stop; `resume=True` continues from it, to the same bytes as an uninterrupted run.
+    """
+    t0 = time.perf_counter()
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r} (known: {', '.join(TASKS)})")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} (known: {', '.join(SPLITS)})")
+    if epochs < 1:
+        raise ValueError("epochs must be at least 1")
+    vocab = vocab or default_vocab(model)
+    order = order or DEFAULT_ORDER[task]
+    m = create_model(model, task, vocab, config)
+    feats = load_features(list(traces), order, need_ranks=task == "free")
+    data = make_task(feats, task, vocab)
+    train_rows, _ = split_masks(data, split)
+    if not (train_rows & (data.labels >= 0)).any():
+        raise ValueError(f"no {task!r} labels to learn from in {', '.join(map(str, traces))}")
+    output = Path(output)
+    options = {"epochs": epochs, "max_steps": max_steps, "progress": progress}
+    if m.kind in ("gru", "lstm"):
+        # The network steps through a subset; the n-gram of its hints still learns from all.
+        options.update(max_events=max_events, checkpoint=Path(str(output) + ".ckpt"),
+                       resume=resume, device=device)
+    elif max_events:
+        train_rows = spread_rows(train_rows, max_events)
+    stats = m.fit(data, train_rows, **options)
+    wall = time.perf_counter() - t0
+    training = {"traces": feats.sources, "split": split, "order": order, "epochs": epochs,
+                "max_steps": max_steps, "max_events": max_events, "stats": stats, "wall_s": wall,
+                "events_per_s_wall": stats.get("events", 0) / max(wall, 1e-9)}
+    save_model(m, output, training)
+    return {"model": m.kind, "task": task, "vocab": vocab, "output": str(output), **training}

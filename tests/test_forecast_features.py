@@ -1,0 +1,122 @@
+"""Features: free ranks against a simulated live list, stable call-site keys, datasets on disk."""
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from heapcast.forecast.dataset import build_dataset, load_dataset, load_features
+from heapcast.forecast.features import _dominance_count, free_ranks, location_keys
+from heapcast.heap import match
+from heapcast.trace.format import EVENT_DTYPE, FREE, MALLOC, REALLOC
+from heapcast.trace.model import LocationTable, Module, ModuleSnapshot, Process
+from heapcast.trace.writer import write_process_file
+
+
+def random_heap(rng, n):
+    """Random mallocs, frees (LIFO-ish or anywhere) and moving reallocs, with the recency rank of
+    every free computed by simulating the live list."""
+    live, rows, ranks, addr = [], [], [], 0x1000
+    for _ in range(n):
+        r = rng.random()
+        if live and r < 0.45:
+            j = len(live) - 1 - int(rng.integers(min(len(live), 3))) if rng.random() < 0.7 \
+                else int(rng.integers(len(live)))
+            rows.append((FREE, 0, live[j], 0))
+            ranks.append(len(live) - 1 - j)
+            live.pop(j)
+        elif live and r < 0.5:
+            old = live.pop(int(rng.integers(len(live))))
+            addr += 16
+            rows.append((REALLOC, addr, old, 32))
+            ranks.append(-1)
+            live.append(addr)
+        else:
+            addr += 16
+            rows.append((MALLOC, addr, 0, 8))
+            ranks.append(-1)
+            live.append(addr)
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    # A realloc takes two numbers (its release is at seq - 1): leave a gap before every event.
+    ev["seq"] = 2 * np.arange(1, len(rows) + 1)
+    ev["free_lag"] = np.where([r[0] == REALLOC for r in rows], 1, 0)
+    for k, name in enumerate(("op", "addr", "old_addr", "size")):
+        ev[name] = [r[k] for r in rows]
+    return ev, np.array(ranks)
+
+
+def test_free_ranks_match_a_simulated_live_list():
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        ev, expected = random_heap(rng, 4000)
+        assert (free_ranks(ev["op"], match(ev)) == expected).all()
+
+
+def test_dominance_count_brute_force():
+    rng = np.random.default_rng(4)
+    px, pv = rng.integers(0, 60, 300), rng.integers(0, 60, 300)
+    qx, qv = rng.integers(0, 60, 200), rng.integers(0, 60, 200)
+    want = [int(np.sum((px < x) & (pv > v))) for x, v in zip(qx, qv)]
+    assert _dominance_count(px, pv, qx, qv).tolist() == want
+
+
+def process_at(base, pid=1):
+    """A process whose two call sites are at offsets 0x100 and 0x200 of /bin/prog loaded at
+    `base`; location 3 is a two-frame stack."""
+    mods = [Module("/bin/prog", base, base, base + 0x10000),
+            Module("/lib/libc.so.6", base + 0x100000, base + 0x100000, base + 0x200000)]
+    locs = LocationTable.from_lists([[], [base + 0x100], [base + 0x200],
+                                     [base + 0x100, base + 0x100000 + 0x55]])
+    return Process(index=0, pid=pid, locations=locs, modules=[ModuleSnapshot(0, mods)],
+                   _events=np.zeros(0, EVENT_DTYPE))
+
+
+def test_location_keys_are_stable_across_aslr():
+    s1, k1 = location_keys(process_at(0x555500000000))
+    s2, k2 = location_keys(process_at(0x7F0000000000))
+    assert s1.tolist() == s2.tolist() and k1.tolist() == k2.tolist()
+    assert s1[0] == 0 and k1[0] == 0                   # unknown location
+    assert len(set(s1[1:].tolist())) == 2               # two distinct call sites
+    assert s1[3] == s1[1] and k1[3] != k1[1]            # same call site, another stack
+
+
+def small_trace(tmp_path, name="t", n=300):
+    """A trace directory on disk (the real file format) with two threads."""
+    rows = []
+    for i in range(n):
+        rows.append(dict(op=MALLOC, size=16 + (i % 5) * 8, addr=0x1000 + 16 * i, tid=i % 2, loc=1))
+        rows.append(dict(op=FREE, old_addr=0x1000 + 16 * i, tid=i % 2, loc=2))
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for i, r in enumerate(rows):
+        for k, v in r.items():
+            ev[i][k] = v
+    ev["seq"] = np.arange(1, len(ev) + 1)
+    ev["ts"] = 10_000 + 100 * np.arange(len(ev))
+    p = process_at(0x400000)
+    p._events = None
+    d = tmp_path / name
+    d.mkdir()
+    write_process_file(d / "1.hct", p, ev)
+    return d
+
+
+def test_dataset_round_trip(tmp_path):
+    src = small_trace(tmp_path)
+    out = build_dataset([src], tmp_path / "ds", order="thread")
+    manifest = json.loads((out / "dataset.json").read_text())
+    assert manifest["events"] == 600 and manifest["streams"] == 2
+    assert manifest["vocabularies"]["seed64"] == 1 and manifest["order"] == "thread"
+    d = load_dataset(out)
+    assert isinstance(d.columns["rich"], np.memmap)
+    direct = load_features([src], "thread", need_ranks=True)
+    for c, arr in direct.columns.items():
+        assert np.array_equal(np.asarray(d.columns[c]), arr), c
+    table = pq.read_table(out / "events.parquet")
+    assert table.num_rows == 600
+    assert table.column("seed64").to_pylist() == d.columns["seed64"].tolist()
+    # A dataset is accepted where a trace is, in its own stream order only.
+    assert np.array_equal(load_features([out], "thread").columns["rich"], direct.columns["rich"])
+    with pytest.raises(ValueError, match="thread-order streams"):
+        load_features([out], "process")
+    with pytest.raises(FileExistsError):
+        build_dataset([src], out)

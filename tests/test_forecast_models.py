@@ -1,0 +1,224 @@
+"""Forecasting models on small synthetic streams: they learn what is learnable, write the same
+bytes for the same seed, resume exactly, and refuse damaged or mismatched model files."""
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from heapcast.forecast.features import featurize
+from heapcast.forecast.modelfile import ModelError, read_model_file, save_model_file
+from heapcast.forecast.models import create_model, load_model, save_model
+from heapcast.forecast.models.simple import fill_after, last_known_labels
+from heapcast.forecast.protocols import split_masks
+from heapcast.forecast.tasks import make_task
+from heapcast.trace.format import CALLOC, EVENT_DTYPE, FREE, MALLOC
+from heapcast.trace.model import LocationTable, Process, Trace
+
+torch = pytest.importorskip("torch")
+TINY = {"hidden": 32, "batch": 8, "bptt": 32, "lr": 0.01, "threads": 1, "embed": 16,
+        "site_embed": 8, "site_buckets": 64, "warmup": 32}
+
+
+def periodic_trace(periods=300):
+    """malloc 16, malloc 100, free, calloc 40, free, free: over and over."""
+    rows, addr = [], 0x1000
+    for _ in range(periods):
+        a, b, c = addr, addr + 0x100, addr + 0x200
+        addr += 0x1000
+        rows += [(MALLOC, 16, a, 0), (MALLOC, 100, b, 0), (FREE, 0, 0, a), (CALLOC, 40, c, 0),
+                 (FREE, 0, 0, b), (FREE, 0, 0, c)]
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for k, name in enumerate(("op", "size", "addr", "old_addr")):
+        ev[name] = [r[k] for r in rows]
+    ev["seq"] = np.arange(1, len(ev) + 1)
+    ev["ts"] = 1000 * ev["seq"]
+    p = Process(index=0, pid=1, _events=ev, event_count=len(ev),
+                locations=LocationTable.from_lists([[]]))
+    return Trace("periodic", [p])
+
+
+@pytest.fixture(scope="module")
+def feats():
+    return featurize([periodic_trace()], order="process")
+
+
+@pytest.mark.parametrize("kind,epochs", [("ngram", 1), ("gru", 10), ("lstm", 10)])
+@pytest.mark.parametrize("task", ["next", "lifetime", "free"])
+def test_periodic_stream_is_learned(feats, kind, epochs, task):
+    data = make_task(feats, task, "rich")
+    m = create_model(kind, task, "rich", TINY if kind != "ngram" else None)
+    m.fit(data, np.ones(len(data), bool), epochs=epochs, progress=False)
+    rows = np.flatnonzero(data.labels >= 0)
+    rows = rows[rows >= 12]                          # after two periods of history
+    pred = m.predict(data, rows, 5)
+    assert (pred[:, 0] == data.labels[rows]).mean() >= 0.99
+
+
+def test_majority_and_repeat_last_by_hand(feats):
+    data = make_task(feats, "next", "rich")
+    m = create_model("majority", "next", "rich")
+    m.fit(data, np.ones(len(data), bool))
+    # Every token comes once per period: the order is by count, then by token.
+    counts = np.bincount(data.labels, minlength=1002)
+    assert m.predict(data, np.arange(3), 2)[0].tolist() == \
+        np.argsort(-counts, kind="stable")[:2].tolist()
+    r = create_model("repeat-last", "next", "rich")
+    r.fit(data, np.ones(len(data), bool))
+    pred = r.predict(data, np.arange(1, 10), 1)[:, 0]
+    assert pred.tolist() == data.labels[:9].tolist()     # the previous event's token
+    assert fill_after(np.array([5, -1, 7]), np.array([7, 5, 9]), 3).tolist() == \
+        [[5, 7, 9], [7, 5, 9], [7, 5, 9]]
+
+
+def test_repeat_last_lifetime_is_causal(feats):
+    data = make_task(feats, "lifetime", "rich")
+    last = last_known_labels(data)
+    # Row 0's block (freed at row 2) is known from row 3 on; row 6 (next period's malloc 16,
+    # same call site 0) sees the latest block released before it: row 3's calloc, freed at 5.
+    assert last[0] == -1 and last[1] == -1 and last[3] == data.labels[0]
+    assert last[6] == data.labels[3]
+
+
+def test_article_split_is_keras_validation_split(feats):
+    data = make_task(feats, "next", "seed64")
+    train, test = split_masks(data, "article")
+    samples = np.flatnonzero(data.position_in_stream() >= 100)
+    cut = int(len(samples) * 0.85)
+    assert np.flatnonzero(test).tolist() == samples[cut:].tolist()
+    assert np.flatnonzero(train).tolist() == list(range(samples[cut]))
+
+
+def train_bytes(tmp_path, kind, name, feats, **fit):
+    data = make_task(feats, "next", "rich")
+    m = create_model(kind, "next", "rich", TINY if kind != "ngram" else None)
+    m.fit(data, np.ones(len(data), bool), progress=False, **fit)
+    path = save_model(m, tmp_path / name, {"traces": []})
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["ngram", "gru"])
+def test_same_seed_same_model_bytes(tmp_path, feats, kind):
+    a = train_bytes(tmp_path, kind, "a.safetensors", feats, epochs=2)
+    b = train_bytes(tmp_path, kind, "b.safetensors", feats, epochs=2)
+    assert a == b
+
+
+def test_resume_gives_the_uninterrupted_bytes(tmp_path, feats):
+    data = make_task(feats, "next", "rich")
+    whole = create_model("gru", "next", "rich", TINY)
+    whole.fit(data, np.ones(len(data), bool), epochs=2, progress=False)
+    ckpt = tmp_path / "run.ckpt"
+    first = create_model("gru", "next", "rich", TINY)
+    first.fit(data, np.ones(len(data), bool), epochs=2, max_steps=11, checkpoint=ckpt,
+              progress=False)
+    again = create_model("gru", "next", "rich", TINY)
+    again.fit(data, np.ones(len(data), bool), epochs=2, checkpoint=ckpt, resume=True,
+              progress=False)
+    for name, t in whole.tensors().items():
+        assert np.array_equal(t, again.tensors()[name]), name
+    other = create_model("gru", "next", "rich", {**TINY, "hidden": 16})
+    with pytest.raises(ModelError, match="not a checkpoint of this training run"):
+        other.fit(data, np.ones(len(data), bool), checkpoint=ckpt, resume=True, progress=False)
+
+
+def test_model_file_is_safetensors(tmp_path):
+    safetensors = pytest.importorskip("safetensors.numpy")
+    path = save_model_file(tmp_path / "m.safetensors",
+                           {"w": np.arange(6, dtype=np.float32).reshape(2, 3),
+                            "k": np.array([1, 2], np.uint64)}, {"model": "x"})
+    loaded = safetensors.load_file(str(path))
+    assert loaded["w"].tolist() == [[0, 1, 2], [3, 4, 5]] and loaded["k"].tolist() == [1, 2]
+    tensors, meta = read_model_file(path)
+    assert meta["model"] == "x" and meta["format"] == "heapcast-forecast"
+
+
+@pytest.fixture
+def ngram_file(tmp_path, feats):
+    data = make_task(feats, "next", "rich")
+    m = create_model("ngram", "next", "rich")
+    m.fit(data, np.ones(len(data), bool))
+    return save_model(m, tmp_path / "ng.safetensors", {"traces": []})
+
+
+def test_damaged_model_files_are_refused(tmp_path, ngram_file):
+    raw = ngram_file.read_bytes()
+    cases = {
+        "short": raw[:5],
+        "truncated": raw[:-10],
+        "flipped": raw[:-3] + bytes([raw[-3] ^ 0xFF]) + raw[-2:],
+        "header": raw[:8] + b"{" * (len(raw) - 8),
+        "huge": struct.pack("<Q", 1 << 40) + raw[8:],
+    }
+    messages = {"short": "too short", "truncated": "corrupt or truncated",
+                "flipped": "corrupt or truncated", "header": "not JSON",
+                "huge": "header length"}
+    for name, data in cases.items():
+        p = tmp_path / f"{name}.safetensors"
+        p.write_bytes(data)
+        with pytest.raises(ModelError, match=messages[name]):
+            load_model(p)
+    plain = save_model_file(tmp_path / "plain.safetensors", {"w": np.zeros(2, np.float32)}, {})
+    hlen = struct.unpack("<Q", plain.read_bytes()[:8])[0]
+    header = json.loads(plain.read_bytes()[8:8 + hlen])
+    del header["__metadata__"]
+    text = json.dumps(header).encode()
+    (tmp_path / "foreign.safetensors").write_bytes(struct.pack("<Q", len(text)) + text +
+                                                   plain.read_bytes()[8 + hlen:])
+    with pytest.raises(ModelError, match="not a heapcast"):
+        load_model(tmp_path / "foreign.safetensors")
+
+
+def test_mismatched_models_are_refused(tmp_path, ngram_file, feats):
+    with pytest.raises(ModelError, match="task 'next', not 'lifetime'"):
+        load_model(ngram_file, task="lifetime")
+    with pytest.raises(ModelError, match="vocabulary 'rich', not 'seed64'"):
+        load_model(ngram_file, vocab="seed64")
+    m = load_model(ngram_file)
+    with pytest.raises(ValueError, match="cannot read data of task 'lifetime'"):
+        m.predict(make_task(feats, "lifetime", "rich"), np.arange(3))
+    # A GRU's tensors under an n-gram's name: the shapes do not fit.
+    tensors, meta = read_model_file(ngram_file)
+    meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "crc32")}
+    meta["model"] = "gru"
+    save_model_file(tmp_path / "liar.safetensors", tensors, meta)
+    with pytest.raises(ModelError, match="do not fit a gru model"):
+        load_model(tmp_path / "liar.safetensors")
+
+
+def test_seed_network_is_the_articles(feats):
+    from heapcast.forecast.models.seed import SeedNet, windows
+    net = SeedNet()
+    shapes = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    assert shapes["embed.weight"] == (64, 64) and not net.embed.weight.requires_grad
+    assert torch.equal(net.embed.weight, torch.eye(64))                   # frozen one-hot
+    assert shapes["lstm1.weight_hh_l0"] == (4 * 128, 128)
+    assert shapes["lstm2.weight_hh_l0"] == (4 * 64, 64)
+    assert shapes["head.weight"] == (64, 64)
+    data = make_task(feats, "next", "seed64")
+    w = windows(data, np.array([0, 5, 150]), 100)
+    assert w.shape == (3, 100) and (w[0] == 0).all()
+    assert w[1, -5:].tolist() == data.tokens[:5].tolist() and (w[1, :-5] == 0).all()
+    assert w[2].tolist() == data.tokens[50:150].tolist()
+
+
+def test_seed_model_learns_the_buggy_target(feats):
+    data = make_task(feats, "next", "seed64")
+    m = create_model("seed", "next", "seed64", {"threads": 1, "lr": 0.01, "batch": 16})
+    assert m.target == "article"
+    m.fit(data, np.ones(len(data), bool), epochs=2, progress=False)
+    rows = np.arange(1000, 1200)
+    pred = m.predict(data, rows, 1)[:, 0]
+    from heapcast.forecast.vocab import article_target
+    assert set(pred.tolist()) <= set(range(7))         # outputs live in the buggy label space
+    assert (pred == article_target(data.labels[rows])).mean() > 0.9
+
+
+def test_spread_rows_cover_the_whole_run():
+    from heapcast.forecast.train import spread_rows
+    mask = np.ones(100_000, bool)
+    mask[:10] = False
+    sub = spread_rows(mask, 30_000, block=1000)
+    assert 29_000 <= sub.sum() <= 31_000 and not sub[:10].any()
+    assert np.flatnonzero(sub)[-1] > 95_000          # not a prefix: reaches the end
+    assert spread_rows(mask, 10**6).sum() == mask.sum()
