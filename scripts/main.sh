@@ -2,6 +2,8 @@
 # The main job on a bundled real workload: set up, then
 #   record   CPython running workloads/py_dicts.py, every object allocation through malloc
 #   stats    what its heap did (text, and a plot: live bytes and RSS over time, size classes)
+#   train    a forecasting model (the default stateful GRU) on the first part of each thread
+#   evaluate it on the held-out rest, next to the n-gram baseline
 #   simulate replay it through every allocation policy of the lab (table and footprint plot)
 # Results go to results/ (HEAPCAST_OUT to change).
 set -euo pipefail
@@ -18,6 +20,14 @@ echo "== record" >&2
 PYTHONMALLOC=malloc "$hc" record -o "$trace" -- "$PY" workloads/py_dicts.py
 echo "== stats" >&2
 "$hc" stats "$trace" --plot "$out/stats.png"
+if .venv/bin/python -c 'import torch' 2>/dev/null; then
+  echo "== train (default model) and evaluate on the held-out part of each thread" >&2
+  "$hc" train "$trace" --split time --max-events 3000000 -o "$out/gru.safetensors"
+  "$hc" evaluate "$out/gru.safetensors" "$trace" --protocol time
+  echo "== the n-gram baseline, same protocol" >&2
+  "$hc" train "$trace" --model ngram --split time --max-events 3000000 -o "$out/ngram.safetensors"
+  "$hc" evaluate "$out/ngram.safetensors" "$trace" --protocol time
+fi
 echo "== simulate" >&2
 "$hc" simulate "$trace" --plot "$out/simulate.png"
-echo "main: results in $out/ (stats.png, simulate.png)" >&2
+echo "main: results in $out/ (stats.png, simulate.png, models)" >&2
