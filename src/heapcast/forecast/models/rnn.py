@@ -164,22 +164,22 @@ class RNNModel(Model):
         out[2][rows] = np.searchsorted(CONF_BOUNDS, probs[:, 0], "right")
         return out
 
-    def _fit_hints(self, part: TaskData) -> list:
-        """Hints for training rows that do not come from an n-gram that learned those very rows:
-        rows are dealt into HINT_FOLDS folds by blocks of HINT_BLOCK (so that every fold sees
-        every phase of the program, as a model trained on another run has), and each fold gets
-        the predictions of an n-gram fitted on the other folds (cross-fitting). The model keeps
-        an n-gram fitted on all of them for prediction."""
+    def _fit_hints(self, part: TaskData, keep: np.ndarray) -> list:
+        """Hints for the training rows in `keep` that do not come from an n-gram that learned
+        those very rows: rows are dealt into HINT_FOLDS folds by blocks of HINT_BLOCK (so that
+        every fold sees every phase of the program, as a model trained on another run has), and
+        each fold gets the predictions of an n-gram fitted on the other folds (cross-fitting).
+        The model keeps an n-gram fitted on all rows for prediction."""
         from .ngram import NGram
         n = len(part)
         fold = (np.arange(n) // HINT_BLOCK) % HINT_FOLDS
         hints = [np.zeros(n, np.int64) for _ in range(3)]
         for f in range(HINT_FOLDS):
-            score = fold == f
-            if not score.any() or not (~score & (part.labels >= 0)).any():
+            score = (fold == f) & keep
+            if not score.any() or not ((fold != f) & (part.labels >= 0)).any():
                 continue
             ng = NGram(self.task, self.vocab, self.config["ngram"])
-            ng.fit(part, ~score)
+            ng.fit(part, fold != f)
             for h, new in zip(hints, self._hints(part, ng, np.flatnonzero(score))):
                 h[score] = new[score]
         self.ngram = NGram(self.task, self.vocab, self.config["ngram"])
@@ -216,11 +216,12 @@ class RNNModel(Model):
         _keras_like_init(self.net, self.cell)
         opt = torch.optim.Adam(self.net.parameters(), lr=c["lr"])
         self.ngram = None
-        hints = self._fit_hints(part) if c["ngram_hints"] else None
+        keep = spread_rows(np.ones(len(part), bool), max_events) if max_events else \
+            np.ones(len(part), bool)
+        hints = self._fit_hints(part, keep) if c["ngram_hints"] else None
         inputs = self._inputs(part, hints)
         lab = np.where(y >= 0, np.searchsorted(self.classes, np.maximum(y, 0)), -1)
         if max_events:
-            keep = spread_rows(np.ones(len(part), bool), max_events)
             inputs, lab = [a[keep] for a in inputs], lab[keep]
         world, rank = _distributed()
         grid = _segments(len(lab), c["batch"] * world)[:, rank::world]
