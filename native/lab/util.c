@@ -255,9 +255,8 @@ int tr_erase(treap *t, u64 k1, u64 k2) {
     return 1;
 }
 
-u32 tr_first_fit(const treap *t, u64 need) {
-    const tnode *n = t->n;
-    u32 x = t->root;
+/* The lowest-addressed node of the subtree at x with len >= need, or 0. */
+static u32 first_fit_below(const tnode *n, u32 x, u64 need) {
     if (n[x].maxlen < need)
         return 0;
     for (;;) {
@@ -269,6 +268,8 @@ u32 tr_first_fit(const treap *t, u64 need) {
             x = n[x].r;
     }
 }
+
+u32 tr_first_fit(const treap *t, u64 need) { return first_fit_below(t->n, t->root, need); }
 
 static u32 next_fit_at(const tnode *n, u32 x, u64 from, u64 need) {
     while (x && n[x].maxlen >= need) {
@@ -282,17 +283,7 @@ static u32 next_fit_at(const tnode *n, u32 x, u64 from, u64 need) {
         if (n[x].len >= need)
             return x;
         /* Everything in the right subtree is >= from: plain first fit there. */
-        x = n[x].r;
-        if (n[x].maxlen < need)
-            return 0;
-        for (;;) {
-            if (n[n[x].l].maxlen >= need)
-                x = n[x].l;
-            else if (n[x].len >= need)
-                return x;
-            else
-                x = n[x].r;
-        }
+        return first_fit_below(n, n[x].r, need);
     }
     return 0;
 }
