@@ -298,6 +298,8 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     if result is None:
         result = RecordResult(exit_code=-1, path=path, command=[])
     raws = raw_files(path)
+    if not raws and any(path.glob("*" + TRACE_SUFFIX)):
+        raise ValueError(f"{path} is already finalized: it holds no raw files to convert")
     if not raws:
         result.truncated = True
         result.problems.append("no process wrote a trace (is the program statically linked or "
