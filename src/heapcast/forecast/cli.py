@@ -50,11 +50,14 @@ def _cmd_train(a) -> int:
               config=_config(a),
               progress=not a.quiet, resume=a.resume, device=a.device)
     st = s["stats"]
+    if s["rank"] != 0:
+        return 0  # under torchrun: rank 0 speaks for all
     if a.json:
         print(json.dumps(s, indent=2))
     else:
         print(f"heapcast: trained {s['model']} ({s['task']}, {s['vocab']}, split {s['split']}) on "
               f"{st.get('events', 0):,} events in {s['wall_s']:.1f} s "
+              f"{'on %d processes ' % s['world'] if s['world'] > 1 else ''}"
               f"({s['events_per_s_wall']:,.0f} events/s, loading included) -> {s['output']}",
               file=sys.stderr)
     return 0

@@ -4,6 +4,10 @@
     train(["run-a"], "ngram.safetensors", model="ngram", task="lifetime")
     train(["run-a"], "seed.safetensors", model="seed", split="article", max_steps=2000)
 
+Under `torchrun --nproc_per_node N -m heapcast train ...` the neural models train with
+DistributedDataParallel (gloo on CPU, nccl on GPUs, one GPU per process): each process steps
+through its own share of the streams, gradients are averaged, and only rank 0 writes the model.
+
 `split` says which rows may be learned from: "all" (for cross-run and cross-program
 evaluation), or "article"/"time" (everything before the held-out part that `heapcast evaluate
 --protocol article/time` scores). The model file records the split and the traces, so that
@@ -11,6 +15,7 @@ evaluate can refuse to score a model on what it was trained on.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -52,8 +57,9 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     `max_events` > 0 learns from about that many training rows only, blocks spread over them
     (spread_rows: a smaller training set that still sees every phase of the program; for gru
     and lstm only the network's steps: the n-gram of their hints learns from every row);
-    `max_steps` > 0 stops the optimizer early, as an interrupted run would. Neural models write `<output>.ckpt` after each epoch and when they
-    stop; `resume=True` continues from it, to the same bytes as an uninterrupted run.
+    `max_steps` > 0 stops the optimizer early, as an interrupted run would. Neural models write
+    `<output>.ckpt` after each epoch and when they stop; `resume=True` continues from it, to the
+    same bytes as an uninterrupted run. Under torchrun, only rank 0 writes (the summary's `rank`).
     """
     t0 = time.perf_counter()
     if task not in TASKS:
@@ -83,5 +89,20 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     training = {"traces": feats.sources, "split": split, "order": order, "epochs": epochs,
                 "max_steps": max_steps, "max_events": max_events, "stats": stats, "wall_s": wall,
                 "events_per_s_wall": stats.get("events", 0) / max(wall, 1e-9)}
-    save_model(m, output, training)
-    return {"model": m.kind, "task": task, "vocab": vocab, "output": str(output), **training}
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        save_model(m, output, training)
+    _end_distributed()
+    return {"model": m.kind, "task": task, "vocab": vocab, "output": str(output), "rank": rank,
+            "world": int(os.environ.get("WORLD_SIZE", "1")), **training}
+
+
+def _end_distributed() -> None:
+    """Leaves the torchrun process group (after rank 0 has written the model), if one was joined."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -212,6 +212,10 @@ class RNNModel(Model):
         y = part.labels
         self.classes = np.unique(y[y >= 0])
         self.input_tokens = np.unique(part.tokens).astype(np.int64)
+        world, rank = _distributed()
+        if world > 1 and device.startswith("cuda"):   # torchrun: one GPU per process
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+            torch.cuda.set_device(device)
         self.net = self._net().to(device)
         _keras_like_init(self.net, self.cell)
         opt = torch.optim.Adam(self.net.parameters(), lr=c["lr"])
@@ -223,20 +227,23 @@ class RNNModel(Model):
         lab = np.where(y >= 0, np.searchsorted(self.classes, np.maximum(y, 0)), -1)
         if max_events:
             inputs, lab = [a[keep] for a in inputs], lab[keep]
-        world, rank = _distributed()
         grid = _segments(len(lab), c["batch"] * world)[:, rank::world]
         tensors = [_gather(a, grid, device) for a in (*inputs, lab)]
         steps_per_epoch = math.ceil(grid.shape[0] / c["bptt"])
         rows_per_step = np.add.reduceat((grid >= 0).sum(1), np.arange(0, grid.shape[0], c["bptt"]))
         total = steps_per_epoch * epochs          # the learning-rate schedule's length
         stop = min(total, max_steps) if max_steps else total
-        net = nn.parallel.DistributedDataParallel(self.net) if world > 1 else self.net
+        net = self.net
+        if world > 1:
+            net = nn.parallel.DistributedDataParallel(
+                self.net, device_ids=[torch.device(device).index] if device.startswith("cuda")
+                else None)
         step, state, losses = 0, None, []
         if resume and checkpoint is not None and os.path.exists(checkpoint):
             step, state = _load_checkpoint(checkpoint, self, opt, device)
         from tqdm import tqdm
         bar = tqdm(total=stop, initial=step, desc=f"train {self.kind}", unit="step",
-                   disable=not progress, file=sys.stderr, leave=False)
+                   disable=not progress or rank != 0, file=sys.stderr, leave=False)
         events = 0
         while step < stop:
             s = (step % steps_per_epoch) * c["bptt"]
@@ -250,10 +257,14 @@ class RNNModel(Model):
             loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                lb.reshape(-1), ignore_index=-1)
             opt.zero_grad(set_to_none=True)
-            if bool((lb >= 0).any()):
+            labelled = bool((lb >= 0).any())
+            if not labelled and world > 1:
+                loss = logits.sum() * 0.0   # every rank must join DDP's gradient exchange
+            if labelled or world > 1:
                 loss.backward()
                 nn.utils.clip_grad_norm_(self.net.parameters(), c["clip"])
                 opt.step()
+            if labelled:
                 losses.append(float(loss.detach()))
             events += int(rows_per_step[step % steps_per_epoch])
             step += 1
