@@ -69,6 +69,36 @@ class NGram(Model):
             if m in wanted:
                 yield m, mix64(h ^ np.uint64(m)) >> np.uint64(_LABEL_BITS)
 
+    def recent_continuations(self, data: TaskData, orders) -> dict:
+        """An in-run memory, per order k in `orders`: for every row, the label that followed the
+        latest earlier occurrence of the row's order-k context in its own stream (-1: none yet).
+        It only looks back at earlier labels, so it is causal for `next` and `free`, whose
+        labels are known as soon as their event has happened (not for `lifetime`)."""
+        sym, pos = self.symbols(data), data.position_in_stream()
+        rows = np.arange(len(data))
+        stream = np.repeat(np.arange(len(data.offsets) - 1, dtype=np.uint64),
+                           np.diff(data.offsets))
+        labelled = data.labels >= 0
+        wanted = set(orders)
+        out = {}
+        for m, ctx in self._contexts(data, sym, pos, rows):
+            if m not in wanted:
+                continue
+            key = mix64(ctx ^ (stream * np.uint64(0x9E3779B97F4A7C15)))
+            order = np.lexsort((rows, key))
+            k = key[order]
+            first = np.ones(len(k), bool)
+            first[1:] = k[1:] != k[:-1]
+            group_start = np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))
+            latest = np.maximum.accumulate(np.where(labelled[order], np.arange(len(k)), -1))
+            before = np.concatenate([[-1], latest[:-1]])     # strictly earlier
+            found = before >= group_start
+            res = np.full(len(k), -1, np.int64)
+            res[found] = data.labels[order[before[found]]]
+            out[m] = np.empty(len(k), np.int64)
+            out[m][order] = res
+        return out
+
     def fit(self, data: TaskData, train: np.ndarray, **options) -> dict:
         self.check_data(data)
         t0 = time.perf_counter()
@@ -100,7 +130,8 @@ class NGram(Model):
         rank = np.arange(len(c)) - starts[group[order]]
         keep = order[rank < self.config["topk"]]
         kk = self.config["topk"]
-        tok = np.full((len(starts), kk), len(self.classes), np.uint32)   # padding column
+        small = len(self.classes) < np.iinfo(np.uint16).max
+        tok = np.full((len(starts), kk), len(self.classes), np.uint16 if small else np.uint32)
         cnt = np.zeros((len(starts), kk), np.uint32)
         r = (np.arange(len(c)) - starts[group[order]])[rank < kk]
         tok[group[keep], r] = lab[keep]

@@ -21,6 +21,13 @@ cheap. So that it learns how far the n-gram can be trusted on data the n-gram ha
 training rows get hints from n-grams fitted on the other rows (cross-fitting over interleaved
 blocks); prediction uses an n-gram fitted on all of them, stored in the model file.
 
+For `next` and `free` the network also reads an in-run memory (`cache_orders`): for a few
+context lengths k, the label that followed the latest earlier occurrence of the row's order-k
+context (tokens with call sites) in this very stream. A model trained on one run meets another
+input in another run: sizes that depend on the input repeat within the run, and this memory is
+how the model adapts to them while it predicts, without learning from the test data's labels
+ahead of time (every value it reads is of an event that has already happened).
+
 Prediction runs the same way without gradients: segments start `warmup` events early so that
 the hidden state is warm where scoring begins. Determinism: fixed seeds,
 torch.use_deterministic_algorithms, a fixed thread count: the same run gives the same bytes.
@@ -49,12 +56,13 @@ HINT_FOLDS = 4
 class StreamNet(nn.Module):
     """Embeddings -> GRU/LSTM -> linear head over the model's label classes.
 
-    Inputs per step (int64, time-major): token, site bucket, dt bucket, and with n-gram hints
-    the n-gram's two best labels (as output class ids + 1, 0 none) and its confidence bucket.
+    Inputs per step (int64, time-major): token, site bucket, dt bucket, with n-gram hints the
+    n-gram's two best labels (as output class ids + 1, 0 none) and its confidence bucket, then
+    one in-run memory label per cache order (output class id + 1, 0 none).
     """
 
     def __init__(self, cell: str, n_tokens: int, n_sites: int, n_dt: int, n_out: int, cfg: dict,
-                 hints: bool = False):
+                 hints: bool = False, caches: int = 0):
         super().__init__()
         self.tok = nn.Embedding(n_tokens, cfg["embed"])
         width = cfg["embed"]
@@ -74,11 +82,16 @@ class StreamNet(nn.Module):
                 self.boost.weight[:, 1] = 2.0
         else:
             self.hint = self.conf = self.boost = None
+        self.caches = caches
+        if caches:
+            self.cache = nn.Embedding(n_out + 1, cfg["hint_embed"])
+            width += caches * cfg["hint_embed"]
+            self.cache_boost = nn.Parameter(torch.ones(caches))  # direct path, as for hints
         rnn = nn.GRU if cell == "gru" else nn.LSTM
         self.rnn = rnn(width, cfg["hidden"], num_layers=cfg["layers"])
         self.head = nn.Linear(cfg["hidden"], n_out)
 
-    def forward(self, tok, site, dt, hint1, hint2, conf, state=None):
+    def forward(self, tok, site, dt, hint1, hint2, conf, *cache, state=None):
         """(logits over the output classes, new recurrent state) of a time-major chunk."""
         parts = [self.tok(tok)]
         if self.site is not None:
@@ -87,17 +100,20 @@ class StreamNet(nn.Module):
             parts.append(self.dt(dt))
         if self.hint is not None:
             parts += [self.hint(hint1), self.hint(hint2), self.conf(conf)]
+        parts += [self.cache(c) for c in cache]
         out, state = self.rnn(torch.cat(parts, -1), state)
-        return self._logits(out, hint1, hint2, conf), state
+        return self._logits(out, hint1, hint2, conf, cache), state
 
-    def _logits(self, out, hint1, hint2, conf):
+    def _logits(self, out, hint1, hint2, conf, cache):
         logits = self.head(out)
-        if self.boost is None:
-            return logits
-        boost = self.boost(conf)
-        for i, hint in enumerate((hint1, hint2)):
-            value = (boost[..., i] * (hint > 0)).unsqueeze(-1)
-            logits = logits.scatter_add(-1, (hint - 1).clamp(min=0).unsqueeze(-1), value)
+        boosts = []
+        if self.boost is not None:
+            boost = self.boost(conf)
+            boosts += [(hint1, boost[..., 0]), (hint2, boost[..., 1])]
+        boosts += [(c, self.cache_boost[i]) for i, c in enumerate(cache)]
+        for label, b in boosts:
+            value = (b * (label > 0)).unsqueeze(-1)
+            logits = logits.scatter_add(-1, (label - 1).clamp(min=0).unsqueeze(-1), value)
         return logits
 
 
@@ -118,7 +134,7 @@ class RNNModel(Model):
         return {"hidden": 128, "layers": 1, "embed": 48, "site_embed": 32, "site_buckets": 4096,
                 "dt_embed": 8, "batch": 32, "bptt": 64, "lr": 3e-3, "clip": 1.0,
                 "warmup": 256, "seed": 0, "threads": 2, "ngram_hints": True, "hint_embed": 32,
-                "ngram": {"sites": True}}
+                "ngram": {"sites": True, "topk": 3}, "cache_orders": [4, 8, 16]}
 
     def __init__(self, task: str, vocab: str, config: dict | None = None):
         from .ngram import NGram
@@ -135,10 +151,31 @@ class RNNModel(Model):
         i = np.minimum(i, len(self.input_tokens) - 1)
         return np.where(self.input_tokens[i] == tokens, i + 2, _UNK).astype(np.int64)
 
-    def _inputs(self, data: TaskData, hints=None) -> list:
+    def _cache_orders(self) -> list:
+        """The in-run memory's context lengths (none for lifetime: its labels are not known
+        when the next allocation happens)."""
+        return [] if self.task == "lifetime" else list(self.config["cache_orders"])
+
+    def _cache(self, data: TaskData) -> list:
+        """The in-run memory of every row, per cache order, as output class id + 1 (0: none)."""
+        from .ngram import NGram
+        orders = self._cache_orders()
+        if not orders:
+            return []
+        ng = NGram(self.task, self.vocab, {"sites": True, "orders": orders})
+        recent = ng.recent_continuations(data, orders)
+        out = []
+        for m in orders:
+            lab = recent[m]
+            i = np.minimum(np.searchsorted(self.classes, lab), len(self.classes) - 1)
+            out.append(np.where((lab >= 0) & (self.classes[i] == lab), i + 1, 0).astype(np.int64))
+        return out
+
+    def _inputs(self, data: TaskData, hints=None, cache=None) -> list:
         """Per-row input ids: token, site bucket and dt of the previous row for shifted tasks
         (of the row itself for lifetime), then the n-gram hints for the row (`hints`: their
-        arrays, else computed with the model's n-gram)."""
+        arrays, else computed with the model's n-gram), then the in-run memory (`cache`: its
+        arrays, else computed over `data`)."""
         tok = self._token_ids(data.tokens.astype(np.int64))
         buckets = self.config["site_buckets"]
         site = np.where(data.sites == 0, 0, 1 + data.sites.astype(np.int64) % max(buckets - 1, 1))
@@ -151,7 +188,9 @@ class RNNModel(Model):
         if hints is None:
             hints = self._hints(data, self.ngram, np.arange(len(data))) if self.ngram else \
                 [np.zeros(len(data), np.int64)] * 3
-        return [tok, site, dt, *hints]
+        if cache is None:
+            cache = self._cache(data)
+        return [tok, site, dt, *hints, *cache]
 
     def _hints(self, data: TaskData, ngram, rows: np.ndarray) -> list:
         """The n-gram's two best labels for `rows` (output class id + 1, 0: none or unknown)
@@ -191,7 +230,7 @@ class RNNModel(Model):
         return StreamNet(self.cell, len(self.input_tokens) + 2,
                          c["site_buckets"] if c["site_embed"] else 0,
                          64 if c["dt_embed"] else 0, len(self.classes), c,
-                         hints=bool(c["ngram_hints"]))
+                         hints=bool(c["ngram_hints"]), caches=len(self._cache_orders()))
 
     # ---- training --------------------------------------------------------------------------
 
@@ -252,7 +291,7 @@ class RNNModel(Model):
             for g in opt.param_groups:           # linear decay to 10% of the rate
                 g["lr"] = c["lr"] * (1.0 - 0.9 * step / total)
             *xs, lb = (t[s:s + c["bptt"]] for t in tensors)
-            logits, state = net(*xs, state)
+            logits, state = net(*xs, state=state)
             state = _detach(state)
             loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                lb.reshape(-1), ignore_index=-1)
@@ -290,11 +329,13 @@ class RNNModel(Model):
             return np.zeros((0, k), np.int64)
         # Rows long before the first scored one only warm up the state: skip them.
         first = max(0, int(rows.min()) - self.config["warmup"])
+        cache = self._cache(data)           # over everything: the memory of the whole run
         if first:
             data = data.select(np.arange(len(data)) >= first)
             rows = rows - first
+            cache = [c[first:] for c in cache]
         n = len(data)
-        inputs = self._inputs(data)
+        inputs = self._inputs(data, cache=cache)
         want = np.zeros(n, bool)
         want[rows] = True
         batch, warm = self.config["batch"], self.config["warmup"]
@@ -312,7 +353,7 @@ class RNNModel(Model):
             ix, ok = idx[s:s + chunk], valid[s:s + chunk]
             xs = [torch.from_numpy(np.where(ok, a[ix], _BOS if i == 0 else 0))
                   for i, a in enumerate(inputs)]
-            logits, state = self.net(*xs, state)
+            logits, state = self.net(*xs, state=state)
             sel = scored[s:s + chunk] & want[ix]
             if not sel.any():
                 continue

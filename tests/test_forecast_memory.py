@@ -1,0 +1,88 @@
+"""The learned model's in-run memory: what followed the latest earlier occurrence of a context in
+the same stream, computed causally, and a model that adapts with it to a run whose sizes differ
+from the run it learned from."""
+import numpy as np
+import pytest
+
+from heapcast.forecast.features import featurize
+from heapcast.forecast.models import create_model
+from heapcast.forecast.models.ngram import NGram
+from heapcast.forecast.tasks import TaskData, make_task
+from heapcast.trace.format import EVENT_DTYPE, FREE, MALLOC
+from heapcast.trace.model import LocationTable, Process, Trace
+
+A, B, C = 10, 20, 30
+
+
+def stream_data(streams, task="next"):
+    tokens = np.concatenate([np.asarray(s, np.uint16) for s in streams])
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in streams])]).astype(np.int64)
+    n = len(tokens)
+    zeros = np.zeros(n, np.uint32)
+    return TaskData(task, "rich", tokens, zeros, zeros.astype(np.uint8), tokens.astype(np.int64),
+                    offsets, np.arange(n, dtype=np.uint64), zeros.astype(np.uint16),
+                    np.full(n, -1, np.int64))
+
+
+def test_recent_continuations_by_hand():
+    data = stream_data([[A, B, A, C, A, B], [A, B]])
+    got = NGram("next", "rich", {"sites": True}).recent_continuations(data, [1, 2])
+    # Order 1: the context of row j is the token of row j-1.
+    #   row 3 (after A): A was last followed by B (row 1); row 5 (after A): by C (row 3).
+    assert got[1].tolist() == [-1, -1, -1, B, -1, C, -1, -1]   # stream 2 starts empty
+    # Order 2: contexts (B, A) at rows 3 and... only (x, A) pairs: (PAD,A) row1, (B,A) row3,
+    # (C,A) row5: all different.
+    assert got[2].tolist() == [-1] * 8
+
+
+def test_recent_continuations_are_causal():
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 4, 500)
+    data = stream_data([toks])
+    ng = NGram("next", "rich", {"sites": True})
+    before = ng.recent_continuations(data, [3])[3]
+    j = 300
+    changed = toks.copy()
+    changed[j:] = (changed[j:] + 1) % 4                 # a different future from row j on
+    after = ng.recent_continuations(stream_data([changed]), [3])[3]
+    assert (before[:j] == after[:j]).all()              # rows before j cannot tell
+    # And it is what a plain scan back finds (padding before the stream's start).
+    padded = [None] * 3 + toks.tolist()
+    for row in range(len(toks)):
+        ctx = padded[row:row + 3]
+        want = next((toks[i] for i in range(row - 1, -1, -1) if padded[i:i + 3] == ctx), -1)
+        assert before[row] == want, row
+
+
+def phase_trace(name, sizes, periods=120):
+    """malloc 16 (site 1), malloc X (site 2), free, free; X changes by phase."""
+    rows, addr = [], 0x10000
+    for size in sizes:
+        for _ in range(periods):
+            a, b = addr, addr + 0x1000
+            addr += 0x2000
+            rows += [(MALLOC, 16, a, 0, 1), (MALLOC, size, b, 0, 2), (FREE, 0, 0, a, 3),
+                     (FREE, 0, 0, b, 4)]
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for k, field in enumerate(("op", "size", "addr", "old_addr", "loc")):
+        ev[field] = [r[k] for r in rows]
+    ev["seq"] = np.arange(1, len(ev) + 1)
+    ev["ts"] = 1000 * ev["seq"]
+    locs = LocationTable.from_lists([[]] + [[0x400000 + 0x10 * i] for i in range(1, 5)])
+    p = Process(index=0, pid=1, _events=ev, event_count=len(ev), locations=locs)
+    return Trace(name, [p])
+
+
+def test_model_adapts_to_another_runs_sizes():
+    pytest.importorskip("torch")
+    run_a = phase_trace("a", [100, 300, 1000, 300, 100, 1000])   # learns three sizes
+    run_b = phase_trace("b", [1000, 100])                        # meets them in another order
+    da = make_task(featurize([run_a], "thread", False), "next", "rich")
+    db = make_task(featurize([run_b], "thread", False), "next", "rich")
+    cfg = {"hidden": 32, "batch": 4, "bptt": 32, "lr": 0.01, "threads": 1, "embed": 16,
+           "site_embed": 8, "site_buckets": 64, "warmup": 32}
+    m = create_model("gru", "next", "rich", cfg)
+    m.fit(da, np.ones(len(da), bool), epochs=6, progress=False)
+    rows = np.arange(1, len(db), 4)[2:]                  # the size-X mallocs, after the first ones
+    rows = rows[(rows % 480) >= 8]                       # and after each phase's first period
+    assert (m.predict(db, rows, 1)[:, 0] == db.labels[rows]).mean() >= 0.97
