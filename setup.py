@@ -1,4 +1,5 @@
-"""Builds the native recorder (a plain shared library for LD_PRELOAD, not a Python module)."""
+"""Builds heapcast's native code: plain shared libraries (the recorder, for LD_PRELOAD; the lab's
+replay kernels and the trace encoder, loaded with ctypes), not Python extension modules."""
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
@@ -7,7 +8,7 @@ class NativeBuild(build_ext):
     """Names the native libraries libheapcast_*.so (plain shared libraries, not Python extensions)."""
 
     def get_ext_filename(self, ext_name):
-        if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab")):
+        if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -34,4 +35,12 @@ lab = Extension(
                         "-Wno-unused-parameter"],
 )
 
-setup(ext_modules=[recorder, lab], cmdclass={"build_ext": NativeBuild})
+# The trace writer's EVENTS block encoder: a plain shared library loaded with ctypes
+# (heapcast.trace.native_codec).
+codec = Extension(
+    "heapcast.libheapcast_codec",
+    sources=["native/codec/encode.c"],
+    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
+)
+
+setup(ext_modules=[recorder, lab, codec], cmdclass={"build_ext": NativeBuild})

@@ -13,7 +13,7 @@ from typing import Iterable
 import numpy as np
 import zstandard
 
-from . import codec
+from . import codec, native_codec
 from .format import EVENT_DTYPE, RSS_DTYPE, SESSION_FILE, TRACE_MAGIC, TRACE_VERSION
 from .model import LocationTable, Process
 
@@ -22,8 +22,8 @@ SECTION = struct.Struct("<IIQQII")  # kind, codec, stored_len, raw_len, crc32, c
 META, LOCATIONS, MODULES, RSS, EVENTS, END = 1, 2, 3, 4, 5, 0xFFFF
 CODEC_STORED, CODEC_ZSTD = 0, 1
 BLOCK_EVENTS = 1 << 20
-STORED_FIELDS = [n for n in EVENT_DTYPE.names if n != "proc"]
-COLUMN = struct.Struct("<BBHI")
+STORED_FIELDS = codec.STORED_FIELDS
+COLUMN = struct.Struct("<BBHI")  # an EVENTS column: field index, encoding, 0, byte length
 
 
 def open_private(path: Path, mode: str = "wb"):
@@ -35,15 +35,16 @@ def open_private(path: Path, mode: str = "wb"):
 
 class _SectionWriter:
     """Writes sections in order. EVENTS blocks are encoded and compressed on a worker thread
-    while the caller produces the next block (numpy and zstd release the GIL), at most two in
-    flight, so memory stays bounded."""
+    while the caller produces the next block (the native encoder and zstd release the GIL), at
+    most two in flight, so memory stays bounded."""
 
     def __init__(self, f, level: int):
         self.f = f
         self.level = level
         self.zstd = zstandard.ZstdCompressor(level=level)
-        self.pool = ThreadPoolExecutor(1)
+        self.pool = ThreadPoolExecutor(1)   # one worker: blocks are encoded one after another,
         self.pending = deque()
+        self.buffer = None                  # so they can share this one encoding buffer
 
     def _section(self, kind: int, raw: bytes, count: int, compress: bool, zstd) -> bytes:
         stored = zstd.compress(raw) if compress and raw else raw
@@ -58,7 +59,9 @@ class _SectionWriter:
     def write_events(self, block) -> None:
         def work(block=block):
             zstd = zstandard.ZstdCompressor(level=self.level)  # one per thread: not thread-safe
-            return self._section(EVENTS, encode_events(block), _length(block), True, zstd)
+            raw = encode_events(block, self.buffer)
+            self.buffer = raw.obj   # reused: faulting in fresh pages adds a third
+            return self._section(EVENTS, raw, _length(block), True, zstd)
         self.pending.append(self.pool.submit(work))
         while len(self.pending) > 1:
             self.f.write(self.pending.popleft().result())
@@ -73,15 +76,11 @@ class _SectionWriter:
         self.pool.shutdown(wait=True)
 
 
-def encode_events(block) -> bytes:
-    """The uncompressed payload of one EVENTS section (block: EVENT_DTYPE array or column dict)."""
-    parts = []
-    for name in STORED_FIELDS:
-        enc = codec.COLUMN_ENCODING[name]
-        data = codec.encode(np.ascontiguousarray(block[name]), enc, block)
-        parts.append(COLUMN.pack(EVENT_DTYPE.names.index(name), enc, 0, len(data)))
-        parts.append(data)
-    return b"".join(parts)
+def encode_events(block, out: np.ndarray | None = None) -> memoryview:
+    """The uncompressed payload of one EVENTS section (block: EVENT_DTYPE array or column dict),
+    encoded by native code into `out` (a uint8 array, replaced by a larger one when too small:
+    the result's .obj): a memoryview, valid until `out` is reused."""
+    return native_codec.encode_events(block, out)
 
 
 def _length(block) -> int:

@@ -1,0 +1,585 @@
+/* Encodes the payload of one EVENTS section of a .hct trace file (docs/trace-format.md,
+ * "EVENTS"): per column a header (u8 field index, u8 encoding, u16 0, u32 byte length), then its
+ * values transformed by the column's encoding and stored as byte planes ("shuffled": byte k of
+ * every value, then byte k + 1...).
+ *
+ * heapcast.trace.native_codec calls this through ctypes (heapcast/libheapcast_codec.so) from the
+ * trace writer's worker thread: there is no global state, and the only memory allocated is the
+ * back-reference hash table and the escape list of one call, freed before it returns. The decoder
+ * is numpy code (heapcast/trace/codec.py); tests/test_codec_native.py checks that the two agree,
+ * byte for byte with the numpy encoder this code replaced.
+ *
+ * Columns are read with a row stride, so that the fields of a structured numpy array (64-byte
+ * rows) are read in place. The back-reference columns are encoded first, in a pass of their own,
+ * because their length (the escapes) decides where the columns after them begin. The others are
+ * encoded TILE rows at a time, column by column, so that the tile's rows stay in the cache while
+ * few streams of memory are read and written at once. With SSE2 (any x86-64), the values of
+ * PLAIN, DELTA and ZIGZAG_DELTA columns are loaded, transformed and transposed into byte planes
+ * in registers, 16 rows at a time; the rest goes through small buffers (stage, flush). */
+#ifndef _DEFAULT_SOURCE
+#define _DEFAULT_SOURCE   /* mmap's MAP_ANONYMOUS, madvise */
+#endif
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+#if defined(__SSE2__) && !defined(HC_NO_SIMD)
+#define HC_SIMD 1
+#include <emmintrin.h>
+#endif
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the trace format is little-endian, and so must be the host of this encoder"
+#endif
+
+#define HC_API __attribute__((visibility("default")))
+#define HC_ABI_VERSION 1
+#define MAX_COLUMNS 16      /* the format stores 11 */
+#define CHUNK 64            /* rows staged together (a multiple of 16: one transposed group) */
+#define TILE 4096           /* rows encoded column by column (a multiple of CHUNK) */
+
+enum { PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA, BACKREF };
+enum { ERR_ARGS = -1, ERR_SPACE = -2, ERR_NOMEM = -3, ERR_TOO_LONG = -4 };
+
+/* One column to encode (mirrored by heapcast.trace.native_codec.Column). */
+typedef struct {
+    const void *data;   /* row i's value (little-endian, itemsize bytes) at data + i * stride */
+    int64_t stride;     /* bytes from one row to the next: itemsize when contiguous, 64 for a
+                           field of an EVENT_DTYPE array */
+    uint8_t field;      /* field index written in the column header */
+    uint8_t encoding;   /* PLAIN .. BACKREF */
+    uint8_t itemsize;   /* 1, 2, 4 or 8 */
+    uint8_t pad;
+    int32_t ref;        /* BACKREF: index in the column array of the column it refers to (addr) */
+} hc_column;
+
+typedef struct {
+    uint64_t header;    /* offset of the column header in the output */
+    uint64_t len;       /* bytes of column data after it */
+    uint64_t prev;      /* the previous (non-zero) value, for the delta encodings */
+    uint8_t encoding;   /* the encoding written (NONZERO_DELTA and BACKREF fall back to DELTA) */
+    uint8_t wrapped;    /* NONZERO_DELTA met a difference of exactly 2**63, see nonzero_delta */
+    unsigned cur;       /* the buffer that the next chunk goes to */
+    unsigned nstaged[2];/* buffer b holds rows staged[b] .. staged[b] + nstaged[b] - 1, transformed */
+    uint64_t staged[2];
+    union { uint64_t u64[CHUNK]; uint32_t u32[CHUNK]; } buf[2];
+} colstate;
+
+static inline uint64_t zigzag(uint64_t d) {
+    return (d << 1) ^ (uint64_t)((int64_t)d >> 63);
+}
+
+static inline const uint8_t *row(const hc_column *c, uint64_t i) {
+    return (const uint8_t *)c->data + (int64_t)i * c->stride;
+}
+
+/* Rows i .. i+cnt-1 of a column, widened to u64. */
+static void gather64(const hc_column *c, uint64_t i, unsigned cnt, uint64_t *t) {
+    const uint8_t *p = row(c, i);
+    const int64_t s = c->stride;
+    switch (c->itemsize) {
+    case 8:
+        if (s == 8) memcpy(t, p, cnt * 8);
+        else for (unsigned j = 0; j < cnt; j++) memcpy(&t[j], p + j * s, 8);
+        break;
+    case 4: for (unsigned j = 0; j < cnt; j++) { uint32_t v; memcpy(&v, p + j * s, 4); t[j] = v; } break;
+    case 2: for (unsigned j = 0; j < cnt; j++) { uint16_t v; memcpy(&v, p + j * s, 2); t[j] = v; } break;
+    default: for (unsigned j = 0; j < cnt; j++) t[j] = p[j * s]; break;
+    }
+}
+
+/* Byte planes: byte k of value j goes to dst[k * plane + j]. */
+static void put_scalar(const uint64_t *t, unsigned cnt, unsigned size, uint8_t *dst, uint64_t plane) {
+    for (unsigned k = 0; k < size; k++)
+        for (unsigned j = 0; j < cnt; j++)
+            dst[k * plane + j] = (uint8_t)(t[j] >> (8 * k));
+}
+
+#ifdef HC_SIMD
+/* Interleaves the bytes of registers a and b into lo (first halves) and hi (second halves). */
+#define ZIP(lo, hi, a, b) (lo = _mm_unpacklo_epi8(a, b), hi = _mm_unpackhi_epi8(a, b))
+#define STORE(p, v) _mm_storeu_si128((__m128i *)(p), v)
+
+/* 16 u64 values (a0 = values 0 and 1, ..., a7 = 14 and 15) -> 16 bytes in each of 8 planes.
+ * Register r, byte p hold value 2r + p/8, byte p%8. Each round zips the registers whose numbers
+ * differ in one bit (4, 2, 1, 4): that bit of the register number becomes the low bit of the
+ * byte position, and the position's high bit becomes that register bit. After four rounds the
+ * byte position is the value index, and register (k&1)<<2 | (k>>2)<<1 | (k>>1&1) holds byte k.
+ * Two instructions per value; written out, because -O2 does not unroll loops. */
+static inline __attribute__((always_inline)) void
+transpose16x8(__m128i a0, __m128i a1, __m128i a2, __m128i a3, __m128i a4, __m128i a5, __m128i a6,
+              __m128i a7, uint8_t *dst, uint64_t plane) {
+    __m128i b0, b1, b2, b3, b4, b5, b6, b7;
+    ZIP(b0, b4, a0, a4); ZIP(b1, b5, a1, a5); ZIP(b2, b6, a2, a6); ZIP(b3, b7, a3, a7);
+    ZIP(a0, a2, b0, b2); ZIP(a1, a3, b1, b3); ZIP(a4, a6, b4, b6); ZIP(a5, a7, b5, b7);
+    ZIP(b0, b1, a0, a1); ZIP(b2, b3, a2, a3); ZIP(b4, b5, a4, a5); ZIP(b6, b7, a6, a7);
+    ZIP(a0, a4, b0, b4); ZIP(a1, a5, b1, b5); ZIP(a2, a6, b2, b6); ZIP(a3, a7, b3, b7);
+    STORE(dst + 0 * plane, a0); STORE(dst + 1 * plane, a4);
+    STORE(dst + 2 * plane, a1); STORE(dst + 3 * plane, a5);
+    STORE(dst + 4 * plane, a2); STORE(dst + 5 * plane, a6);
+    STORE(dst + 6 * plane, a3); STORE(dst + 7 * plane, a7);
+}
+
+/* 16 u32 values (a0 = values 0..3, ...) -> 16 bytes in each of 4 planes: register r, byte p hold
+ * value 4r + p/4, byte p%4; rounds on bits 2, 1, 2, 1 leave byte k of values 0..15 in register k. */
+static inline __attribute__((always_inline)) void
+transpose16x4(__m128i a0, __m128i a1, __m128i a2, __m128i a3, uint8_t *dst, uint64_t plane) {
+    __m128i b0, b1, b2, b3;
+    ZIP(b0, b2, a0, a2); ZIP(b1, b3, a1, a3);
+    ZIP(a0, a1, b0, b1); ZIP(a2, a3, b2, b3);
+    ZIP(b0, b2, a0, a2); ZIP(b1, b3, a1, a3);
+    ZIP(a0, a1, b0, b1); ZIP(a2, a3, b2, b3);
+    STORE(dst + 0 * plane, a0); STORE(dst + 1 * plane, a1);
+    STORE(dst + 2 * plane, a2); STORE(dst + 3 * plane, a3);
+}
+
+static inline __m128i load2(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+
+/* The u64 values of rows at p and p + s. */
+static inline __m128i load2s(const uint8_t *p, int64_t s) {
+    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p),
+                              _mm_loadl_epi64((const __m128i *)(p + s)));
+}
+
+static inline __m128i load1_32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtsi32_si128(v);
+}
+
+/* The u32 values of rows at p, p + s, p + 2s, p + 3s. */
+static inline __m128i load4s_32(const uint8_t *p, int64_t s) {
+    return _mm_unpacklo_epi64(_mm_unpacklo_epi32(load1_32(p), load1_32(p + s)),
+                              _mm_unpacklo_epi32(load1_32(p + 2 * s), load1_32(p + 3 * s)));
+}
+
+/* The values before those of v: (high of before, low of v). */
+static inline __m128i previous(__m128i before, __m128i v) {
+    return _mm_castpd_si128(_mm_shuffle_pd(_mm_castsi128_pd(before), _mm_castsi128_pd(v), 1));
+}
+
+static inline __m128i zigzag2(__m128i d) {
+    __m128i sign = _mm_srai_epi32(_mm_shuffle_epi32(d, _MM_SHUFFLE(3, 3, 1, 1)), 31);
+    return _mm_xor_si128(_mm_slli_epi64(d, 1), sign);
+}
+
+/* Whether rows of this column go through simd_rows. */
+static int simd_column(const hc_column *c, const colstate *s) {
+    if (s->encoding == PLAIN) return c->itemsize == 8 || c->itemsize == 4;
+    return (s->encoding == DELTA || s->encoding == ZIGZAG_DELTA) && c->itemsize == 8;
+}
+
+#define LOAD8(L)                                                                            \
+    (v0 = L(p), v1 = L(p + 2 * st), v2 = L(p + 4 * st), v3 = L(p + 6 * st),                 \
+     v4 = L(p + 8 * st), v5 = L(p + 10 * st), v6 = L(p + 12 * st), v7 = L(p + 14 * st))
+#define LOAD2S(q) load2s(q, st)
+#define LOAD4S(q) load4s_32(q, st)
+
+/* Rows lo .. hi-1 (hi - lo a multiple of 16) of a simd_column. */
+static void simd_rows(const hc_column *c, colstate *s, uint64_t lo, uint64_t hi, uint8_t *out,
+                      uint64_t n) {
+    const int64_t st = c->stride;
+    __m128i v0, v1, v2, v3, v4, v5, v6, v7;
+    if (s->encoding == PLAIN && c->itemsize == 4) {
+        for (uint64_t i = lo; i < hi; i += 16) {
+            const uint8_t *p = row(c, i);
+            if (st == 4) v0 = load2(p), v1 = load2(p + 16), v2 = load2(p + 32), v3 = load2(p + 48);
+            else v0 = LOAD4S(p), v1 = LOAD4S(p + 4 * st), v2 = LOAD4S(p + 8 * st), v3 = LOAD4S(p + 12 * st);
+            transpose16x4(v0, v1, v2, v3, out + i, n);
+        }
+        return;
+    }
+    __m128i carry = _mm_set_epi64x((int64_t)s->prev, 0);   /* high: the value before row lo */
+    for (uint64_t i = lo; i < hi; i += 16) {
+        const uint8_t *p = row(c, i);
+        if (st == 8) LOAD8(load2);
+        else LOAD8(LOAD2S);
+        if (s->encoding != PLAIN) {
+            __m128i last = v7;
+            v7 = _mm_sub_epi64(v7, previous(v6, v7));
+            v6 = _mm_sub_epi64(v6, previous(v5, v6));
+            v5 = _mm_sub_epi64(v5, previous(v4, v5));
+            v4 = _mm_sub_epi64(v4, previous(v3, v4));
+            v3 = _mm_sub_epi64(v3, previous(v2, v3));
+            v2 = _mm_sub_epi64(v2, previous(v1, v2));
+            v1 = _mm_sub_epi64(v1, previous(v0, v1));
+            v0 = _mm_sub_epi64(v0, previous(carry, v0));
+            carry = last;
+            if (s->encoding == ZIGZAG_DELTA) {
+                v0 = zigzag2(v0); v1 = zigzag2(v1); v2 = zigzag2(v2); v3 = zigzag2(v3);
+                v4 = zigzag2(v4); v5 = zigzag2(v5); v6 = zigzag2(v6); v7 = zigzag2(v7);
+            }
+        }
+        transpose16x8(v0, v1, v2, v3, v4, v5, v6, v7, out + i, n);
+    }
+    uint64_t tail[2];
+    _mm_storeu_si128((__m128i *)tail, carry);
+    s->prev = tail[1];
+}
+
+/* 16 staged u64 values -> 16 bytes in each of 8 planes. */
+static inline void put16x8(const uint64_t *t, uint8_t *dst, uint64_t plane) {
+    const uint8_t *p = (const uint8_t *)t;
+    transpose16x8(load2(p), load2(p + 16), load2(p + 32), load2(p + 48), load2(p + 64),
+                  load2(p + 80), load2(p + 96), load2(p + 112), dst, plane);
+}
+
+static inline void put16x4(const uint32_t *t, uint8_t *dst, uint64_t plane) {
+    const uint8_t *p = (const uint8_t *)t;
+    transpose16x4(load2(p), load2(p + 16), load2(p + 32), load2(p + 48), dst, plane);
+}
+#else
+static int simd_column(const hc_column *c, const colstate *s) { (void)c; (void)s; return 0; }
+
+static void simd_rows(const hc_column *c, colstate *s, uint64_t lo, uint64_t hi, uint8_t *out,
+                      uint64_t n) {
+    (void)c; (void)s; (void)lo; (void)hi; (void)out; (void)n;
+}
+
+static inline void put16x8(const uint64_t *t, uint8_t *dst, uint64_t plane) {
+    put_scalar(t, 16, 8, dst, plane);
+}
+
+static inline void put16x4(const uint32_t *t, uint8_t *dst, uint64_t plane) {
+    for (unsigned k = 0; k < 4; k++)
+        for (unsigned j = 0; j < 16; j++) dst[k * plane + j] = (uint8_t)(t[j] >> (8 * k));
+}
+#endif
+
+/* cnt (<= CHUNK) staged u64 values as 8 byte planes of length `plane`, starting at dst. */
+static void put64(const uint64_t *t, unsigned cnt, uint8_t *dst, uint64_t plane) {
+    unsigned j = 0;
+    for (; j + 16 <= cnt; j += 16) put16x8(t + j, dst + j, plane);
+    if (j < cnt) put_scalar(t + j, cnt - j, 8, dst + j, plane);
+}
+
+/* NONZERO_DELTA of t[0..cnt) in place. A difference of exactly 2**63 between non-zero values
+ * would be stored as zigzag + 1 = 2**64 = 0, which reads back as a zero value: the format cannot
+ * hold it, so the caller notices (*wrapped) and stores the column as DELTA instead. */
+static inline uint64_t nonzero_delta(uint64_t *t, unsigned cnt, uint64_t prev, uint8_t *wrapped) {
+    uint64_t w = 0;
+    for (unsigned j = 0; j < cnt; j++) {   /* branch-free: zeros come at random */
+        uint64_t v = t[j], keep = -(uint64_t)(v != 0);
+        uint64_t z = zigzag(v - prev) + 1;
+        w |= keep & (z == 0);
+        t[j] = z & keep;
+        prev = (v & keep) | (prev & ~keep);
+    }
+    *wrapped |= w != 0;
+    return prev;
+}
+
+/* The other columns' rows go through two steps per chunk: stage() reads and transforms them into
+ * one of the column's two buffers, flush() transposes them into the planes. A chunk is flushed
+ * after the next one is staged: by then its stores into the buffer have reached the cache, while
+ * a 16-byte load right after the 8-byte stores it spans would wait for them (no store-to-load
+ * forwarding), which doubled the time. */
+static void stage(const hc_column *c, colstate *s, uint64_t i, unsigned cnt) {
+    unsigned b = s->cur;
+    s->staged[b] = i;
+    s->nstaged[b] = cnt;
+    if (s->encoding == PLAIN && c->itemsize == 4) {
+        const uint8_t *p = row(c, i);
+        uint32_t *u = s->buf[b].u32;
+        for (unsigned j = 0; j < cnt; j++) memcpy(&u[j], p + (int64_t)j * c->stride, 4);
+        return;
+    }
+    uint64_t *t = s->buf[b].u64;
+    gather64(c, i, cnt, t);
+    uint64_t prev = s->prev;
+    switch (s->encoding) {
+    case PLAIN:
+        return;
+    case DELTA:
+        for (unsigned j = 0; j < cnt; j++) { uint64_t v = t[j]; t[j] = v - prev; prev = v; }
+        break;
+    case ZIGZAG_DELTA:
+        for (unsigned j = 0; j < cnt; j++) { uint64_t v = t[j]; t[j] = zigzag(v - prev); prev = v; }
+        break;
+    default: /* NONZERO_DELTA */
+        prev = nonzero_delta(t, cnt, prev, &s->wrapped);
+        break;
+    }
+    s->prev = prev;
+}
+
+static void flush(const hc_column *c, colstate *s, unsigned b, uint8_t *out, uint64_t n) {
+    unsigned cnt = s->nstaged[b];
+    uint8_t *dst = out + s->staged[b];
+    s->nstaged[b] = 0;
+    if (!cnt) return;
+    if (s->encoding != PLAIN || c->itemsize == 8) {
+        put64(s->buf[b].u64, cnt, dst, n);
+    } else if (c->itemsize == 4) {
+        const uint32_t *u = s->buf[b].u32;
+        unsigned j = 0;
+        for (; j + 16 <= cnt; j += 16) put16x4(u + j, dst + j, n);
+        for (; j < cnt; j++)
+            for (unsigned k = 0; k < 4; k++) dst[k * n + j] = (uint8_t)(u[j] >> (8 * k));
+    } else {
+        put_scalar(s->buf[b].u64, cnt, c->itemsize, dst, n);
+    }
+}
+
+/* Rows lo .. hi-1 of a column (out: its first data byte). Staged rows may be left for
+ * finish_column. */
+static void encode_rows(const hc_column *c, colstate *s, uint64_t lo, uint64_t hi, uint8_t *out,
+                        uint64_t n) {
+    if (s->encoding == PLAIN && c->itemsize == 1) {   /* one plane: the values themselves */
+        const uint8_t *p = row(c, lo);
+        if (c->stride == 1) memcpy(out + lo, p, hi - lo);
+        else for (uint64_t j = 0; j < hi - lo; j++) out[lo + j] = p[(int64_t)j * c->stride];
+        return;
+    }
+    if (simd_column(c, s)) {
+        uint64_t end = lo + ((hi - lo) & ~(uint64_t)15);
+        simd_rows(c, s, lo, end, out, n);
+        lo = end;   /* the last rows of the block, fewer than 16, are staged */
+    }
+    for (uint64_t i = lo; i < hi; i += CHUNK) {
+        stage(c, s, i, hi - i < CHUNK ? (unsigned)(hi - i) : CHUNK);
+        s->cur ^= 1;
+        flush(c, s, s->cur, out, n);
+    }
+}
+
+static void finish_column(const hc_column *c, colstate *s, uint8_t *out, uint64_t n) {
+    flush(c, s, s->cur ^ 1, out, n);
+}
+
+static void reset(colstate *s) {
+    s->prev = s->wrapped = s->cur = 0;
+    s->nstaged[0] = s->nstaged[1] = 0;
+}
+
+/* A whole column (out: its first data byte). */
+static void encode_column(const hc_column *c, colstate *s, uint8_t *out, uint64_t n) {
+    reset(s);
+    encode_rows(c, s, 0, n, out, n);
+    finish_column(c, s, out, n);
+}
+
+/* ---- back-references: an open-addressing table from address to the latest row producing it ---- */
+
+typedef struct { uint64_t key, row; } slot;   /* key 0: empty (address 0 is never stored) */
+typedef struct {
+    slot *s;
+    void *base;         /* what to free: s, or the mapping s lies in (mapped bytes) */
+    size_t mapped;
+    uint64_t cap, used, max_cap;
+    unsigned shift;
+} table;
+
+static inline uint64_t slot_of(const table *tb, uint64_t key) {
+    /* The top bits of a multiplication, after folding the high bits in: heap addresses (a dense
+     * range of aligned values) spread over the slots with few collisions, fewer than with a
+     * plain Fibonacci multiplication. */
+    return ((key ^ (key >> 33)) * 0xff51afd7ed558ccdull) >> tb->shift;
+}
+
+static int table_init(table *tb, uint64_t cap, uint64_t max_cap) {
+    size_t bytes = cap * sizeof(slot);
+    tb->s = NULL;
+    tb->mapped = 0;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const size_t huge = 2u << 20;
+    if (bytes >= huge) {
+        /* A big table is accessed at random: on huge pages, that costs no TLB misses (page walks,
+         * slow in a virtual machine). Fresh mappings read as zeros. */
+        size_t len = bytes + huge;
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED) {
+            tb->s = (slot *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
+            madvise(tb->s, bytes, MADV_HUGEPAGE);   /* a hint: without it, small pages */
+            tb->base = p;
+            tb->mapped = len;
+        }
+    }
+#endif
+    if (!tb->s) tb->s = tb->base = calloc(cap, sizeof(slot));
+    tb->cap = cap;
+    tb->used = 0;
+    tb->max_cap = max_cap;
+    tb->shift = 64 - (unsigned)__builtin_ctzll(cap);
+    return tb->s ? 0 : ERR_NOMEM;
+}
+
+static void table_free(table *tb) {
+#ifdef __linux__
+    if (tb->mapped) {
+        munmap(tb->base, tb->mapped);
+        return;
+    }
+#endif
+    free(tb->base);
+}
+
+/* Doubles the table (at most to max_cap, which holds a whole block at load 1/2). */
+static int table_grow(table *tb) {
+    table big;
+    if (table_init(&big, tb->cap * 2, tb->max_cap)) return ERR_NOMEM;
+    for (uint64_t k = 0; k < tb->cap; k++) {
+        if (!tb->s[k].key) continue;
+        uint64_t h = slot_of(&big, tb->s[k].key);
+        while (big.s[h].key) h = (h + 1) & (big.cap - 1);
+        big.s[h] = tb->s[k];
+    }
+    big.used = tb->used;
+    table_free(tb);
+    *tb = big;
+    return 0;
+}
+
+/* The row that last produced `key`, or UINT64_MAX. */
+static inline uint64_t table_find(const table *tb, uint64_t key) {
+    for (uint64_t h = slot_of(tb, key);; h = (h + 1) & (tb->cap - 1)) {
+        if (tb->s[h].key == key) return tb->s[h].row;
+        if (!tb->s[h].key) return UINT64_MAX;
+    }
+}
+
+static inline int table_put(table *tb, uint64_t key, uint64_t r) {
+    uint64_t h = slot_of(tb, key);
+    for (;; h = (h + 1) & (tb->cap - 1)) {
+        if (tb->s[h].key == key) { tb->s[h].row = r; return 0; }
+        if (!tb->s[h].key) break;
+    }
+    tb->s[h].key = key;
+    tb->s[h].row = r;
+    if (++tb->used * 2 > tb->cap && tb->cap < tb->max_cap) return table_grow(tb);
+    return 0;
+}
+
+/* Encodes a BACKREF column at out (its first data byte): the codes as 8 planes of n bytes, then
+ * the escapes' values as NONZERO_DELTA (8 planes of m bytes). Sets s->len; when the escapes
+ * cannot be stored as NONZERO_DELTA, stores the whole column as DELTA instead. */
+static int encode_backref(const hc_column *c, const hc_column *ref, colstate *s, uint8_t *out,
+                          uint64_t n) {
+    uint64_t max_cap = 16;
+    while (max_cap < 2 * n) max_cap *= 2;
+    table tb;   /* starts small: blocks hold far fewer distinct addresses than rows */
+    if (table_init(&tb, max_cap < 4096 ? max_cap : 4096, max_cap)) return ERR_NOMEM;
+    uint64_t *esc = malloc((n ? n : 1) * sizeof *esc);
+    if (!esc) { table_free(&tb); return ERR_NOMEM; }
+    uint64_t m = 0, t[2][CHUNK], old[CHUNK], addr[CHUNK];   /* t: codes, see stage() */
+    int rc = 0, cur = 0;
+    for (uint64_t i = 0; i < n && !rc; i += CHUNK, cur ^= 1) {
+        unsigned cnt = n - i < CHUNK ? (unsigned)(n - i) : CHUNK;
+        gather64(c, i, cnt, old);
+        gather64(ref, i, cnt, addr);
+        for (unsigned j = 0; j < cnt; j++) {
+            uint64_t r = i + j, code = 0;
+            if (old[j]) {   /* a release comes before its own row's acquisition: find, then put */
+                uint64_t src = table_find(&tb, old[j]);
+                if (src != UINT64_MAX) code = r - src + 1;
+                else { code = 1; esc[m++] = old[j]; }
+            }
+            t[cur][j] = code;
+            if (addr[j] && (rc = table_put(&tb, addr[j], r))) break;
+        }
+        if (i) put64(t[!cur], CHUNK, out + i - CHUNK, n);
+        if (i + CHUNK >= n) put64(t[cur], cnt, out + i, n);
+    }
+    table_free(&tb);
+    if (rc) { free(esc); return rc; }
+
+    uint8_t wrapped = 0;
+    uint64_t prev = 0;
+    cur = 0;
+    for (uint64_t i = 0; i < m; i += CHUNK, cur ^= 1) {
+        unsigned cnt = m - i < CHUNK ? (unsigned)(m - i) : CHUNK;
+        memcpy(t[cur], esc + i, cnt * sizeof *esc);
+        prev = nonzero_delta(t[cur], cnt, prev, &wrapped);
+        if (i) put64(t[!cur], CHUNK, out + 8 * n + i - CHUNK, m);
+        if (i + CHUNK >= m) put64(t[cur], cnt, out + 8 * n + i, m);
+    }
+    free(esc);
+    s->len = 8 * n + 8 * m;
+    if (wrapped) {
+        s->encoding = DELTA;
+        s->len = 8 * n;
+        encode_column(c, s, out, n);
+    }
+    return 0;
+}
+
+static int valid(const hc_column *cols, uint32_t ncols) {
+    if (ncols > MAX_COLUMNS || (ncols && !cols)) return 0;
+    for (uint32_t c = 0; c < ncols; c++) {
+        unsigned size = cols[c].itemsize;
+        if (cols[c].encoding > BACKREF || !(size == 1 || size == 2 || size == 4 || size == 8))
+            return 0;
+        if (cols[c].encoding == BACKREF &&
+            (cols[c].ref < 0 || (uint32_t)cols[c].ref >= ncols || (uint32_t)cols[c].ref == c))
+            return 0;
+    }
+    return 1;
+}
+
+/* Bytes of output that hc_encode_events may need (escapes included); 0 for invalid columns. */
+HC_API uint64_t hc_encode_bound(const hc_column *cols, uint32_t ncols, uint64_t n) {
+    if (!valid(cols, ncols)) return 0;
+    uint64_t total = 0;
+    for (uint32_t c = 0; c < ncols; c++) {
+        uint64_t width = cols[c].encoding == PLAIN ? cols[c].itemsize
+                       : cols[c].encoding == BACKREF ? 16 : 8;
+        total += 8 + width * n;
+    }
+    return total;
+}
+
+/* Encodes n rows of the columns (in the order given) into out (cap bytes, at least
+ * hc_encode_bound). Returns the bytes written, or ERR_ARGS (invalid columns), ERR_SPACE (out too
+ * small), ERR_NOMEM, ERR_TOO_LONG (a column over the u32 length of its header). */
+HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t n, uint8_t *out,
+                                uint64_t cap) {
+    if (!valid(cols, ncols) || (!out && cap)) return ERR_ARGS;
+    if (n > UINT32_MAX / 16) return ERR_TOO_LONG;   /* 16n bytes must fit the u32 length */
+    if (hc_encode_bound(cols, ncols, n) > cap) return ERR_SPACE;
+    colstate st[MAX_COLUMNS];
+    uint64_t off = 0;
+    for (uint32_t c = 0; c < ncols; c++) {   /* where each column goes; BACKREF ones encoded */
+        colstate *s = &st[c];
+        reset(s);
+        s->header = off;
+        s->encoding = cols[c].encoding;
+        if (s->encoding == BACKREF) {
+            int rc = encode_backref(&cols[c], &cols[cols[c].ref], s, out + off + 8, n);
+            if (rc) return rc;
+        } else {
+            s->len = n * (s->encoding == PLAIN ? cols[c].itemsize : 8);
+        }
+        off += 8 + s->len;
+    }
+    for (uint64_t lo = 0; lo < n; lo += TILE) {   /* the others, a tile at a time */
+        uint64_t hi = n - lo < TILE ? n : lo + TILE;
+        for (uint32_t c = 0; c < ncols; c++)
+            if (cols[c].encoding != BACKREF)
+                encode_rows(&cols[c], &st[c], lo, hi, out + st[c].header + 8, n);
+    }
+    for (uint32_t c = 0; c < ncols; c++) {
+        colstate *s = &st[c];
+        if (cols[c].encoding != BACKREF) {
+            finish_column(&cols[c], s, out + s->header + 8, n);
+            if (s->wrapped && s->encoding == NONZERO_DELTA) {   /* see nonzero_delta */
+                s->encoding = DELTA;
+                encode_column(&cols[c], s, out + s->header + 8, n);
+            }
+        }
+        uint8_t *h = out + s->header;
+        uint32_t len = (uint32_t)s->len;
+        h[0] = cols[c].field;
+        h[1] = s->encoding;
+        h[2] = h[3] = 0;
+        memcpy(h + 4, &len, 4);
+    }
+    return (int64_t)off;
+}
+
+/* What heapcast.trace.native_codec checks when it loads this library. */
+HC_API uint64_t hc_codec_abi(int what) {
+    return what == 0 ? HC_ABI_VERSION : what == 1 ? sizeof(hc_column) : 0;
+}

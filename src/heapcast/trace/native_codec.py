@@ -1,0 +1,114 @@
+"""ctypes binding of the EVENTS block encoder (native/codec/encode.c, built as
+heapcast/libheapcast_codec.so).
+
+The writer calls it from its worker thread; ctypes releases the GIL for the call. The decoder is
+numpy code (codec.decode): tests/test_codec_native.py checks that the two agree.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from . import codec
+from .format import EVENT_DTYPE
+
+LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_codec.so"
+ABI_VERSION = 1
+
+_ERRORS = {-1: "invalid column descriptions", -2: "output buffer too small",
+           -4: "block too long for the u32 column lengths"}
+
+
+class Column(ctypes.Structure):
+    """hc_column in native/codec/encode.c."""
+    _fields_ = [("data", ctypes.c_void_p), ("stride", ctypes.c_int64), ("field", ctypes.c_uint8),
+                ("encoding", ctypes.c_uint8), ("itemsize", ctypes.c_uint8),
+                ("pad", ctypes.c_uint8), ("ref", ctypes.c_int32)]
+
+
+class NativeError(RuntimeError):
+    """The encoder library is missing or does not match this Python code."""
+
+
+_lib = None
+_lock = threading.Lock()
+
+
+def load(path: Path = LIBRARY) -> ctypes.CDLL:
+    """Loads an encoder library and checks that it matches this module."""
+    if not Path(path).exists():
+        raise NativeError(f"{path} is missing: build heapcast's native code "
+                          f"(pip install -e . in the repository)")
+    lib = ctypes.CDLL(str(path))
+    cols = ctypes.POINTER(Column)
+    lib.hc_codec_abi.restype, lib.hc_codec_abi.argtypes = ctypes.c_uint64, [ctypes.c_int]
+    lib.hc_encode_bound.restype = ctypes.c_uint64
+    lib.hc_encode_bound.argtypes = [cols, ctypes.c_uint32, ctypes.c_uint64]
+    lib.hc_encode_events.restype = ctypes.c_int64
+    lib.hc_encode_events.argtypes = [cols, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
+                                     ctypes.c_uint64]
+    if lib.hc_codec_abi(0) != ABI_VERSION or lib.hc_codec_abi(1) != ctypes.sizeof(Column):
+        raise NativeError(f"{path} does not match heapcast.trace.native_codec: rebuild it "
+                          f"(pip install -e .)")
+    return lib
+
+
+def library() -> ctypes.CDLL:
+    """The installed encoder library (loaded once)."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            _lib = load(LIBRARY)
+        return _lib
+
+
+def _column_array(block, name: str) -> np.ndarray:
+    """A block's column as a 1-d array of its EVENT_DTYPE field type, read in place when it has
+    that type (a field of a structured array has a 64-byte stride: the encoder reads strides)."""
+    a = block[name]
+    want = EVENT_DTYPE[name]
+    if not isinstance(a, np.ndarray) or a.dtype != want or a.ndim != 1:
+        a = np.asarray(a)
+        if a.ndim != 1:
+            raise ValueError(f"column {name} must be one-dimensional, not of shape {a.shape}")
+        if a.dtype != want:
+            if a.dtype.kind not in "uib":
+                raise TypeError(f"column {name} must hold integers, not {a.dtype}")
+            a = a.astype(want)
+    return a
+
+
+def encode_events(block, out: np.ndarray | None = None,
+                  lib: ctypes.CDLL | None = None) -> memoryview:
+    """The uncompressed payload of one EVENTS section (block: EVENT_DTYPE array or column dict).
+
+    Returns a memoryview of `out` (a uint8 array; a new one when it is None or too small: the
+    result's .obj). The encodings are codec.COLUMN_ENCODING's, except that a NONZERO_DELTA or
+    BACKREF column whose values cannot be stored that way (two non-zero values exactly 2**63
+    apart) is stored as DELTA. `lib`: another build of the library (tests)."""
+    lib = lib or library()
+    n = len(block["seq"])
+    arrays = [_column_array(block, name) for name in codec.STORED_FIELDS]
+    cols = (Column * len(arrays))()
+    addr = codec.STORED_FIELDS.index("addr")
+    for i, (name, a) in enumerate(zip(codec.STORED_FIELDS, arrays)):
+        if len(a) != n:
+            raise ValueError(f"column {name} has {len(a)} rows, seq has {n}")
+        enc = codec.COLUMN_ENCODING[name]
+        cols[i] = Column(a.ctypes.data, a.strides[0], EVENT_DTYPE.names.index(name), enc,
+                         a.itemsize, 0, addr if enc == codec.BACKREF else -1)
+    need = lib.hc_encode_bound(cols, len(arrays), n)
+    if out is not None and not (isinstance(out, np.ndarray) and out.dtype == np.uint8
+                                and out.ndim == 1 and out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out must be a writable contiguous uint8 array")
+    if out is None or len(out) < need:
+        out = np.empty(need, np.uint8)
+    written = lib.hc_encode_events(cols, len(arrays), n, out.ctypes.data, len(out))
+    if written < 0:
+        if written == -3:
+            raise MemoryError("encoding an EVENTS block")
+        raise NativeError(f"hc_encode_events: {_ERRORS.get(written, f'error {written}')}")
+    return memoryview(out)[:written]

@@ -1,0 +1,387 @@
+"""The native EVENTS block encoder (native/codec/encode.c): what it writes is what the numpy
+decoder (heapcast.trace.codec.decode) and the reader read back, byte for byte what the numpy
+encoder it replaced wrote."""
+import shutil
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import heapcast
+from heapcast.trace import codec, native_codec, writer
+from heapcast.trace.format import EVENT_DTYPE, OPS
+from heapcast.trace.model import LocationTable, Process
+from heapcast.trace.writer import COLUMN, encode_events, write_process_file
+
+U64_MAX = 2**64 - 1
+FIELDS = codec.STORED_FIELDS
+SOURCE = Path(__file__).resolve().parent.parent / "native" / "codec" / "encode.c"
+
+
+# ---- the numpy encoder that native/codec/encode.c replaced (git a8a3f50), kept as the reference
+
+def _zigzag(d):
+    s = d.view(np.int64)
+    return ((s << np.int64(1)) ^ (s >> np.int64(63))).view(np.uint64)
+
+
+def _shuffle(a):
+    if a.dtype.itemsize == 1:
+        return a.tobytes()
+    return np.ascontiguousarray(a.view(np.uint8).reshape(-1, a.dtype.itemsize).T).tobytes()
+
+
+def _backref(old, addr):
+    codes = np.zeros(len(old), np.uint64)
+    rel, acq = np.flatnonzero(old), np.flatnonzero(addr)
+    vals = np.concatenate([addr[acq], old[rel]])
+    pos = np.concatenate([acq, rel])
+    kind = np.concatenate([np.ones(len(acq), np.int8), np.zeros(len(rel), np.int8)])
+    order = np.lexsort((kind, pos, vals))
+    v, p, k = vals[order], pos[order], kind[order]
+    last_acq = np.maximum.accumulate(np.where(k == 1, np.arange(len(v)), -1))
+    src = np.maximum(last_acq, 0)
+    found = (k == 0) & (last_acq >= 0) & (v[src] == v)
+    codes[p[found]] = (p[found] - p[src[found]]).astype(np.uint64) + np.uint64(1)
+    codes[p[(k == 0) & ~found]] = 1
+    return codes
+
+
+def _encode(values, encoding, block=None):
+    if encoding == codec.BACKREF:
+        v = values.astype(np.uint64)
+        codes = _backref(v, np.asarray(block["addr"], np.uint64))
+        return _shuffle(codes) + _encode(v[codes == 1], codec.NONZERO_DELTA)
+    if encoding == codec.PLAIN:
+        return _shuffle(values)
+    v = values.astype(np.uint64)
+    if encoding == codec.DELTA:
+        return _shuffle(np.diff(v, prepend=np.uint64(0)))
+    if encoding == codec.ZIGZAG_DELTA:
+        return _shuffle(_zigzag(np.diff(v, prepend=np.uint64(0))))
+    out = np.zeros(len(v), np.uint64)   # NONZERO_DELTA
+    nz = np.flatnonzero(v)
+    out[nz] = _zigzag(np.diff(v[nz], prepend=np.uint64(0))) + np.uint64(1)
+    return _shuffle(out)
+
+
+def reference_encode_events(block):
+    parts = []
+    for name in FIELDS:
+        enc = codec.COLUMN_ENCODING[name]
+        data = _encode(np.ascontiguousarray(block[name]), enc, block)
+        parts += [COLUMN.pack(EVENT_DTYPE.names.index(name), enc, 0, len(data)), data]
+    return b"".join(parts)
+
+
+# ---- helpers
+
+def columns(payload):
+    """{name: (encoding, bytes)} of an EVENTS payload; checks the column order and lengths."""
+    payload = bytes(payload)
+    out, pos = {}, 0
+    for name in FIELDS:
+        field, enc, zero, n = COLUMN.unpack_from(payload, pos)
+        assert (field, zero) == (EVENT_DTYPE.names.index(name), 0), name
+        pos += COLUMN.size
+        out[name] = (enc, payload[pos:pos + n])
+        pos += n
+    assert pos == len(payload)
+    return out
+
+
+def decode(payload, count):
+    """An EVENT_DTYPE array from an EVENTS payload, with the reader's numpy decoder."""
+    ev = np.zeros(count, EVENT_DTYPE)
+    for name, (enc, data) in columns(payload).items():
+        ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count, ev)
+    return ev
+
+
+def block(n, **fields):
+    ev = np.zeros(n, EVENT_DTYPE)
+    ev["seq"] = np.arange(1, n + 1)
+    for name, values in fields.items():
+        ev[name] = values
+    return ev
+
+
+def realistic(n, seed, pool=5000):
+    """n events like a real program's: addresses reused from a pool, frees and reallocs of
+    addresses produced earlier (in this block or before it), seq gaps, every op."""
+    rng = np.random.default_rng(seed)
+    ev = np.zeros(n, EVENT_DTYPE)
+    ev["seq"] = 100 + np.cumsum(rng.integers(1, 3, n))
+    ev["ts"] = 10**12 + np.cumsum(rng.integers(0, 3000, n)) - rng.integers(0, 2000, n)  # threads
+    addrs = 0x7F00_0000_0000 + 16 * rng.permutation(1 << 20)[:pool].astype(np.uint64)
+    op = rng.integers(0, len(OPS), n)
+    produced = rng.random(n) < 0.55
+    ev["addr"] = np.where(produced, addrs[rng.integers(0, pool, n)], 0)
+    back = np.maximum(np.arange(n) - rng.integers(1, 400, n), 0)   # an earlier row's address
+    old = np.where(rng.random(n) < 0.8, ev["addr"][back], addrs[rng.integers(0, pool, n)])
+    own = rng.random(n) < 0.05                                     # realloc in place
+    ev["old_addr"] = np.where(own, ev["addr"], np.where(rng.random(n) < 0.5, old, 0))
+    ev["size"] = np.where(rng.random(n) < 0.01, np.uint64(U64_MAX),
+                          rng.integers(0, 1 << 16, n, dtype=np.uint64))
+    ev["arg"] = rng.integers(0, 2**63, n, dtype=np.uint64) * (rng.random(n) < 0.1)
+    ev["loc"] = rng.integers(0, 2**32, n, dtype=np.uint64) % 70000
+    ev["tid"] = rng.integers(0, 9, n)
+    ev["free_lag"] = rng.integers(0, 3, n)
+    ev["op"] = op
+    ev["flags"] = rng.integers(0, 2, n)
+    return ev
+
+
+def as_dict(ev, **dtypes):
+    return {name: np.array(ev[name], dtype=dtypes.get(name, EVENT_DTYPE[name]))
+            for name in EVENT_DTYPE.names}
+
+
+# ---- byte for byte what the numpy encoder wrote
+
+@pytest.mark.parametrize("n", [0, 1, 2, 15, 16, 17, 63, 64, 65, 100, 4095, 4096, 4097, 9000])
+def test_same_bytes_as_the_numpy_encoder(n):
+    ev = realistic(n, seed=n)
+    want = reference_encode_events(ev)
+    assert bytes(encode_events(ev)) == want                                # 64-byte strides
+    assert bytes(encode_events(as_dict(ev))) == want                       # contiguous columns
+    backwards = ev[::-1].copy()[::-1]                                      # -64-byte strides
+    assert bytes(encode_events(backwards)) == want
+    np.testing.assert_array_equal(decode(want, n), ev)
+
+
+def test_same_bytes_on_random_values():
+    """Any u64 values, no address reuse: mostly escapes, all deltas wrap both ways."""
+    rng = np.random.default_rng(7)
+    n = 20000
+    ev = np.zeros(n, EVENT_DTYPE)
+    for name in FIELDS:
+        hi = 2**63 if EVENT_DTYPE[name].itemsize == 8 else 2**(8 * EVENT_DTYPE[name].itemsize)
+        ev[name] = rng.integers(0, hi, n, dtype=np.uint64) * (rng.random(n) < 0.6)
+    payload = encode_events(ev)
+    assert bytes(payload) == reference_encode_events(ev)
+    np.testing.assert_array_equal(decode(payload, n), ev)
+
+
+def test_other_integer_dtypes_and_strides_give_the_same_bytes():
+    ev = realistic(3000, seed=11)
+    want = reference_encode_events(ev)
+    wide = as_dict(ev, seq=np.int64, loc=np.int64, tid=np.uint64, op=np.int32, flags=np.uint16)
+    assert bytes(encode_events(wide)) == want
+    strided = {name: np.repeat(ev[name], 3)[::3] for name in EVENT_DTYPE.names}
+    assert strided["addr"].strides[0] == 24
+    assert bytes(encode_events(strided)) == want
+
+
+def test_a_scalar_build_writes_the_same_bytes(tmp_path):
+    """The library without SSE2 code (what a non-x86 machine runs) agrees with this one."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    so = tmp_path / "libheapcast_codec_scalar.so"
+    subprocess.run(["gcc", "-std=c11", "-O2", "-shared", "-fPIC", "-DHC_NO_SIMD", "-Wall",
+                    "-Werror", "-o", str(so), str(SOURCE)], check=True)
+    scalar = native_codec.load(so)
+    for n, seed in ((0, 1), (1, 2), (33, 3), (4100, 4), (20000, 5)):
+        ev = realistic(n, seed)
+        want = reference_encode_events(ev)
+        assert bytes(native_codec.encode_events(ev, lib=scalar)) == want
+        assert bytes(native_codec.encode_events(as_dict(ev), lib=scalar)) == want
+
+
+# ---- edge cases, decoded back by the reader's numpy code
+
+def test_empty_block():
+    payload = encode_events(np.zeros(0, EVENT_DTYPE))
+    cols = columns(payload)
+    assert len(payload) == COLUMN.size * len(FIELDS)
+    assert {name: enc for name, (enc, _) in cols.items()} == codec.COLUMN_ENCODING
+    assert all(data == b"" for _, data in cols.values())
+    assert len(decode(payload, 0)) == 0
+
+
+def test_one_row_of_maximal_values():
+    ev = block(1, seq=U64_MAX, ts=U64_MAX, addr=U64_MAX, old_addr=U64_MAX, size=U64_MAX,
+               arg=U64_MAX, loc=2**32 - 1, tid=2**32 - 1, free_lag=2**32 - 1, op=255, flags=255)
+    payload = encode_events(ev)
+    assert bytes(payload) == reference_encode_events(ev)
+    cols = columns(payload)
+    assert cols["size"] == (codec.PLAIN, b"\xff" * 8)
+    assert cols["seq"] == (codec.DELTA, b"\xff" * 8)
+    assert cols["ts"] == (codec.ZIGZAG_DELTA, b"\x01" + b"\x00" * 7)    # zigzag(-1) = 1
+    assert cols["addr"] == (codec.NONZERO_DELTA, b"\x02" + b"\x00" * 7)  # zigzag(-1) + 1
+    assert cols["old_addr"] == (codec.BACKREF, b"\x01" + b"\x00" * 7 + b"\x02" + b"\x00" * 7)
+    np.testing.assert_array_equal(decode(payload, 1), ev)
+
+
+def test_backref_codes_of_a_hand_computed_block():
+    ev = block(6, addr=[0x10, 0x20, 0x10, 0, 0x30, 0],
+               old_addr=[0, 0x10, 0x10, 0x10, 0x30, 0x99])
+    # row 1: 0x10 is row 0's address (d = 1); row 2: its own row's 0x10 does not count, row 0's
+    # does (d = 2); row 3: row 2's (d = 1); rows 4 and 5: no earlier row produced it (escapes).
+    codes = [0, 2, 3, 2, 1, 1]
+    escapes = [(0x30 << 1) + 1, ((0x99 - 0x30) << 1) + 1]   # nonzero-delta: zigzag(diff) + 1
+    want = bytes(codes) + bytes(7 * 6) + bytes(escapes) + bytes(7 * 2)
+    cols = columns(encode_events(ev))
+    assert cols["old_addr"] == (codec.BACKREF, want)
+    assert cols["addr"] == (codec.NONZERO_DELTA, bytes([0x21, 0x21, 0x20, 0, 0x41, 0]) + bytes(42))
+    np.testing.assert_array_equal(decode(encode_events(ev), 6), ev)
+
+
+def backref_codes(ev):
+    enc, data = columns(encode_events(ev))["old_addr"]
+    assert enc == codec.BACKREF
+    n = len(ev)
+    codes = np.frombuffer(data[:8 * n], np.uint8).reshape(8, n).T.copy().view("<u8").ravel()
+    return codes.tolist(), len(data) // 8 - n
+
+
+def test_old_addr_never_refers_to_its_own_row():
+    ev = block(4, addr=[0x40, 0x50, 0x50, 0x60], old_addr=[0x40, 0x50, 0x50, 0x40])
+    # rows 0 and 1: only their own rows produced it: escapes; row 2: row 1 (d = 1), not itself;
+    # row 3: row 0 (d = 3)
+    assert backref_codes(ev) == ([1, 1, 2, 4], 2)
+    np.testing.assert_array_equal(decode(encode_events(ev), 4), ev)
+
+
+def test_the_latest_earlier_row_is_chosen():
+    addr = [0xA0, 0xB0, 0xA0, 0xA0, 0, 0xB0, 0, 0]
+    old = [0, 0, 0, 0, 0xA0, 0, 0xB0, 0xA0]
+    ev = block(8, addr=addr, old_addr=old)
+    assert backref_codes(ev) == ([0, 0, 0, 0, 2, 0, 2, 5], 0)
+    np.testing.assert_array_equal(decode(encode_events(ev), 8), ev)
+
+
+def test_all_zero_old_addr():
+    ev = realistic(5000, seed=5)
+    ev["old_addr"] = 0
+    codes, escapes = backref_codes(ev)
+    assert set(codes) == {0} and escapes == 0
+    assert bytes(encode_events(ev)) == reference_encode_events(ev)
+    np.testing.assert_array_equal(decode(encode_events(ev), len(ev)), ev)
+
+
+def test_back_references_reach_across_the_whole_block():
+    n = 70000   # more distinct addresses than the hash table starts with: it grows
+    ev = block(2 * n, addr=np.r_[0x1000 + 16 * np.arange(n), np.zeros(n)],
+               old_addr=np.r_[np.zeros(n), 0x1000 + 16 * np.arange(n)[::-1]])
+    codes, escapes = backref_codes(ev)
+    assert escapes == 0
+    assert codes[n:] == [2 * k + 2 for k in range(n)]   # row n + k frees row n - 1 - k's address
+    assert bytes(encode_events(ev)) == reference_encode_events(ev)
+    np.testing.assert_array_equal(decode(encode_events(ev), 2 * n), ev)
+
+
+def test_wrapping_deltas():
+    seq = [U64_MAX - 1, U64_MAX, 0, 5, 2]            # decreasing and wrapping past 2**64
+    ts = [0, U64_MAX, 1, 2**63, 2**63 - 1]           # signed differences of every size
+    addr = [U64_MAX, 1, 0, 2**63 - 1, U64_MAX - 1]
+    old = [1, U64_MAX, U64_MAX, 2**63 - 1, 5]
+    ev = block(5, seq=seq, ts=ts, addr=addr, old_addr=old)
+    payload = encode_events(ev)
+    assert bytes(payload) == reference_encode_events(ev)
+    assert columns(payload)["seq"][1][:5] == bytes([0xFE, 1, 1, 5, 0xFD])   # low bytes of deltas
+    np.testing.assert_array_equal(decode(payload, 5), ev)
+    # 16 rows at a time take another path (registers): 11 groups of 16, then 9 rows
+    n = 5 * 37
+    ev = block(n, seq=seq * 37, ts=ts * 37, addr=addr * 37, old_addr=old * 37)
+    payload = encode_events(ev)
+    assert bytes(payload) == reference_encode_events(ev)
+    assert columns(payload)["seq"][1][5:10] == bytes([0xFC, 1, 1, 5, 0xFD])  # (2**64 - 2) - 2
+    np.testing.assert_array_equal(decode(payload, n), ev)
+
+
+def test_differences_of_2_63_fall_back_to_delta():
+    """Nonzero-delta stores zigzag(difference) + 1, which is 0 (a zero value) for a difference of
+    exactly 2**63: such a column is stored with plain deltas, which readers accept for any
+    column. (The numpy encoder wrote it as nonzero-delta and lost the values.)"""
+    ev = block(4, addr=[0, 2**63, 7, 2**63 + 7], old_addr=[2**63, 0, 2**63, 5])
+    payload = encode_events(ev)
+    cols = columns(payload)
+    assert cols["addr"][0] == codec.DELTA and len(cols["addr"][1]) == 32
+    assert cols["old_addr"][0] == codec.DELTA and len(cols["old_addr"][1]) == 32
+    assert cols["seq"][0] == codec.DELTA and cols["ts"][0] == codec.ZIGZAG_DELTA
+    np.testing.assert_array_equal(decode(payload, 4), ev)
+    lossy = decode(reference_encode_events(ev), 4)
+    assert lossy["addr"].tolist() != ev["addr"].tolist()
+    # escapes alone can need it too: here the addr column is fine
+    ev = block(3, addr=[0, 0, 0], old_addr=[2**62, 2**62 + 2**63, 0])
+    cols = columns(encode_events(ev))
+    assert cols["addr"][0] == codec.NONZERO_DELTA and cols["old_addr"][0] == codec.DELTA
+    np.testing.assert_array_equal(decode(encode_events(ev), 3), ev)
+
+
+def test_bad_blocks_are_refused():
+    ev = realistic(10, seed=1)
+    cols = as_dict(ev)
+    cols["tid"] = cols["tid"][:9]
+    with pytest.raises(ValueError, match="tid"):
+        encode_events(cols)
+    cols = as_dict(ev)
+    cols["size"] = cols["size"].astype(np.float64)
+    with pytest.raises(TypeError, match="size"):
+        encode_events(cols)
+    with pytest.raises(ValueError, match="out"):
+        encode_events(ev, out=np.zeros(10**4, np.int32))
+
+
+def test_output_buffer_is_reused_when_large_enough():
+    ev = realistic(1000, seed=2)
+    out = np.zeros(1 << 20, np.uint8)
+    payload = encode_events(ev, out)
+    assert payload.obj is out and bytes(payload) == reference_encode_events(ev)
+    small = np.zeros(16, np.uint8)
+    assert encode_events(ev, small).obj is not small
+
+
+def test_missing_library_is_reported(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_codec, "_lib", None)
+    monkeypatch.setattr(native_codec, "LIBRARY", tmp_path / "libheapcast_codec.so")
+    with pytest.raises(native_codec.NativeError, match=r"missing.*pip install -e \."):
+        encode_events(realistic(5, seed=1))
+
+
+def test_threads_encode_independently():
+    """The writer encodes on a worker thread: calls share no state."""
+    blocks = [realistic(30000, seed=s) for s in range(6)]
+    want = [reference_encode_events(b) for b in blocks]
+    start = threading.Barrier(3)
+
+    def work(i):
+        start.wait() if i < 3 else None
+        return bytes(encode_events(blocks[i]))
+
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(work, range(6))) == want
+
+
+# ---- through the writer and the reader
+
+def write_and_load(tmp_path, events, name="7.hct"):
+    p = Process(index=0, pid=7, ppid=1, exe="/bin/x", argv=["x"],
+                locations=LocationTable.from_lists([[], [0x401000]]))
+    write_process_file(tmp_path / name, p, events)
+    return heapcast.load(tmp_path / name).processes[0].events
+
+
+def test_random_block_through_write_process_file_and_load(tmp_path):
+    ev = realistic(100_000, seed=2024)
+    got = write_and_load(tmp_path, ev)
+    assert len(got) == len(ev)
+    for name in EVENT_DTYPE.names:
+        assert got.dtype[name] == EVENT_DTYPE[name]
+        if name != "proc":
+            np.testing.assert_array_equal(got[name], ev[name], err_msg=name)
+    assert (got["proc"] == 0).all()
+
+
+def test_many_blocks_share_the_writers_buffer(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer, "BLOCK_EVENTS", 4000)
+    ev = realistic(30_000, seed=9)
+    parts = [ev[:7000], as_dict(ev[7000:20000]), ev[20000:20001], ev[20001:]]
+    got = write_and_load(tmp_path, iter(parts))
+    np.testing.assert_array_equal(got, ev)
+    blocks = heapcast.load(tmp_path / "7.hct").processes[0]._blocks
+    assert [b.count for b in blocks] == [4000, 3000, 4000, 4000, 4000, 1000, 1, 4000, 4000, 1999]
