@@ -233,3 +233,19 @@ def test_cli_bad_log_exits_2_with_the_line(tmp_path, cli):
     assert done.returncode == 2
     assert f"{log}, line 12, offset {len(ARTICLE_LOG)}: expected 4 tab-separated" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_threads_are_laid_out_in_pthread_order_as_the_article_did(tmp_path):
+    from heapcast.forecast.features import featurize
+    # Thread 900 appears first, thread 100 second: tids 0 and 1, but the article's
+    # sorted(threads.items()) puts thread 100's sequence first.
+    log = write_log(tmp_path / "two.log", "0.1\t900\t8\t0x10\n0.2\t100\t16\t0x20\n"
+                                          "0.3\t900\t-1\t0x10\n0.4\t100\t-1\t0x20\n"
+                                          "0.5\t900\t24\t0x30\n")
+    out = import_seed(log, tmp_path / "two.trace")
+    p = heapcast.load(out).processes[0]
+    assert p.pthread_ids == [900, 100]                  # per tid, kept in the trace
+    f = featurize([heapcast.load(out)], "thread", need_ranks=False)
+    assert f.offsets.tolist() == [0, 2, 5]               # thread 100 (2 events), then 900 (3)
+    assert f.columns["ts"].tolist() == [200_000_000, 400_000_000, 100_000_000, 300_000_000,
+                                        500_000_000]

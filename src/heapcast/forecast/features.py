@@ -2,7 +2,8 @@
 
 `featurize(traces, order)` turns traces into one `Features` table: rows are events, grouped into
 streams (contiguous rows), either one per thread (`order="thread"`: the article's per-thread
-sequences, threads of a process in tid order, processes in trace order) or one per process
+sequences, threads of a process in tid order (imported article logs: in pthread_self order, as the
+article did), processes in trace order) or one per process
 (`order="process"`: the exact global order, which block identity needs). Columns:
 
 | column | dtype | meaning |
@@ -261,8 +262,9 @@ def _build(procs: list, order: str, need_ranks: bool, proc0: int) -> Features:
         if need_ranks:
             per["free_rank"] = free_ranks(ev["op"], blocks)
         if order == "thread":
-            perm = np.argsort(ev["tid"], kind="stable")
-            lengths = np.unique(ev["tid"], return_counts=True)[1]
+            key = _thread_rank(p)[ev["tid"]] if p.pthread_ids else ev["tid"]
+            perm = np.argsort(key, kind="stable")
+            lengths = np.unique(key, return_counts=True)[1]
         else:
             perm, lengths = None, np.array([len(ev)] if len(ev) else [], np.int64)
         for c in cols:
@@ -273,6 +275,17 @@ def _build(procs: list, order: str, need_ranks: bool, proc0: int) -> Features:
     feats = Features(order, np.asarray(offsets, np.int64), out)
     feats.columns["dt"] = _time_deltas(feats)
     return feats
+
+
+def _thread_rank(p: Process) -> np.ndarray:
+    """Stream position of each tid of an imported log: its threads in pthread_self order, as the
+    article laid them out (tids beyond the known values keep their order after them)."""
+    known = len(p.pthread_ids)
+    ntid = max(known, int(p.events["tid"].max()) + 1 if len(p.events) else 0)
+    rank = np.arange(ntid, dtype=np.int64)
+    by_value = sorted(range(known), key=lambda t: p.pthread_ids[t])
+    rank[by_value] = np.arange(known)
+    return rank
 
 
 def _time_deltas(f: Features) -> np.ndarray:

@@ -96,6 +96,7 @@ class Process:
     unwind: str = "fp"
     mmap_recorded: bool = False
     event_count: int = 0
+    pthread_ids: list = field(default_factory=list)  # imported logs: pthread_self of each tid
     locations: LocationTable = field(default_factory=LocationTable)
     modules: list = field(default_factory=list)       # list[ModuleSnapshot], by seq
     rss: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=RSS_DTYPE))
@@ -122,7 +123,7 @@ class Process:
         """Metadata as a plain dict (what the META section stores)."""
         keys = ("pid", "ppid", "forked_from", "fork_seq", "image", "exe", "argv", "cwd", "start_ns",
                 "end_ns", "start_unix_ns", "clean_exit", "peak_rss_bytes", "threads", "lost_events",
-                "truncated", "stack_depth", "unwind", "mmap_recorded", "event_count")
+                "truncated", "stack_depth", "unwind", "mmap_recorded", "event_count", "pthread_ids")
         return {k: getattr(self, k) for k in keys}
 
 

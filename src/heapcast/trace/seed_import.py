@@ -61,7 +61,8 @@ def import_seed(log_path, out_path, pid: int = 0) -> Path:
 
     One process (`pid`, no executable or argv known); each line becomes one event: a size >= 0 a
     malloc returning the pointer, -1 a free of it. seq is the line number (from 1), ts the logged
-    time in ns, tid numbers pthread_self values by first appearance, loc 0 (no call sites).
+    time in ns, tid numbers pthread_self values by first appearance (the values are kept in
+    the process's `pthread_ids`), loc 0 (no call sites).
     Returns `out_path`, which must not exist or be an empty directory. Raises SeedLogError (a
     TraceError) naming the first unreadable line, and then leaves nothing behind.
     """
@@ -78,6 +79,9 @@ def import_seed(log_path, out_path, pid: int = 0) -> Path:
             yield block
         # The writer stores the metadata after it has consumed the events.
         process.threads = len(info.threads)
+        # The article concatenates its threads in pthread_self order (sorted(threads.items())):
+        # keep the values, so that per-thread streams can be laid out the same way.
+        process.pthread_ids = sorted(info.threads, key=info.threads.get)
         process.start_ns, process.end_ns = info.first_ts, info.last_ts
 
     try:
