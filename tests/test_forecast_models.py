@@ -150,9 +150,9 @@ def test_damaged_model_files_are_refused(tmp_path, ngram_file):
         "header": raw[:8] + b"{" * (len(raw) - 8),
         "huge": struct.pack("<Q", 1 << 40) + raw[8:],
     }
-    messages = {"short": "too short", "truncated": "corrupt or truncated",
-                "flipped": "corrupt or truncated", "header": "not JSON",
-                "huge": "header length"}
+    messages = {"short": "too short", "truncated": "not a valid safetensors file, or truncated",
+                "flipped": "corrupt", "header": "not a valid safetensors file",
+                "huge": "not a valid safetensors file"}
     for name, data in cases.items():
         p = tmp_path / f"{name}.safetensors"
         p.write_bytes(data)
