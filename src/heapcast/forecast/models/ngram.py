@@ -85,7 +85,7 @@ class NGram(Model):
             if m not in wanted:
                 continue
             key = mix64(ctx ^ (stream * np.uint64(0x9E3779B97F4A7C15)))
-            order = np.lexsort((rows, key))
+            order = np.argsort(key, kind="stable")       # by context, then by row
             k = key[order]
             first = np.ones(len(k), bool)
             first[1:] = k[1:] != k[:-1]
