@@ -35,12 +35,14 @@ lab = Extension(
                         "-Wno-unused-parameter"],
 )
 
-# The trace writer's EVENTS block encoder: a plain shared library loaded with ctypes
-# (heapcast.trace.native_codec).
+# The trace writer's EVENTS block encoder and the raw-file decoder of `heapcast finalize`: a plain
+# shared library loaded with ctypes (heapcast.trace.native_codec, heapcast.trace.native_raw).
 codec = Extension(
     "heapcast.libheapcast_codec",
-    sources=["native/codec/encode.c"],
+    sources=["native/codec/encode.c", "native/codec/raw_decode.c"],
+    depends=["native/recorder/raw_format.h"],
     extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
+    libraries=["m"],
 )
 
 setup(ext_modules=[recorder, lab, codec], cmdclass={"build_ext": NativeBuild})

@@ -250,10 +250,7 @@ def _convert(raw: Path, rp: RawProcess, sampler, bar):
         proc.rss = sampler.rss(raw.name)
 
     def blocks():
-        for block in rp.iter_events():
-            loc = block["loc"]
-            known = loc < len(remap)
-            block["loc"] = np.where(known, remap[np.where(known, loc, 0)], 0)
+        for block in rp.iter_events(remap=remap):
             bar.update(len(block["seq"]))
             yield block
 

@@ -3,6 +3,7 @@
 A raw file holds per-thread chunks of 32-byte slots in no global order. `RawProcess` scans it once
 (chunk table, location definitions, clock pairs, seq range per chunk) and then yields the events in
 seq order in bounded windows, so that converting a trace larger than memory stays in memory bounds.
+The slots are read by native code (native/codec/raw_decode.c, through heapcast.trace.native_raw).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from . import format as F
+from . import native_raw
 from .format import TraceError
 from .model import LocationTable, Module, ModuleSnapshot, Process
 
@@ -27,10 +29,6 @@ CHUNK_MAGIC = 0x4B434348
 CHUNK_MAX = 1 << 20
 OP_LOCX, OP_TIME, OP_LOC, OP_EXT = 0xFC, 0xFD, 0xFE, 0xFF
 FLAG_MMAP, FLAG_TSC, FLAG_CLEAN_EXIT, FLAG_TRUNCATED, FLAG_DORMANT = 1, 2, 4, 8, 16
-#: Ops whose event takes a second (HC_EXT) slot.
-EXT_OPS = np.array([F.CALLOC, F.REALLOC, F.REALLOCARRAY, F.POSIX_MEMALIGN, F.ALIGNED_ALLOC,
-                    F.MEMALIGN, F.VALLOC, F.PVALLOC, F.MMAP, F.MUNMAP, F.MREMAP])
-
 SLOT_DTYPE = np.dtype([("head", "<u8"), ("ts", "<u4"), ("loc", "<u4"), ("a", "<u8"), ("b", "<u8")])
 _HEADER = struct.Struct("<8sIIIIiiiIQQQQQQQI")  # up to `unwind`, see raw_format.h
 _COUNTERS = struct.Struct("<QQQIIQ")            # at offset 192: file_end .. locs (seq is at 128)
@@ -45,6 +43,7 @@ class Chunk:
     n: int            # valid slots (after the header)
     seq_min: int
     seq_max: int
+    tsc: int = 0      # the chunk's first time base (its header's tsc)
 
 
 class RawProcess:
@@ -91,6 +90,9 @@ class RawProcess:
         self.chunks: list[Chunk] = []
         self.locs: dict[int, tuple] = {}
         pairs = [(self.start_tsc, self.start_mono)]
+        buf = self._buffer()
+        address, length = buf.ctypes.data, len(buf)
+        del buf   # the mapping stays: self._mm holds it
         off = HEADER_SIZE
         while off + SLOT <= self.limit:
             magic, tid, size, _os_tid, tsc, mono = _CHUNK.unpack_from(self._mm, off)
@@ -101,21 +103,18 @@ class RawProcess:
                 raise TraceError(self.path, off, f"chunk size {size} is not a multiple of 4096 "
                                  f"that fits in the file ({self.limit} bytes)")
             pairs.append((tsc, mono))
-            slots = np.frombuffer(self._mm, SLOT_DTYPE, size // SLOT - 1, off + SLOT)
-            zero = np.flatnonzero(slots["head"] == 0)
-            n = int(zero[0]) if len(zero) else len(slots)
-            ops = (slots["head"][:n] & 0xFF).astype(np.uint8)
-            ev = ops <= F.MREMAP
-            bad = ~ev & (ops < OP_LOCX)
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise TraceError(self.path, off + SLOT * (i + 1), f"slot has op {ops[i]}, expected "
-                                 f"an operation code 0..{F.MREMAP} or a marker 0xFC..0xFF")
-            seqs = slots["head"][:n][ev] >> 8
-            if len(seqs):
-                self.chunks.append(Chunk(off, size, tid, n, int(seqs.min()), int(seqs.max())))
-            for i in np.flatnonzero(ops == OP_LOC):
-                self._define_loc(slots, int(i), n, off)
+            n, events, seq_min, seq_max, locs, bad = native_raw.scan_chunk(address, length, off,
+                                                                           size)
+            if bad is not None:
+                i = off + SLOT * (bad + 1)
+                raise TraceError(self.path, i, f"slot has op {self._mm[i]}, expected an operation "
+                                 f"code 0..{F.MREMAP} or a marker 0xFC..0xFF")
+            if events:
+                self.chunks.append(Chunk(off, size, tid, n, seq_min, seq_max, tsc))
+            if locs:
+                slots = np.frombuffer(self._mm, SLOT_DTYPE, n, off + SLOT)
+                for i in np.flatnonzero((slots["head"] & 0xFF) == OP_LOC):
+                    self._define_loc(slots, int(i), n, off)
             off += size
         if self.end_mono:
             pairs.append((self.end_tsc, self.end_mono))
@@ -151,95 +150,75 @@ class RawProcess:
         else:
             self._slope = 1.0 / _tsc_ghz()
 
-    def ticks_to_ns(self, ticks: np.ndarray) -> np.ndarray:
-        if self._slope == 1.0 and self._t0 == 0:
-            return ticks.astype(np.uint64)
-        d = (ticks.astype(np.int64) - np.int64(self._t0)).astype(np.float64)
-        return (np.int64(self._n0) + np.rint(d * self._slope).astype(np.int64)).astype(np.uint64)
+    def _clock(self) -> native_raw.Clock:
+        """The fitted ticks -> ns conversion, for the native decoder: identity, or
+        n0 + rint((ticks - t0) * slope) (float64 product, int64 sum)."""
+        identity = self._slope == 1.0 and self._t0 == 0
+        return native_raw.Clock(self._slope, self._t0, self._n0, identity, 0)
+
+    def _chunk_table(self, chunks: list) -> np.ndarray:
+        table = np.zeros(len(chunks), native_raw.CHUNK_DTYPE)
+        for name in ("offset", "size", "n", "tsc", "tid"):
+            table[name] = [getattr(c, name) for c in chunks]
+        return table
+
+    def _ext_error(self, c: Chunk, slot: int) -> TraceError:
+        return TraceError(self.path, c.offset + SLOT * (slot + 1),
+                          "expected the second slot (marker 0xFF) of a two-slot event")
+
+    def _buffer(self) -> np.ndarray:
+        """The file's bytes. Callers drop it at once (close() cannot close a mapping that a
+        buffer exports) and pass its address: the mapping lasts until close()."""
+        if self._mm.closed:
+            raise ValueError(f"{self.path} is closed")
+        return np.frombuffer(self._mm, np.uint8)
 
     # ------------------------------------------------------------------ events
 
     def _decode_chunk(self, c: Chunk) -> dict:
         """The events of one chunk as columns (EVENT_DTYPE fields but `proc`; `loc` still raw
-        ids), in slot order. Columns, not a structured array: each is built contiguously."""
-        slots = np.frombuffer(self._mm, SLOT_DTYPE, c.n, c.offset + SLOT)
-        head = slots["head"]
-        ops = (head & 0xFF).astype(np.uint8)
-        is_event = ops <= F.MREMAP
-        if is_event.all():        # the common chunk: nothing but one-slot events
-            ev_idx, s, op = np.arange(c.n), slots, ops
-        else:
-            ev_idx = np.flatnonzero(is_event)
-            s, op = slots[ev_idx], ops[ev_idx]
-        # Time base of each slot: the chunk's own, or the latest HC_TIME slot before it.
-        tsc = _CHUNK.unpack_from(self._mm, c.offset)[4]
-        ticks = s["ts"].astype(np.uint64) + np.uint64(tsc)
-        times = np.flatnonzero(ops == OP_TIME)
-        if len(times):
-            last = np.searchsorted(times, ev_idx) - 1
-            rebased = last >= 0
-            ticks[rebased] = (s["ts"][rebased].astype(np.uint64)
-                              + slots["a"][times[last[rebased]]])
-        n = len(ev_idx)
-        e = {"seq": s["head"] >> np.uint64(8), "ts": self.ticks_to_ns(ticks), "addr": s["a"].copy(),
-             "old_addr": np.zeros(n, np.uint64), "size": s["b"].copy(),
-             "arg": np.zeros(n, np.uint64), "loc": s["loc"].copy(),
-             "tid": np.full(n, c.tid, np.uint32), "free_lag": np.zeros(n, np.uint32), "op": op,
-             "flags": np.zeros(n, np.uint8)}
-        released_in_a = (op == F.FREE) | (op == F.MUNMAP)
-        e["old_addr"][released_in_a] = e["addr"][released_in_a]
-        e["addr"][released_in_a] = 0
-        rows = np.flatnonzero(np.isin(op, EXT_OPS))
-        if len(rows):
-            x_idx = ev_idx[rows] + 1
-            bad = (x_idx >= c.n) | (ops[np.minimum(x_idx, c.n - 1)] != OP_EXT)
-            if bad.any():
-                i = int(x_idx[bad][0])
-                raise TraceError(self.path, c.offset + SLOT * (i + 1),
-                                 "expected the second slot (marker 0xFF) of a two-slot event")
-            x = slots[x_idx]
-            old = x["ts"].astype(np.uint64) | (x["loc"].astype(np.uint64) << np.uint64(32))
-            not_munmap = op[rows] != F.MUNMAP
-            e["old_addr"][rows[not_munmap]] = old[not_munmap]
-            e["arg"][rows] = x["a"]
-            e["free_lag"][rows] = np.minimum(x["head"] >> np.uint64(8), 0xFFFFFFFF).astype(np.uint32)
-        return e
+        ids), in slot order."""
+        buf = self._buffer()
+        address, length = buf.ctypes.data, len(buf)
+        del buf
+        try:
+            return native_raw.decode_chunk(address, length, self._chunk_table([c]), self._clock())
+        except native_raw.ExtError as e:
+            raise self._ext_error(c, e.slot) from None
 
-    def iter_events(self, window: int = 1 << 20) -> Iterator[dict]:
-        """Yields this process's events in seq order as column blocks ({field: array}), each
-        covering `window` seq numbers."""
+    def iter_events(self, window: int = 1 << 20, remap: np.ndarray | None = None) -> Iterator[dict]:
+        """Yields this process's events in seq order as column blocks ({field: array}: EVENT_DTYPE
+        fields but `proc`), each covering `window` seq numbers (blocks without events are left
+        out). `loc`: the raw location ids, or with `remap` (from location_table) remap[id], 0 for
+        ids beyond it."""
         if not self.chunks:
             return
-        lo_all = min(c.seq_min for c in self.chunks)
-        hi_all = max(c.seq_max for c in self.chunks)
-        mins = np.array([c.seq_min for c in self.chunks])
-        maxs = np.array([c.seq_max for c in self.chunks])
-        cache: dict[int, dict] = {}
-        for lo in range(lo_all, hi_all + 1, window):
+        if window < 1:
+            raise ValueError(f"window must be at least 1, not {window}")
+        table = self._chunk_table(self.chunks)
+        mins = np.array([c.seq_min for c in self.chunks], np.uint64)
+        maxs = np.array([c.seq_max for c in self.chunks], np.uint64)
+        lo_all, hi_all = int(mins.min()), int(maxs.max())
+        clock = self._clock()
+        buffers = native_raw.Buffers()
+        lo = lo_all
+        while lo <= hi_all:
             hi = lo + window
-            parts = []
-            for k in np.flatnonzero((mins < hi) & (maxs >= lo)):
-                k = int(k)
-                c = self.chunks[k]
-                ev = cache.pop(k, None)
-                if ev is None:
-                    ev = self._decode_chunk(c)
-                if c.seq_max >= hi:
-                    cache[k] = ev           # needed again by the next window
-                if c.seq_min < lo or c.seq_max >= hi:
-                    keep = (ev["seq"] >= lo) & (ev["seq"] < hi)
-                    ev = {name: col[keep] for name, col in ev.items()}
-                parts.append(ev)
-            if not parts:
+            ks = np.flatnonzero((mins < hi) & (maxs >= lo))
+            if not len(ks):   # skip to the first window that a chunk overlaps
+                lo += (int(mins[mins >= lo].min()) - lo) // window * window
                 continue
-            block = parts[0] if len(parts) == 1 else {
-                name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-            seq = block["seq"]
-            if len(seq) > 1 and not (seq[1:] > seq[:-1]).all():   # threads interleave
-                order = np.argsort(seq, kind="stable")
-                block = {name: col[order] for name, col in block.items()}
-            if len(seq):
+            buf = self._buffer()   # checks that the file is still open (the caller may close it)
+            address, length = buf.ctypes.data, len(buf)
+            del buf
+            try:
+                block = native_raw.decode_window(address, length, table[ks], clock, lo, hi, remap,
+                                                 buffers)
+            except native_raw.ExtError as e:
+                raise self._ext_error(self.chunks[int(ks[e.chunk])], e.slot) from None
+            if len(block["seq"]):
                 yield block
+            lo = hi
 
     # ------------------------------------------------------------------ metadata
 

@@ -1,0 +1,193 @@
+"""ctypes binding of the raw-file decoder (native/codec/raw_decode.c, built into
+heapcast/libheapcast_codec.so with the EVENTS encoder).
+
+heapcast.trace.raw.RawProcess calls it to scan chunks and to decode the events of a window of seq
+numbers; ctypes releases the GIL for each call, so the trace writer's worker thread encodes the
+previous block meanwhile. The raw file is passed as the address and length of its mapping, not as
+a buffer object: no frame of these functions (which an exception's traceback keeps) holds an
+export of the mmap, which could then not be closed. tests/test_raw_native.py checks the results against the numpy decoder
+this code replaced.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from .native_codec import LIBRARY, NativeError
+
+ABI_VERSION = 1
+ERR_ARGS, ERR_SPACE, ERR_NOMEM, ERR_EXT = -1, -2, -3, -5
+
+#: hc_raw_chunk: one chunk to decode.
+CHUNK_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u8"), ("n", "<u8"), ("tsc", "<u8"),
+                        ("tid", "<u4"), ("pad", "<u4")])
+#: The columns the decoder fills, in hc_raw_columns order (EVENT_DTYPE's fields but `proc`).
+COLUMNS = (("seq", np.uint64), ("ts", np.uint64), ("addr", np.uint64), ("old_addr", np.uint64),
+           ("size", np.uint64), ("arg", np.uint64), ("loc", np.uint32), ("tid", np.uint32),
+           ("free_lag", np.uint32), ("op", np.uint8), ("flags", np.uint8))
+ROW_BYTES = sum(np.dtype(dtype).itemsize for _, dtype in COLUMNS)   # 43, widest columns first
+
+
+class Clock(ctypes.Structure):
+    """hc_raw_clock: ticks -> ns, identity or n0 + rint((ticks - t0) * slope)."""
+    _fields_ = [("slope", ctypes.c_double), ("t0", ctypes.c_int64), ("n0", ctypes.c_int64),
+                ("identity", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
+class Columns(ctypes.Structure):
+    """hc_raw_columns: where row i of each column goes."""
+    _fields_ = [(name, ctypes.c_void_p) for name, _ in COLUMNS]
+
+
+class ExtError(Exception):
+    """A two-slot event lacks its HC_EXT slot: chunk (index in the chunks given), slot index."""
+
+    def __init__(self, chunk: int, slot: int):
+        super().__init__(chunk, slot)
+        self.chunk, self.slot = chunk, slot
+
+
+_lib = None
+_lock = threading.Lock()
+_u64, _ptr = ctypes.c_uint64, ctypes.c_void_p
+
+
+def load(path: Path = LIBRARY) -> ctypes.CDLL:
+    """Loads a decoder library and checks that it matches this module."""
+    if not Path(path).exists():
+        raise NativeError(f"{path} is missing: build heapcast's native code "
+                          f"(pip install -e . in the repository)")
+    lib = ctypes.CDLL(str(path))
+    try:
+        abi = lib.hc_raw_abi
+    except AttributeError:
+        abi = None
+    if abi is not None:
+        abi.restype, abi.argtypes = ctypes.c_uint64, [ctypes.c_int]
+    if abi is None or abi(0) != ABI_VERSION or abi(1) != CHUNK_DTYPE.itemsize \
+            or abi(2) != ctypes.sizeof(Clock) or abi(3) != ctypes.sizeof(Columns):
+        raise NativeError(f"{path} does not match heapcast.trace.native_raw: rebuild it "
+                          f"(pip install -e .)")
+    lib.hc_raw_scan_chunk.restype = ctypes.c_int64
+    lib.hc_raw_scan_chunk.argtypes = [_ptr, _u64, _u64, _u64, _ptr]
+    lib.hc_raw_decode_chunk.restype = ctypes.c_int64
+    lib.hc_raw_decode_chunk.argtypes = [_ptr, _u64, _ptr, ctypes.POINTER(Clock), _u64, _u64, _ptr,
+                                        _u64, ctypes.POINTER(Columns), _u64, _u64, _ptr]
+    lib.hc_raw_window.restype = ctypes.c_int64
+    lib.hc_raw_window.argtypes = [_ptr, _u64, _ptr, _u64, ctypes.POINTER(Clock), _u64, _u64, _ptr,
+                                  _u64, ctypes.POINTER(Columns), _u64, _ptr]
+    return lib
+
+
+def library() -> ctypes.CDLL:
+    """The installed decoder library (loaded once)."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            _lib = load(LIBRARY)
+        return _lib
+
+
+def _check(rc: int, what: str) -> int:
+    if rc >= 0:
+        return rc
+    if rc == ERR_NOMEM:
+        raise MemoryError(what)
+    raise NativeError(f"{what}: error {rc}")   # arguments that the callers never pass
+
+
+def scan_chunk(address: int, length: int, offset: int, size: int) -> tuple:
+    """(n, events, seq_min, seq_max, loc slots, first bad slot or None) of the chunk at offset in
+    the raw file's bytes (address, length: its mapping, which must stay mapped meanwhile)."""
+    out = np.zeros(6, np.uint64)
+    _check(library().hc_raw_scan_chunk(address, length, offset, size, out.ctypes.data),
+           "hc_raw_scan_chunk")
+    n, events, lo, hi, locs, bad = (int(v) for v in out)
+    return n, events, lo, hi, locs, None if bad == 2**64 - 1 else bad
+
+
+def _columns(cap: int) -> tuple[np.ndarray, dict, Columns]:
+    """Room for cap rows of every column, in one allocation: (that memory, the columns, their
+    addresses for the decoder)."""
+    memory = np.empty(cap * ROW_BYTES, np.uint8)
+    cols, at = {}, 0
+    for name, dtype in COLUMNS:
+        cols[name] = memory[at:at + cap * np.dtype(dtype).itemsize].view(dtype)
+        at += cap * np.dtype(dtype).itemsize
+    return memory, cols, Columns(*(cols[name].ctypes.data for name, _ in COLUMNS))
+
+
+class Buffers:
+    """Output memory for decode_window, reused once no array made from it is referenced any more
+    (a view of it, however derived, refers to it: its reference count tells). Fresh memory costs
+    a page fault per 4 KiB; the trace writer holds two or three blocks at a time, so that a few
+    sets of columns suffice."""
+
+    def __init__(self, keep: int = 4):
+        self.keep = keep
+        self.sets: list = []   # [memory, columns, Columns, rows, its reference count when free]
+
+    def get(self, cap: int) -> tuple[dict, Columns]:
+        for entry in self.sets:
+            if entry[3] >= cap and sys.getrefcount(entry[0]) == entry[4]:
+                return entry[1], entry[2]
+        rows = cap + cap // 8   # room for the next windows, which differ a little in size
+        memory, cols, ccols = _columns(rows)
+        if len(self.sets) < self.keep:
+            entry = [memory, cols, ccols, rows, 0]
+            del memory
+            entry[4] = sys.getrefcount(entry[0])   # measured as get() measures it
+            self.sets.append(entry)
+        return cols, ccols
+
+
+def _remap(remap) -> tuple:
+    if remap is None:
+        return None, 0, None
+    remap = np.ascontiguousarray(remap, np.uint32)
+    return remap, len(remap), remap.ctypes.data
+
+
+def decode_chunk(address: int, length: int, chunk: np.ndarray, clock: Clock, lo: int = 0,
+                 hi: int = 2**64 - 1, remap=None) -> dict:
+    """The events of one chunk (a CHUNK_DTYPE array of one) with seq in [lo, hi), in slot order,
+    as columns, from the raw file mapped at address (length bytes). Raises ExtError(0, slot)."""
+    chunk = np.ascontiguousarray(chunk, CHUNK_DTYPE).reshape(1)
+    cap = int(chunk["n"][0])
+    _, cols, ccols = _columns(cap)
+    remap, nremap, premap = _remap(remap)   # (kept referenced during the call)
+    bad = np.zeros(1, np.uint64)
+    rc = library().hc_raw_decode_chunk(address, length, chunk.ctypes.data,
+                                       ctypes.byref(clock), lo, hi, premap, nremap,
+                                       ctypes.byref(ccols), 0, cap, bad.ctypes.data)
+    if rc == ERR_EXT:
+        raise ExtError(0, int(bad[0]))
+    m = _check(rc, "hc_raw_decode_chunk")
+    return {name: col[:m] for name, col in cols.items()}
+
+
+def decode_window(address: int, length: int, chunks: np.ndarray, clock: Clock, lo: int, hi: int,
+                  remap=None, buffers: Buffers | None = None) -> dict:
+    """The events with seq in [lo, hi) of the chunks (a CHUNK_DTYPE array) of the raw file mapped
+    at address (length bytes), in seq order (rows of equal seq: in chunk order, then slot order),
+    as columns. `remap`: loc = remap[raw id], 0 beyond it. Raises ExtError(k, slot)."""
+    chunks = np.ascontiguousarray(chunks, CHUNK_DTYPE)
+    lo, hi = min(lo, 2**64 - 1), min(hi, 2**64 - 1)   # seq numbers are below 2**56
+    cap = int(chunks["n"].sum())
+    if buffers is not None:
+        cols, ccols = buffers.get(cap)
+    else:
+        _, cols, ccols = _columns(cap)
+    remap, nremap, premap = _remap(remap)   # (kept referenced during the call)
+    where = np.zeros(2, np.uint64)
+    rc = library().hc_raw_window(address, length, chunks.ctypes.data, len(chunks),
+                                 ctypes.byref(clock), lo, hi, premap, nremap, ctypes.byref(ccols),
+                                 cap, where.ctypes.data)
+    if rc == ERR_EXT:
+        raise ExtError(int(where[0]), int(where[1]))
+    m = _check(rc, "hc_raw_window")
+    return {name: col[:m] for name, col in cols.items()}

@@ -1,0 +1,575 @@
+"""The native raw-file decoder (native/codec/raw_decode.c via heapcast.trace.native_raw) against the
+numpy decoder it replaced, kept here as the reference: the chunk scan, each chunk's events, and
+the windows of events that RawProcess.iter_events yields must be identical (same blocks, same
+order, same values and types), on real recordings and on raw files built here slot by slot (time
+base slots, two-slot events, location definitions, interleaved and out-of-order threads, damage)."""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+from heapcast.recording import recorder_library
+from heapcast.trace import format as F
+from heapcast.trace import native_raw
+from heapcast.trace.format import TraceError
+from heapcast.trace.raw import (CHUNK_MAGIC, FLAG_CLEAN_EXIT, FLAG_TSC, HEADER_SIZE, OP_EXT,
+                                OP_LOC, OP_LOCX, OP_TIME, RAW_MAGIC, SLOT, SLOT_DTYPE, Chunk,
+                                RawProcess, raw_files)
+
+_HEADER = struct.Struct("<8sIIIIiiiIQQQQQQQI")
+_COUNTERS = struct.Struct("<QQQIIQ")
+_CHUNK = struct.Struct("<IIIIQQ")
+_SLOT = struct.Struct("<QIIQQ")
+U64 = 2**64 - 1
+
+# ---------------------------------------------------------------- the numpy reference (before C)
+
+EXT_OPS = np.array([F.CALLOC, F.REALLOC, F.REALLOCARRAY, F.POSIX_MEMALIGN, F.ALIGNED_ALLOC,
+                    F.MEMALIGN, F.VALLOC, F.PVALLOC, F.MMAP, F.MUNMAP, F.MREMAP])
+
+
+def ref_scan(rp: RawProcess) -> tuple[list, dict]:
+    """RawProcess._scan as numpy code: the chunks (without tsc) and the location definitions."""
+    chunks, locs = [], {}
+    off = HEADER_SIZE
+    while off + SLOT <= rp.limit:
+        magic, tid, size, _os_tid, tsc, mono = _CHUNK.unpack_from(rp._mm, off)
+        if magic != CHUNK_MAGIC:
+            off += 4096
+            continue
+        if size < 4096 or size % 4096 or size > 64 * (1 << 20) or off + size > rp.limit:
+            raise TraceError(rp.path, off, f"chunk size {size} is not a multiple of 4096 "
+                             f"that fits in the file ({rp.limit} bytes)")
+        slots = np.frombuffer(rp._mm, SLOT_DTYPE, size // SLOT - 1, off + SLOT)
+        zero = np.flatnonzero(slots["head"] == 0)
+        n = int(zero[0]) if len(zero) else len(slots)
+        ops = (slots["head"][:n] & 0xFF).astype(np.uint8)
+        ev = ops <= F.MREMAP
+        bad = ~ev & (ops < OP_LOCX)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise TraceError(rp.path, off + SLOT * (i + 1), f"slot has op {ops[i]}, expected "
+                             f"an operation code 0..{F.MREMAP} or a marker 0xFC..0xFF")
+        seqs = slots["head"][:n][ev] >> 8
+        if len(seqs):
+            chunks.append((off, size, tid, n, int(seqs.min()), int(seqs.max())))
+        for i in np.flatnonzero(ops == OP_LOC):
+            ref_define_loc(rp, locs, slots, int(i), n, off)
+        off += size
+    return chunks, locs
+
+
+def ref_define_loc(rp, locs, slots, i, n, off):
+    s = slots[i]
+    count = int(s["ts"])
+    frames = [int(s["a"]), int(s["b"])][:count]
+    j = i + 1
+    while len(frames) < count and j < n:
+        x = slots[j]
+        if int(x["head"]) & 0xFF != OP_LOCX:
+            raise TraceError(rp.path, off + SLOT * (j + 1), "expected the frames of a "
+                             "location definition (marker 0xFC)")
+        frames.extend([int(x["ts"]) | (int(x["loc"]) << 32), int(x["a"]), int(x["b"])])
+        j += 1
+    if len(frames) < count:
+        return
+    locs[int(s["head"]) >> 8] = tuple(frames[:count])
+
+
+def ref_ticks_to_ns(rp: RawProcess, ticks: np.ndarray) -> np.ndarray:
+    if rp._slope == 1.0 and rp._t0 == 0:
+        return ticks.astype(np.uint64)
+    d = (ticks.astype(np.int64) - np.int64(rp._t0)).astype(np.float64)
+    return (np.int64(rp._n0) + np.rint(d * rp._slope).astype(np.int64)).astype(np.uint64)
+
+
+def ref_decode_chunk(rp: RawProcess, c: Chunk) -> dict:
+    slots = np.frombuffer(rp._mm, SLOT_DTYPE, c.n, c.offset + SLOT)
+    head = slots["head"]
+    ops = (head & 0xFF).astype(np.uint8)
+    is_event = ops <= F.MREMAP
+    if is_event.all():
+        ev_idx, s, op = np.arange(c.n), slots, ops
+    else:
+        ev_idx = np.flatnonzero(is_event)
+        s, op = slots[ev_idx], ops[ev_idx]
+    tsc = _CHUNK.unpack_from(rp._mm, c.offset)[4]
+    ticks = s["ts"].astype(np.uint64) + np.uint64(tsc)
+    times = np.flatnonzero(ops == OP_TIME)
+    if len(times):
+        last = np.searchsorted(times, ev_idx) - 1
+        rebased = last >= 0
+        ticks[rebased] = (s["ts"][rebased].astype(np.uint64)
+                          + slots["a"][times[last[rebased]]])
+    n = len(ev_idx)
+    e = {"seq": s["head"] >> np.uint64(8), "ts": ref_ticks_to_ns(rp, ticks), "addr": s["a"].copy(),
+         "old_addr": np.zeros(n, np.uint64), "size": s["b"].copy(),
+         "arg": np.zeros(n, np.uint64), "loc": s["loc"].copy(),
+         "tid": np.full(n, c.tid, np.uint32), "free_lag": np.zeros(n, np.uint32), "op": op,
+         "flags": np.zeros(n, np.uint8)}
+    released_in_a = (op == F.FREE) | (op == F.MUNMAP)
+    e["old_addr"][released_in_a] = e["addr"][released_in_a]
+    e["addr"][released_in_a] = 0
+    rows = np.flatnonzero(np.isin(op, EXT_OPS))
+    if len(rows):
+        x_idx = ev_idx[rows] + 1
+        bad = (x_idx >= c.n) | (ops[np.minimum(x_idx, c.n - 1)] != OP_EXT)
+        if bad.any():
+            i = int(x_idx[bad][0])
+            raise TraceError(rp.path, c.offset + SLOT * (i + 1),
+                             "expected the second slot (marker 0xFF) of a two-slot event")
+        x = slots[x_idx]
+        old = x["ts"].astype(np.uint64) | (x["loc"].astype(np.uint64) << np.uint64(32))
+        not_munmap = op[rows] != F.MUNMAP
+        e["old_addr"][rows[not_munmap]] = old[not_munmap]
+        e["arg"][rows] = x["a"]
+        e["free_lag"][rows] = np.minimum(x["head"] >> np.uint64(8), 0xFFFFFFFF).astype(np.uint32)
+    return e
+
+
+def ref_iter_events(rp: RawProcess, window: int = 1 << 20, remap=None):
+    """RawProcess.iter_events as numpy code, with recording.py's location remap after it."""
+    if not rp.chunks:
+        return
+    lo_all = min(c.seq_min for c in rp.chunks)
+    hi_all = max(c.seq_max for c in rp.chunks)
+    mins = np.array([c.seq_min for c in rp.chunks])
+    maxs = np.array([c.seq_max for c in rp.chunks])
+    cache: dict[int, dict] = {}
+    for lo in range(lo_all, hi_all + 1, window):
+        hi = lo + window
+        parts = []
+        for k in np.flatnonzero((mins < hi) & (maxs >= lo)):
+            k = int(k)
+            c = rp.chunks[k]
+            ev = cache.pop(k, None)
+            if ev is None:
+                ev = ref_decode_chunk(rp, c)
+            if c.seq_max >= hi:
+                cache[k] = ev
+            if c.seq_min < lo or c.seq_max >= hi:
+                keep = (ev["seq"] >= lo) & (ev["seq"] < hi)
+                ev = {name: col[keep] for name, col in ev.items()}
+            parts.append(ev)
+        if not parts:
+            continue
+        block = parts[0] if len(parts) == 1 else {
+            name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        seq = block["seq"]
+        if len(seq) > 1 and not (seq[1:] > seq[:-1]).all():
+            order = np.argsort(seq, kind="stable")
+            block = {name: col[order] for name, col in block.items()}
+        if len(seq):
+            if remap is not None:
+                loc = block["loc"]
+                known = loc < len(remap)
+                block["loc"] = np.where(known, remap[np.where(known, loc, 0)], 0)
+            yield block
+
+
+# ---------------------------------------------------------------- comparisons
+
+
+def assert_same_columns(got: dict, want: dict, what: str = "") -> None:
+    assert list(got) == list(want), what
+    for name in want:
+        assert got[name].dtype == want[name].dtype, f"{what} {name}"
+        np.testing.assert_array_equal(got[name], want[name], err_msg=f"{what} {name}")
+
+
+def outcome(fn):
+    """fn()'s result, or its exception as (type, message, offset)."""
+    try:
+        return "ok", fn()
+    except (TraceError, ValueError) as e:
+        return "error", (type(e), str(e), getattr(e, "offset", None))
+
+
+def compare_process(path, windows=(1 << 20, 1000, 37, 1), max_windows=200_000) -> int:
+    """Checks a raw file's scan, chunk decoding and windows against the reference; returns the
+    number of events."""
+    state, rp = outcome(lambda: RawProcess(path))
+    if state == "error":
+        # the reference fails in the same way on the same file (the header must then be readable)
+        ref = RawProcess.__new__(RawProcess)
+        ref.path = path
+        ref._file = open(path, "rb")
+        try:
+            ref._mm = mmap.mmap(ref._file.fileno(), 0, access=mmap.ACCESS_READ)
+            ref._parse_header(os.fstat(ref._file.fileno()).st_size)
+            assert outcome(lambda: ref_scan(ref)) == (state, rp)
+        finally:
+            ref._mm.close()
+            ref._file.close()
+        return 0
+    try:
+        chunks, locs = ref_scan(rp)
+        assert [(c.offset, c.size, c.tid, c.n, c.seq_min, c.seq_max) for c in rp.chunks] == chunks
+        assert rp.locs == locs
+        for c in rp.chunks:
+            assert c.tsc == _CHUNK.unpack_from(rp._mm, c.offset)[4]
+            got, want = outcome(lambda: rp._decode_chunk(c)), outcome(lambda: ref_decode_chunk(rp, c))
+            if got[0] == "ok" and want[0] == "ok":
+                assert_same_columns(got[1], want[1], f"chunk at {c.offset}")
+            else:
+                assert got == want
+        _, remap = rp.location_table()
+        events = 0
+        span = max((c.seq_max for c in rp.chunks), default=0) - min(
+            (c.seq_min for c in rp.chunks), default=0)
+        for window in windows:
+            if span // window > max_windows:
+                continue   # the reference would loop over too many windows
+            for rm in (None, remap):
+                got = outcome(lambda: list(rp.iter_events(window, remap=rm)))
+                want = outcome(lambda: list(ref_iter_events(rp, window, remap=rm)))
+                if got[0] == "ok" and want[0] == "ok":
+                    assert len(got[1]) == len(want[1]), f"window {window}"
+                    for k, (g, w) in enumerate(zip(got[1], want[1])):
+                        assert_same_columns(g, w, f"window {window} block {k}")
+                    events = sum(len(b["seq"]) for b in got[1])
+                else:
+                    assert got == want
+    finally:
+        rp.close()
+    return events
+
+
+# ---------------------------------------------------------------- raw files built slot by slot
+
+
+class RawBuilder:
+    """Builds a raw file: chunks of slots, written in the order they are added."""
+
+    def __init__(self, tsc=True, start_tsc=10**12, start_mono=5 * 10**9, end=True):
+        self.flags = (FLAG_TSC if tsc else 0) | (FLAG_CLEAN_EXIT if end else 0)
+        self.start_tsc, self.start_mono = (start_tsc, start_mono) if tsc else (0, start_mono)
+        self.end = end
+        self.body = bytearray()
+        self.seq = 0
+        self.last_pair = (self.start_tsc, self.start_mono)
+
+    def chunk(self, tid, slots, size=None, tsc=None, mono=None, magic=CHUNK_MAGIC):
+        """slots: (head, ts, loc, a, b) tuples; the rest of the chunk stays zero."""
+        size = size or 4096 * -(-(len(slots) + 1) * SLOT // 4096)
+        if tsc is None:
+            tsc = self.last_pair[0] + 3_000_000
+            mono = self.last_pair[1] + 1_000_000
+        self.last_pair = (tsc, mono)
+        data = bytearray(size)
+        _CHUNK.pack_into(data, 0, magic, tid, size, 1000 + tid, tsc, mono)
+        for i, s in enumerate(slots[:size // SLOT - 1]):
+            _SLOT.pack_into(data, SLOT * (i + 1), *s)
+        self.body += data
+
+    def write(self, path, truncate=None, file_end=None):
+        end_tsc, end_mono = (self.last_pair[0] + 10**6, self.last_pair[1] + 333_333) \
+            if self.end else (0, 0)
+        head = bytearray(HEADER_SIZE)
+        _HEADER.pack_into(head, 0, RAW_MAGIC, 1, HEADER_SIZE, SLOT, 4, 4242, 1, 0, 0, 0,
+                          self.start_mono, 1_700_000_000 * 10**9, self.start_tsc, end_mono, end_tsc,
+                          1 << 20, 0)
+        struct.pack_into("<Q", head, 128, self.seq)
+        data = head + self.body
+        _COUNTERS.pack_into(data, 192, file_end if file_end is not None else len(data),
+                            len(data), 0, 8, self.flags, 100)
+        if truncate is not None:
+            data = data[:truncate]
+        path.write_bytes(bytes(data))
+        return path
+
+
+def ev(seq, op, ts=0, loc=0, a=0, b=0):
+    assert seq or op, "a zero head ends the chunk"
+    return ((seq << 8) | op, ts, loc, a, b)
+
+
+def ext(old=0, arg=0, lag=0):
+    return ((lag << 8) | OP_EXT, old & 0xFFFFFFFF, old >> 32, arg, 0)
+
+
+def pick(rng, values):
+    return values[int(rng.integers(len(values)))]
+
+
+def random_raw(rng, path, threads=4, events=3000, tsc=True, disorder=False):
+    """A raw file of random events of every kind, in per-thread chunks of random sizes, with
+    location definitions, time base slots and unused pages among them."""
+    b = RawBuilder(tsc=tsc, end=bool(rng.integers(2)))
+    owner = rng.integers(0, threads, events)
+    seqs = np.arange(events, dtype=np.uint64) + int(rng.integers(0, 1 << 30))
+    if disorder:   # out-of-order and repeated seq numbers within a thread
+        swap = rng.integers(0, events, events // 20)
+        seqs[swap] = seqs[rng.integers(0, events, len(swap))]
+    b.seq = int(seqs.max()) + 1
+    streams = {t: [] for t in range(threads)}
+    next_loc = 1
+    for i in range(events):
+        t = int(owner[i])
+        out = streams[t]
+        if rng.random() < 0.05:   # a location definition, with more frames in HC_LOCX slots
+            count = int(rng.integers(0, 9))
+            out.append((next_loc << 8 | OP_LOC, count, 0, int(rng.integers(1 << 40)),
+                        int(rng.integers(1 << 40))))
+            for _ in range(max(0, -(-(count - 2) // 3))):
+                out.append((OP_LOCX, *(int(v) for v in rng.integers(0, 1 << 32, 2)),
+                            int(rng.integers(1 << 62)), int(rng.integers(1 << 62))))
+            next_loc += 1
+        if rng.random() < 0.03:   # a new time base
+            out.append((OP_TIME, 0, 0, int(rng.integers(0, 1 << 50)), 0))
+        op = int(rng.integers(0, F.MREMAP + 1))
+        slot = ev(int(seqs[i]), op, int(rng.integers(0, 1 << 32)),
+                  int(rng.integers(0, next_loc + 3)), int(rng.integers(0, 1 << 48)),
+                  pick(rng, [0, 1, 4096, U64, int(rng.integers(1 << 40))]))
+        out.append(slot)
+        if op not in (F.MALLOC, F.FREE):
+            out.append(ext(int(rng.integers(0, 1 << 64, dtype=np.uint64)),
+                           int(rng.integers(0, 1 << 64, dtype=np.uint64)),
+                           pick(rng, [0, 1, 2**32 - 1, 2**32, 2**56 - 1])))
+    # chunk the streams (a two-slot event may not straddle two chunks) and interleave them
+    pending = {t: list(s) for t, s in streams.items()}
+    while any(pending.values()):
+        t = pick(rng, [t for t, s in pending.items() if s])
+        size = 4096 * pick(rng, [1, 1, 2, 3])
+        cap = size // SLOT - 1
+        take = min(len(pending[t]), int(rng.integers(1, cap + 1)))
+        if take < len(pending[t]) and pending[t][take][0] & 0xFF == OP_EXT:
+            take = take - 1 or 2
+        if rng.random() < 0.05:
+            b.body += bytes(4096)   # a page claimed by a thread killed before its header
+        b.chunk(t, pending[t][:take], size=size)
+        pending[t] = pending[t][take:]
+    return b.write(path)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_raw_files_decode_as_the_reference(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    path = random_raw(rng, tmp_path / "1.raw", threads=1 + seed % 5, events=500 + 300 * seed,
+                      tsc=seed % 3 != 0, disorder=seed % 4 == 3)
+    assert compare_process(path, windows=(1 << 20, 1000, 37) + ((1,) if seed < 3 else ())) > 0
+
+
+def test_time_base_slots_move_the_time_of_the_events_after_them(tmp_path):
+    b = RawBuilder(tsc=False, start_mono=0)
+    b.chunk(0, [ev(1, F.MALLOC, ts=5, a=0x1000, b=8),
+                (OP_TIME, 0, 0, 1 << 40, 0),
+                ev(2, F.FREE, ts=7, a=0x1000),
+                (OP_TIME, 0, 0, 1 << 41, 0),
+                (OP_TIME, 0, 0, 1 << 42, 0),
+                ev(3, F.CALLOC, ts=9, a=0x2000, b=30), ext(arg=3)], tsc=100, mono=0)
+    b.seq = 4
+    path = b.write(tmp_path / "1.raw")
+    compare_process(path)
+    rp = RawProcess(path)
+    block, = rp.iter_events()
+    assert block["ts"].tolist() == [105, (1 << 40) + 7, (1 << 42) + 9]
+    assert block["old_addr"].tolist() == [0, 0x1000, 0] and block["addr"].tolist() == [0x1000, 0, 0x2000]
+    assert block["arg"].tolist() == [0, 0, 3]
+    rp.close()
+
+
+def test_two_slot_events(tmp_path):
+    b = RawBuilder()
+    b.chunk(3, [ev(1, F.REALLOC, a=0x2000, b=64), ext(old=0x1234_5678_9abc, arg=0, lag=2**40),
+                ev(2, F.MUNMAP, a=0x7000, b=4096), ext(old=0x5555, arg=1, lag=7),
+                ev(3, F.MREMAP, a=0x9000, b=8192), ext(old=0x7000_0000_0000, arg=4096, lag=3),
+                ev(4, F.MMAP, a=0xa000, b=4096), ext(old=0, arg=3 << 32 | 0x22)])
+    b.seq = 5
+    path = b.write(tmp_path / "1.raw")
+    compare_process(path)
+    rp = RawProcess(path)
+    block, = rp.iter_events()
+    assert block["old_addr"].tolist() == [0x1234_5678_9abc, 0x7000, 0x7000_0000_0000, 0]
+    assert block["addr"].tolist() == [0x2000, 0, 0x9000, 0xa000]
+    assert block["free_lag"].tolist() == [2**32 - 1, 7, 3, 0]
+    assert block["arg"].tolist() == [0, 1, 4096, 3 << 32 | 0x22]
+    assert block["tid"].tolist() == [3] * 4 and block["flags"].tolist() == [0] * 4
+    rp.close()
+
+
+@pytest.mark.parametrize("where", ["end of chunk", "other marker", "event"])
+def test_missing_second_slot_is_reported_at_its_offset(tmp_path, where):
+    b = RawBuilder()
+    b.chunk(0, [ev(1, F.MALLOC), ev(2, F.MALLOC)])
+    tail = {"end of chunk": [], "other marker": [(OP_TIME, 0, 0, 5, 0)],
+            "event": [ev(3, F.MALLOC)]}[where]
+    b.chunk(1, [ev(4, F.CALLOC, b=10), *tail])
+    b.seq = 4
+    path = b.write(tmp_path / "1.raw")
+    compare_process(path)
+    rp = RawProcess(path)
+    with pytest.raises(TraceError, match="second slot") as e:
+        list(rp.iter_events())
+    assert e.value.offset == HEADER_SIZE + 4096 + 2 * SLOT
+    rp.close()
+    rp = RawProcess(path)
+    with pytest.raises(TraceError, match="second slot") as e2:
+        rp._decode_chunk(rp.chunks[1])
+    assert str(e2.value) == str(e.value)
+    rp.close()
+
+
+def test_bad_op_is_reported_at_its_offset(tmp_path):
+    b = RawBuilder()
+    b.chunk(0, [ev(1, F.MALLOC), ev(2, F.MALLOC), ev(3, 0x80)])
+    path = b.write(tmp_path / "1.raw")
+    compare_process(path)
+    with pytest.raises(TraceError, match="slot has op 128, expected") as e:
+        RawProcess(path)
+    assert e.value.offset == HEADER_SIZE + 3 * SLOT
+
+
+def test_threads_interleave_and_repeat_seq_numbers(tmp_path):
+    """Rows of equal seq keep their order (chunk, then slot): a stable sort."""
+    b = RawBuilder()
+    b.chunk(0, [ev(s, F.MALLOC, a=0x100 + s) for s in (2, 4, 6, 8, 9)])
+    b.chunk(1, [ev(s, F.MALLOC, a=0x200 + s) for s in (1, 3, 5, 7, 9, 4)])
+    b.chunk(2, [ev(s, F.FREE, a=0x300 + s) for s in (10, 5, 12)])
+    b.seq = 13
+    path = b.write(tmp_path / "1.raw")
+    compare_process(path, windows=(1 << 20, 5, 4, 3, 2, 1))
+    rp = RawProcess(path)
+    block, = rp.iter_events()
+    assert block["seq"].tolist() == [1, 2, 3, 4, 4, 5, 5, 6, 7, 8, 9, 9, 10, 12]
+    assert block["tid"].tolist() == [1, 0, 1, 0, 1, 1, 2, 0, 1, 0, 0, 1, 2, 2]
+    rp.close()
+
+
+def test_far_apart_seq_numbers_skip_the_empty_windows(tmp_path):
+    b = RawBuilder()
+    b.chunk(0, [ev(1, F.MALLOC), ev(2, F.MALLOC)])
+    b.chunk(1, [ev(2**55, F.MALLOC), ev(2**55 + 5, F.MALLOC)])
+    path = b.write(tmp_path / "1.raw")
+    rp = RawProcess(path)
+    assert [b["seq"].tolist() for b in rp.iter_events(1000)] == [[1, 2], [2**55, 2**55 + 5]]
+    # windows start at 1 + k * 3: 2**55 - 2 is one of them (2**55 = 2 mod 3)
+    assert [b["seq"].tolist() for b in rp.iter_events(3)] == [[1, 2], [2**55], [2**55 + 5]]
+    rp.close()
+
+
+def test_damaged_and_truncated_files(tmp_path):
+    """Flipped bytes and cut files: the same blocks, or the same error, as the reference."""
+    rng = np.random.default_rng(7)
+    path = random_raw(rng, tmp_path / "base.raw", threads=3, events=1500)
+    data = path.read_bytes()
+    for trial in range(60):
+        d = bytearray(data)
+        if trial % 3 == 0:
+            d = d[:int(rng.integers(HEADER_SIZE, len(d)))]
+        else:
+            for pos in rng.integers(HEADER_SIZE, len(d), int(rng.integers(1, 20))):
+                d[pos] = int(rng.integers(256))
+        p = tmp_path / f"{trial}.raw"
+        p.write_bytes(bytes(d))
+        compare_process(p, windows=(1 << 20, 333), max_windows=10_000)
+
+
+def test_the_file_can_be_closed_between_blocks(tmp_path):
+    """No block holds the file's mapping: closing it while blocks are out is fine, and asking
+    for the next block then is an error, not a crash."""
+    b = RawBuilder()
+    b.chunk(0, [ev(s, F.MALLOC, a=0x100 + s) for s in range(1, 11)])
+    rp = RawProcess(b.write(tmp_path / "1.raw"))
+    blocks = rp.iter_events(4)
+    first = next(blocks)
+    rp.close()
+    assert first["seq"].tolist() == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="is closed"):
+        next(blocks)
+
+
+def test_block_memory_is_reused_only_when_no_view_of_it_is_left(tmp_path):
+    """iter_events reuses a block's memory once nothing refers to it: blocks taken one at a
+    time and dropped, or kept whole, or only through views derived from them, stay intact."""
+    rng = np.random.default_rng(3)
+    path = random_raw(rng, tmp_path / "1.raw", threads=3, events=4000)
+    rp = RawProcess(path)
+    want = [{k: v.copy() for k, v in b.items()} for b in ref_iter_events(rp, 300)]
+    assert len(want) > 10
+    memories = set()
+    for k, block in enumerate(rp.iter_events(300)):   # dropped at once: reused
+        assert_same_columns(block, want[k], f"block {k}")
+        memories.add(id(block["seq"].base))
+    assert len(memories) <= 4 < len(want)   # Buffers keeps 4 sets
+    kept, derived = [], []
+    for k, block in enumerate(rp.iter_events(300)):
+        if k % 3 == 0:
+            kept.append((k, block))
+        elif k % 3 == 1:
+            derived.append((k, block["ts"][1:].view(np.int64), block["op"][::2]))
+    for k, block in kept:
+        assert_same_columns(block, want[k], f"kept block {k}")
+    for k, ts, op in derived:
+        np.testing.assert_array_equal(ts, want[k]["ts"][1:].view(np.int64))
+        np.testing.assert_array_equal(op, want[k]["op"][::2])
+    rp.close()
+
+
+def test_chunks_outside_the_mapping_are_refused():
+    buf = np.zeros(HEADER_SIZE + 4096, np.uint8)
+    mapping = buf.ctypes.data, len(buf)
+    assert native_raw.scan_chunk(*mapping, HEADER_SIZE, 4096)[0] == 0
+    with pytest.raises(native_raw.NativeError):
+        native_raw.scan_chunk(*mapping, HEADER_SIZE + 4096, 4096)
+    chunk = np.zeros(1, native_raw.CHUNK_DTYPE)
+    chunk["offset"], chunk["size"], chunk["n"] = HEADER_SIZE, 4096, 128   # one slot too many
+    clock = native_raw.Clock(1.0, 0, 0, 1, 0)
+    with pytest.raises(native_raw.NativeError):
+        native_raw.decode_chunk(*mapping, chunk, clock)
+    with pytest.raises(native_raw.NativeError):
+        native_raw.decode_window(*mapping, chunk, clock, 0, 10)
+    chunk["n"] = 127   # the slots it is told to read, zero heads or not
+    assert native_raw.decode_window(*mapping, chunk, clock, 0, 10)["seq"].tolist() == [0] * 127
+
+
+# ---------------------------------------------------------------- real recordings
+
+
+def record_raw(directory, cmd, **env):
+    """Runs cmd under the recorder, leaving the raw files (not finalized)."""
+    directory.mkdir()
+    env = {**os.environ, "LD_PRELOAD": str(recorder_library()), "HEAPCAST_DIR": str(directory),
+           **{k: str(v) for k, v in env.items()}}
+    subprocess.run([str(c) for c in cmd], env=env, capture_output=True, timeout=120)
+    raws = raw_files(directory)
+    assert raws
+    return raws
+
+
+@pytest.mark.parametrize("program, env, windows", [
+    ("ops", {"HEAPCAST_STACKS": 3}, (1 << 20, 1000, 61, 1)),
+    ("threads", {}, (1 << 20, 4096, 1000)),            # 16 threads: interleaved chunks
+    ("threads", {"HEAPCAST_STACKS": 12}, (1 << 20, 777)),
+    ("fork", {"HEAPCAST_STACKS": 5, "HEAPCAST_MMAP": 1}, (1 << 20, 61, 1)),
+    ("signal", {}, (1 << 20, 100_000)),  # 2M events; a handler's event may precede in its chunk
+])
+def test_recordings_decode_as_the_reference(build, tmp_path, program, env, windows):
+    events = 0
+    for raw in record_raw(tmp_path / "raw", [build(program)], **env):
+        events += compare_process(raw, windows=windows)
+    assert events > 0
+
+
+def test_finalize_writes_the_events_the_reference_decodes(build, tmp_path):
+    """Through recording.finalize: the .hct holds exactly the reference's events, remapped."""
+    import heapcast
+    from heapcast.recording import finalize
+    raws = record_raw(tmp_path / "t", [build("threads")], HEAPCAST_STACKS=4)
+    want = {}
+    for raw in raws:
+        rp = RawProcess(raw)
+        _, remap = rp.location_table()
+        blocks = list(ref_iter_events(rp, remap=remap))
+        want[rp.pid] = {name: np.concatenate([b[name] for b in blocks]) for name in blocks[0]}
+        rp.close()
+    finalize(tmp_path / "t", progress=False)
+    for proc in heapcast.load(tmp_path / "t").processes:
+        got = proc.events
+        for name, col in want[proc.pid].items():
+            np.testing.assert_array_equal(got[name], col, err_msg=name)
