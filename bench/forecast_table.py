@@ -99,6 +99,8 @@ def make_model(name: str, task: str, vocab: str, a):
         return create_model("ngram", task, vocab, {"sites": True, "dt": True})
     if name == "gru":
         return create_model("gru", task, vocab, {"threads": a.threads})
+    if name == "transformer":
+        return create_model("transformer", task, vocab, {"threads": a.threads})
     if name == "gru-no-memory":   # ablation: without the in-run memory (cache_orders)
         return create_model("gru", task, vocab, {"threads": a.threads, "cache_orders": []})
     if name in ("seed", "seed-true"):
@@ -112,7 +114,7 @@ def run_one(name, task, vocab, train_data, train_mask, test_data, test_rows, a) 
     from heapcast.forecast.evaluate import metrics
     m = make_model(name, task, vocab, a)
     fit = {}
-    if name.startswith("gru"):
+    if name.startswith("gru") or name == "transformer":
         fit = {"epochs": a.epochs, "progress": False, "max_events": a.max_events}
     elif name.startswith("seed"):
         fit = {"epochs": 1, "max_steps": a.seed_steps, "progress": False}

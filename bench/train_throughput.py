@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, format_table, machine_info, write_json  # noqa: E402
 
-MODELS = ("majority", "repeat-last", "ngram", "gru", "lstm", "seed")
+MODELS = ("majority", "repeat-last", "ngram", "gru", "lstm", "transformer", "seed")
 ARTICLE_EVENTS_PER_S = 19.4e6 / (10.5 * 3600)
 
 
@@ -36,7 +36,7 @@ def train_once(trace: Path, model: str, out_dir: Path, device: str, seed_steps: 
     out = out_dir / f"{model}.safetensors"
     cmd = [sys.executable, "-m", "heapcast.forecast.cli", "train", str(trace), "-o", str(out),
            "--model", model, "--json", "-q", "--device", device]
-    if model in ("gru", "lstm", "seed"):
+    if model in ("gru", "lstm", "transformer", "seed"):
         cmd += ["--threads", str(threads)]
     if model == "seed":
         cmd += ["--max-steps", str(seed_steps)]
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
                               "epochs": st.get("epochs", 1)}
             rows.append([model, f"{trained:,}", f"{s['measured_wall_s']:.1f}", f"{wall_rate:,.0f}",
                          "-" if loop is None else f"{loop:,.0f}", f"{s['model_bytes']:,}"])
-        if any(m in a.models for m in ("gru", "lstm", "seed")):
+        if any(m in a.models for m in ("gru", "lstm", "transformer", "seed")):
             raw = raw_gru_loop(a.threads, a.device)
             results["gru raw loop"] = {"loop_events_per_s": raw}
             rows.append(["gru raw loop", "-", "-", "-", f"{raw:,.0f}", "-"])

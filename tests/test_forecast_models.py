@@ -43,7 +43,8 @@ def feats():
     return featurize([periodic_trace()], order="process")
 
 
-@pytest.mark.parametrize("kind,epochs", [("ngram", 1), ("gru", 10), ("lstm", 10)])
+@pytest.mark.parametrize("kind,epochs", [("ngram", 1), ("gru", 10), ("lstm", 10),
+                                         ("transformer", 10)])
 @pytest.mark.parametrize("task", ["next", "lifetime", "free"])
 def test_periodic_stream_is_learned(feats, kind, epochs, task):
     data = make_task(feats, task, "rich")
@@ -97,27 +98,40 @@ def train_bytes(tmp_path, kind, name, feats, **fit):
     return path.read_bytes()
 
 
-@pytest.mark.parametrize("kind", ["ngram", "gru"])
+@pytest.mark.parametrize("kind", ["gru", "transformer"])
+def test_networks_learn_without_hints_or_memory(feats, kind):
+    """The network alone (no n-gram hints, no in-run memory) learns the period; the Transformer
+    through its attention over the carried memory of earlier chunks (bptt 4 < period 6)."""
+    data = make_task(feats, "next", "rich")
+    cfg = {**TINY, "ngram_hints": False, "cache_orders": [], "bptt": 4, "memory": 16}
+    m = create_model(kind, "next", "rich", cfg)
+    m.fit(data, np.ones(len(data), bool), epochs=30, progress=False)
+    rows = np.arange(12, len(data))
+    assert (m.predict(data, rows, 1)[:, 0] == data.labels[rows]).mean() >= 0.99
+
+
+@pytest.mark.parametrize("kind", ["ngram", "gru", "transformer"])
 def test_same_seed_same_model_bytes(tmp_path, feats, kind):
     a = train_bytes(tmp_path, kind, "a.safetensors", feats, epochs=2)
     b = train_bytes(tmp_path, kind, "b.safetensors", feats, epochs=2)
     assert a == b
 
 
-def test_resume_gives_the_uninterrupted_bytes(tmp_path, feats):
+@pytest.mark.parametrize("kind", ["gru", "lstm", "transformer"])
+def test_resume_gives_the_uninterrupted_bytes(tmp_path, feats, kind):
     data = make_task(feats, "next", "rich")
-    whole = create_model("gru", "next", "rich", TINY)
+    whole = create_model(kind, "next", "rich", TINY)
     whole.fit(data, np.ones(len(data), bool), epochs=2, progress=False)
     ckpt = tmp_path / "run.ckpt"
-    first = create_model("gru", "next", "rich", TINY)
+    first = create_model(kind, "next", "rich", TINY)
     first.fit(data, np.ones(len(data), bool), epochs=2, max_steps=11, checkpoint=ckpt,
               progress=False)
-    again = create_model("gru", "next", "rich", TINY)
+    again = create_model(kind, "next", "rich", TINY)
     again.fit(data, np.ones(len(data), bool), epochs=2, checkpoint=ckpt, resume=True,
               progress=False)
     for name, t in whole.tensors().items():
         assert np.array_equal(t, again.tensors()[name]), name
-    other = create_model("gru", "next", "rich", {**TINY, "hidden": 16})
+    other = create_model(kind, "next", "rich", {**TINY, "hidden": 16})
     with pytest.raises(ModelError, match="not a checkpoint of this training run"):
         other.fit(data, np.ones(len(data), bool), checkpoint=ckpt, resume=True, progress=False)
 

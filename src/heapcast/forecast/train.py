@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .dataset import load_features
-from .models import DEFAULT_MODEL, create_model, save_model
+from .models import DEFAULT_MODEL, STREAM_MODELS, create_model, save_model
 from .protocols import SPLITS, split_masks
 from .tasks import DEFAULT_ORDER, TASKS, make_task
 
@@ -78,7 +78,7 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
         raise ValueError(f"no {task!r} labels to learn from in {', '.join(map(str, traces))}")
     output = Path(output)
     options = {"epochs": epochs, "max_steps": max_steps, "progress": progress}
-    if m.kind in ("gru", "lstm"):
+    if m.kind in STREAM_MODELS:
         # The network steps through a subset; the n-gram of its hints still learns from all.
         options.update(max_events=max_events, checkpoint=Path(str(output) + ".ckpt"),
                        resume=resume, device=device)

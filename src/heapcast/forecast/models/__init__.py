@@ -18,10 +18,13 @@ MODELS = {
     "ngram": "ngram:NGram",
     "gru": "rnn:RNNModel",
     "lstm": "rnn:LSTMModel",
+    "transformer": "transformer:TransformerModel",
     "seed": "seed:SeedModel",
 }
 DEFAULT_MODEL = "gru"
-NEURAL = ("gru", "lstm", "seed")
+#: Models trained over long contiguous streams (truncated backpropagation, checkpoints, DDP).
+STREAM_MODELS = ("gru", "lstm", "transformer")
+NEURAL = (*STREAM_MODELS, "seed")
 
 
 def model_class(name: str):

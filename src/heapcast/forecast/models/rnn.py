@@ -1,4 +1,5 @@
-"""The learned models: stateful GRU/LSTM over long contiguous streams, truncated BPTT.
+"""The learned models: stateful GRU/LSTM over long contiguous streams, truncated BPTT (and the
+same inputs and loop for the causal Transformer of heapcast.forecast.models.transformer).
 
 Instead of the article's 100-event windows (100 recurrent steps recomputed for every single
 label), the training rows are laid out as `batch` contiguous segments run in parallel; the
@@ -87,8 +88,12 @@ class StreamNet(nn.Module):
             self.cache = nn.Embedding(n_out + 1, cfg["hint_embed"])
             width += caches * cfg["hint_embed"]
             self.cache_boost = nn.Parameter(torch.ones(caches))  # direct path, as for hints
-        rnn = nn.GRU if cell == "gru" else nn.LSTM
-        self.rnn = rnn(width, cfg["hidden"], num_layers=cfg["layers"])
+        if cell == "transformer":
+            from .transformer import CausalCore
+            self.rnn = CausalCore(width, cfg)
+        else:
+            rnn = nn.GRU if cell == "gru" else nn.LSTM
+            self.rnn = rnn(width, cfg["hidden"], num_layers=cfg["layers"])
         self.head = nn.Linear(cfg["hidden"], n_out)
 
     def forward(self, tok, site, dt, hint1, hint2, conf, *cache, state=None):
@@ -479,7 +484,8 @@ def _load_checkpoint(path, model: RNNModel, opt, device: str):
             sd["state"][i] = {"step": torch.tensor(float(tensors[f"opt.{i}.step"][0])), **moment}
     # Adam's constructor-time state (the parameters' order) stays; only moments are restored.
     opt.load_state_dict(sd)
-    hidden = [torch.from_numpy(np.array(tensors[f"hidden.{i}"])).to(device)
-              for i in range(2) if f"hidden.{i}" in tensors]
-    state = tuple(hidden) if len(hidden) == 2 else (hidden[0] if hidden else None)
+    hidden = []
+    while f"hidden.{len(hidden)}" in tensors:
+        hidden.append(torch.from_numpy(np.array(tensors[f"hidden.{len(hidden)}"])).to(device))
+    state = (hidden[0] if model.kind == "gru" else tuple(hidden)) if hidden else None
     return int(meta["step"]), state
