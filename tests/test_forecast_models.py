@@ -236,3 +236,20 @@ def test_spread_rows_cover_the_whole_run():
     assert 29_000 <= sub.sum() <= 31_000 and not sub[:10].any()
     assert np.flatnonzero(sub)[-1] > 95_000          # not a prefix: reaches the end
     assert spread_rows(mask, 10**6).sum() == mask.sum()
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_top_k_is_best_first_lowest_index_on_ties(k):
+    from heapcast.forecast.models.base import top_k
+    rng = np.random.default_rng(k)
+    scores = rng.integers(0, 4, (300, 9)).astype(float)     # many ties
+    cols = np.broadcast_to(np.arange(9), scores.shape)
+    want = np.lexsort((cols, -scores), axis=1)[:, :k]
+    got = top_k(scores, k)
+    # The k best scores, best first; among equal scores inside the k, the lower index first
+    # (which of several equal scores at the k-th place gets in is only fixed for k <= 2).
+    assert (np.take_along_axis(scores, got, 1) == np.take_along_axis(scores, want, 1)).all()
+    same = np.diff(np.take_along_axis(scores, got, 1), axis=1) == 0
+    assert (np.diff(got, axis=1)[same] > 0).all()
+    if k <= 2:
+        assert (got == want).all()

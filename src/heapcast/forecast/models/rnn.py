@@ -85,8 +85,11 @@ class StreamNet(nn.Module):
             self.hint = self.conf = self.boost = None
         self.caches = caches
         if caches:
-            self.cache = nn.Embedding(n_out + 1, cfg["hint_embed"])
-            width += caches * cfg["hint_embed"]
+            # One embedding per order, summed: the recurrent layer's input grows by one width,
+            # not one per order (its input product is most of a training step).
+            self.cache = nn.ModuleList(nn.Embedding(n_out + 1, cfg["hint_embed"])
+                                       for _ in range(caches))
+            width += cfg["hint_embed"]
             self.cache_boost = nn.Parameter(torch.ones(caches))  # direct path, as for hints
         if cell == "transformer":
             from .transformer import CausalCore
@@ -105,7 +108,8 @@ class StreamNet(nn.Module):
             parts.append(self.dt(dt))
         if self.hint is not None:
             parts += [self.hint(hint1), self.hint(hint2), self.conf(conf)]
-        parts += [self.cache(c) for c in cache]
+        if cache:
+            parts.append(sum(emb(c) for emb, c in zip(self.cache, cache)))
         out, state = self.rnn(torch.cat(parts, -1), state)
         return self._logits(out, hint1, hint2, conf, cache), state
 
@@ -115,11 +119,13 @@ class StreamNet(nn.Module):
         if self.boost is not None:
             boost = self.boost(conf)
             boosts += [(hint1, boost[..., 0]), (hint2, boost[..., 1])]
-        boosts += [(c, self.cache_boost[i]) for i, c in enumerate(cache)]
-        for label, b in boosts:
-            value = (b * (label > 0)).unsqueeze(-1)
-            logits = logits.scatter_add(-1, (label - 1).clamp(min=0).unsqueeze(-1), value)
-        return logits
+        boosts += [(c, self.cache_boost[i].expand_as(c)) for i, c in enumerate(cache)]
+        if not boosts:
+            return logits
+        # One scatter for all of them: each hinted label's logit gets its boost (0 for "none").
+        labels = torch.stack([label for label, _ in boosts], -1)
+        values = torch.stack([b for _, b in boosts], -1) * (labels > 0)
+        return logits.scatter_add(-1, (labels - 1).clamp(min=0), values)
 
 
 def _detach(state):
