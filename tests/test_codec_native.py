@@ -22,6 +22,7 @@ SOURCE = Path(__file__).resolve().parent.parent / "native" / "codec" / "encode.c
 
 
 # ---- the numpy encoder that native/codec/encode.c replaced (git a8a3f50), kept as the reference
+# (with BACKREF generalized: a column refers to its partner's values, codec.PARTNER)
 
 def _zigzag(d):
     s = d.view(np.int64)
@@ -50,10 +51,10 @@ def _backref(old, addr):
     return codes
 
 
-def _encode(values, encoding, block=None):
+def _encode(values, encoding, block=None, name=None):
     if encoding == codec.BACKREF:
         v = values.astype(np.uint64)
-        codes = _backref(v, np.asarray(block["addr"], np.uint64))
+        codes = _backref(v, np.asarray(block[codec.PARTNER[name]], np.uint64))
         return _shuffle(codes) + _encode(v[codes == 1], codec.NONZERO_DELTA)
     if encoding == codec.PLAIN:
         return _shuffle(values)
@@ -72,7 +73,7 @@ def reference_encode_events(block):
     parts = []
     for name in FIELDS:
         enc = codec.COLUMN_ENCODING[name]
-        data = _encode(np.ascontiguousarray(block[name]), enc, block)
+        data = _encode(np.ascontiguousarray(block[name]), enc, block, name)
         parts += [COLUMN.pack(EVENT_DTYPE.names.index(name), enc, 0, len(data)), data]
     return b"".join(parts)
 
@@ -96,8 +97,15 @@ def columns(payload):
 def decode(payload, count):
     """An EVENT_DTYPE array from an EVENTS payload, with the reader's numpy decoder."""
     ev = np.zeros(count, EVENT_DTYPE)
+    pairs = {}
     for name, (enc, data) in columns(payload).items():
-        ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count, ev)
+        if name in codec.PARTNER:
+            pairs[name] = (codec.backrefs(data, count) if enc == codec.BACKREF else
+                           (codec.decode(data, enc, np.dtype(np.uint64), count),
+                            np.full(count, -1, np.int64)))
+        else:
+            ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count)
+    ev["addr"], ev["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     return ev
 
 
@@ -211,7 +219,8 @@ def test_one_row_of_maximal_values():
     assert cols["size"] == (codec.PLAIN, b"\xff" * 8)
     assert cols["seq"] == (codec.DELTA, b"\xff" * 8)
     assert cols["ts"] == (codec.ZIGZAG_DELTA, b"\x01" + b"\x00" * 7)    # zigzag(-1) = 1
-    assert cols["addr"] == (codec.NONZERO_DELTA, b"\x02" + b"\x00" * 7)  # zigzag(-1) + 1
+    # addr: code 1 (an escape: no earlier row freed it), then the escape as zigzag(-1) + 1
+    assert cols["addr"] == (codec.BACKREF, b"\x01" + b"\x00" * 7 + b"\x02" + b"\x00" * 7)
     assert cols["old_addr"] == (codec.BACKREF, b"\x01" + b"\x00" * 7 + b"\x02" + b"\x00" * 7)
     np.testing.assert_array_equal(decode(payload, 1), ev)
 
@@ -226,7 +235,11 @@ def test_backref_codes_of_a_hand_computed_block():
     want = bytes(codes) + bytes(7 * 6) + bytes(escapes) + bytes(7 * 2)
     cols = columns(encode_events(ev))
     assert cols["old_addr"] == (codec.BACKREF, want)
-    assert cols["addr"] == (codec.NONZERO_DELTA, bytes([0x21, 0x21, 0x20, 0, 0x41, 0]) + bytes(42))
+    # addr: rows 0, 1 and 4 were freed by no earlier row (escapes 0x10, 0x20, 0x30: nonzero
+    # deltas of 0x10 each); row 2's 0x10 was freed by row 1 (d = 1; its own free does not count).
+    assert cols["addr"] == (codec.BACKREF, bytes([1, 1, 2, 0, 1, 0]) + bytes(7 * 6)
+                            + bytes([0x21] * 3) + bytes(7 * 3))
+    np.testing.assert_array_equal(decode(encode_events(ev), 6), ev)
     np.testing.assert_array_equal(decode(encode_events(ev), 6), ev)
 
 
@@ -277,8 +290,8 @@ def test_back_references_reach_across_the_whole_block():
 def test_wrapping_deltas():
     seq = [U64_MAX - 1, U64_MAX, 0, 5, 2]            # decreasing and wrapping past 2**64
     ts = [0, U64_MAX, 1, 2**63, 2**63 - 1]           # signed differences of every size
-    addr = [U64_MAX, 1, 0, 2**63 - 1, U64_MAX - 1]
-    old = [1, U64_MAX, U64_MAX, 2**63 - 1, 5]
+    addr = [U64_MAX, 1, 0, 2**63 - 2, U64_MAX - 3]  # (escapes never exactly 2**63 apart:
+    old = [1, U64_MAX, U64_MAX, 2**63 - 1, 5]        # see test_differences_of_2_63...)
     ev = block(5, seq=seq, ts=ts, addr=addr, old_addr=old)
     payload = encode_events(ev)
     assert bytes(payload) == reference_encode_events(ev)
@@ -309,7 +322,7 @@ def test_differences_of_2_63_fall_back_to_delta():
     # escapes alone can need it too: here the addr column is fine
     ev = block(3, addr=[0, 0, 0], old_addr=[2**62, 2**62 + 2**63, 0])
     cols = columns(encode_events(ev))
-    assert cols["addr"][0] == codec.NONZERO_DELTA and cols["old_addr"][0] == codec.DELTA
+    assert cols["addr"][0] == codec.BACKREF and cols["old_addr"][0] == codec.DELTA
     np.testing.assert_array_equal(decode(encode_events(ev), 3), ev)
 
 
@@ -385,3 +398,27 @@ def test_many_blocks_share_the_writers_buffer(tmp_path, monkeypatch):
     np.testing.assert_array_equal(got, ev)
     blocks = heapcast.load(tmp_path / "7.hct").processes[0]._blocks
     assert [b.count for b in blocks] == [4000, 3000, 4000, 4000, 4000, 1000, 1, 4000, 4000, 1999]
+
+
+def test_addresses_refer_to_each_other_along_long_chains():
+    """One block reused over and over: each malloc refers to the free before it, each free to
+    the malloc before it, 2000 links deep; the reader follows them all (pointer doubling)."""
+    n = 4000
+    addr = np.where(np.arange(n) % 2 == 0, 0x1000, 0)          # even rows: malloc 0x1000
+    old = np.where(np.arange(n) % 2 == 1, 0x1000, 0)           # odd rows: free it
+    ev = block(n, addr=addr, old_addr=old)
+    cols = columns(encode_events(ev))
+    codes = np.frombuffer(cols["addr"][1][:n], np.uint8)       # lowest byte plane
+    assert codes[0] == 1 and (codes[2::2] == 2).all()          # one escape, then d = 1
+    np.testing.assert_array_equal(decode(encode_events(ev), n), ev)
+
+
+def test_files_with_delta_coded_addresses_still_read():
+    """Files written before addr was back-referenced stored it as NONZERO_DELTA."""
+    ev = realistic(5000, seed=3)
+    parts = []
+    for name in FIELDS:
+        enc = codec.NONZERO_DELTA if name == "addr" else codec.COLUMN_ENCODING[name]
+        data = _encode(np.ascontiguousarray(ev[name]), enc, ev, name)
+        parts += [COLUMN.pack(EVENT_DTYPE.names.index(name), enc, 0, len(data)), data]
+    np.testing.assert_array_equal(decode(b"".join(parts), len(ev)), ev)

@@ -36,7 +36,7 @@
 #endif
 
 #define HC_API __attribute__((visibility("default")))
-#define HC_ABI_VERSION 1
+#define HC_ABI_VERSION 2
 #define MAX_COLUMNS 16      /* the format stores 11 */
 #define CHUNK 64            /* rows staged together (a multiple of 16: one transposed group) */
 #define TILE 4096           /* rows encoded column by column (a multiple of CHUNK) */
@@ -577,6 +577,21 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
         memcpy(h + 4, &len, 4);
     }
     return (int64_t)off;
+}
+
+/* Decoding's one sequential step: the two address columns refer to each other's earlier rows
+ * (a_src[i], b_src[i]: the row whose partner value row i repeats, or -1 where a_vals/b_vals
+ * already hold the value). Every source is an earlier row (the reader checks), so one pass in
+ * row order resolves all chains. Returns 0, or -1 if a source is not an earlier row. */
+HC_API int hc_resolve_pair(uint64_t *a_vals, const int64_t *a_src, uint64_t *b_vals,
+                           const int64_t *b_src, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t s = a_src[i], t = b_src[i];
+        if (s >= (int64_t)i || t >= (int64_t)i) return -1;
+        if (s >= 0) a_vals[i] = b_vals[s];
+        if (t >= 0) b_vals[i] = a_vals[t];
+    }
+    return 0;
 }
 
 /* What heapcast.trace.native_codec checks when it loads this library. */

@@ -15,16 +15,20 @@ PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA, BACKREF = 0, 1, 2, 3, 4
 
 #: The encoding of each stored column (EVENT_DTYPE order; `proc` is not stored).
 COLUMN_ENCODING = {
-    "seq": DELTA, "ts": ZIGZAG_DELTA, "addr": NONZERO_DELTA, "old_addr": BACKREF,
+    "seq": DELTA, "ts": ZIGZAG_DELTA, "addr": BACKREF, "old_addr": BACKREF,
     "size": PLAIN, "arg": PLAIN, "loc": PLAIN, "tid": PLAIN, "free_lag": PLAIN,
     "op": PLAIN, "flags": PLAIN,
 }
 #: Stored columns in file order.
 STORED_FIELDS = [name for name in EVENT_DTYPE.names if name != "proc"]
+#: BACKREF columns refer to their partner's values in earlier rows: an allocation's address is
+#: usually one freed a few events before (allocators reuse the latest free block of a size), and
+#: a release's address one allocated earlier.
+PARTNER = {"addr": "old_addr", "old_addr": "addr"}
 #: What a reader accepts: any generic encoding for any column (older files used NONZERO_DELTA for
-#: old_addr); BACKREF only for old_addr, which follows addr in the block.
+#: addr and old_addr); BACKREF only for the two address columns.
 GENERIC_ENCODINGS = frozenset((PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA))
-ALLOWED_ENCODINGS = {"old_addr": GENERIC_ENCODINGS | {BACKREF}}
+ALLOWED_ENCODINGS = {name: GENERIC_ENCODINGS | {BACKREF} for name in PARTNER}
 
 
 def _unzigzag(z: np.ndarray) -> np.ndarray:
@@ -38,24 +42,44 @@ def _unshuffle(b: bytes, dtype: np.dtype, count: int) -> np.ndarray:
     return np.ascontiguousarray(planes.T).view(dtype).reshape(count)
 
 
-def decode(data: bytes, encoding: int, dtype: np.dtype, count: int, decoded=None) -> np.ndarray:
+def backrefs(data: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """A BACKREF column's (values, source rows): the values of its zero and escaped rows, and
+    for the other rows the earlier row whose partner value they repeat (-1: none)."""
+    if len(data) < 8 * count:
+        raise ValueError(f"column holds {len(data)} bytes, expected at least {8 * count}")
+    codes = _unshuffle(data[:8 * count], np.dtype(np.uint64), count)
+    escapes = codes == 1
+    values = np.zeros(count, np.uint64)
+    values[escapes] = decode(data[8 * count:], NONZERO_DELTA, np.dtype(np.uint64),
+                             int(np.count_nonzero(escapes)))
+    src = np.full(count, -1, np.int64)
+    rows = np.flatnonzero(codes > 1)
+    if len(rows) and (codes[rows] > np.uint64(count)).any():
+        raise ValueError("a back-reference points before the start of the block")
+    src[rows] = rows - (codes[rows] - np.uint64(1)).astype(np.int64)
+    if len(rows) and src[rows].min() < 0:
+        raise ValueError("a back-reference points before the start of the block")
+    return values, src
+
+
+def resolve_pair(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Values of two partner columns, each (values, source rows) as backrefs() returns (source
+    -1 everywhere for a column stored otherwise): a row with a source takes its partner's value
+    in that (earlier) row, which may itself come from further back. One pass in row order
+    (native: chains of reuse run thousands of links deep)."""
+    from .native_codec import resolve_pair
+    a_vals, b_vals = a[0].astype(np.uint64), b[0].astype(np.uint64)
+    resolve_pair(a_vals, np.ascontiguousarray(a[1], np.int64), b_vals,
+                 np.ascontiguousarray(b[1], np.int64))
+    return a_vals, b_vals
+
+
+def decode(data: bytes, encoding: int, dtype: np.dtype, count: int) -> np.ndarray:
     """One column's values from its bytes (the inverse of native/codec/encode.c); raises
-    ValueError on data that does not fit. BACKREF needs the block's decoded `addr` column in
-    `decoded`."""
+    ValueError on data that does not fit. BACKREF columns decode in pairs: backrefs() and
+    resolve_pair()."""
     if encoding == BACKREF:
-        if len(data) < 8 * count:
-            raise ValueError(f"column holds {len(data)} bytes, expected at least {8 * count}")
-        codes = _unshuffle(data[:8 * count], np.dtype(np.uint64), count)
-        escapes = codes == 1
-        out = np.zeros(count, np.uint64)
-        out[escapes] = decode(data[8 * count:], NONZERO_DELTA, np.dtype(np.uint64),
-                              int(np.count_nonzero(escapes)))
-        rows = np.flatnonzero(codes > 1)
-        src = rows - (codes[rows] - np.uint64(1)).astype(np.int64)
-        if len(src) and (src.min() < 0 or (codes[rows] > np.uint64(count)).any()):
-            raise ValueError("a back-reference points before the start of the block")
-        out[rows] = decoded["addr"][src]
-        return out.astype(dtype)
+        raise ValueError("BACKREF columns decode with their partner (codec.resolve_pair)")
     stored = dtype if encoding == PLAIN else np.dtype(np.uint64)
     if len(data) != stored.itemsize * count:
         raise ValueError(f"column holds {len(data)} bytes, expected {stored.itemsize * count}")

@@ -2,7 +2,8 @@
 heapcast/libheapcast_codec.so).
 
 The writer calls it from its worker thread; ctypes releases the GIL for the call. The decoder is
-numpy code (codec.decode): tests/test_codec_native.py checks that the two agree.
+numpy code (codec.decode), but for one sequential pass (resolve_pair): tests/test_codec_native.py
+checks that the two agree.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from . import codec
 from .format import EVENT_DTYPE
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_codec.so"
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _ERRORS = {-1: "invalid column descriptions", -2: "output buffer too small",
            -4: "block too long for the u32 column lengths"}
@@ -50,6 +51,10 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.hc_encode_events.restype = ctypes.c_int64
     lib.hc_encode_events.argtypes = [cols, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
                                      ctypes.c_uint64]
+    i64 = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
+    u64 = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS,WRITEABLE")
+    lib.hc_resolve_pair.restype = ctypes.c_int
+    lib.hc_resolve_pair.argtypes = [u64, i64, u64, i64, ctypes.c_uint64]
     if lib.hc_codec_abi(0) != ABI_VERSION or lib.hc_codec_abi(1) != ctypes.sizeof(Column):
         raise NativeError(f"{path} does not match heapcast.trace.native_codec: rebuild it "
                           f"(pip install -e .)")
@@ -93,13 +98,13 @@ def encode_events(block, out: np.ndarray | None = None,
     n = len(block["seq"])
     arrays = [_column_array(block, name) for name in codec.STORED_FIELDS]
     cols = (Column * len(arrays))()
-    addr = codec.STORED_FIELDS.index("addr")
     for i, (name, a) in enumerate(zip(codec.STORED_FIELDS, arrays)):
         if len(a) != n:
             raise ValueError(f"column {name} has {len(a)} rows, seq has {n}")
         enc = codec.COLUMN_ENCODING[name]
+        partner = codec.STORED_FIELDS.index(codec.PARTNER[name]) if enc == codec.BACKREF else -1
         cols[i] = Column(a.ctypes.data, a.strides[0], EVENT_DTYPE.names.index(name), enc,
-                         a.itemsize, 0, addr if enc == codec.BACKREF else -1)
+                         a.itemsize, 0, partner)
     need = lib.hc_encode_bound(cols, len(arrays), n)
     if out is not None and not (isinstance(out, np.ndarray) and out.dtype == np.uint8
                                 and out.ndim == 1 and out.flags.c_contiguous and out.flags.writeable):
@@ -112,3 +117,11 @@ def encode_events(block, out: np.ndarray | None = None,
             raise MemoryError("encoding an EVENTS block")
         raise NativeError(f"hc_encode_events: {_ERRORS.get(written, f'error {written}')}")
     return memoryview(out)[:written]
+
+
+def resolve_pair(a_vals: np.ndarray, a_src: np.ndarray, b_vals: np.ndarray,
+                 b_src: np.ndarray) -> None:
+    """Fills, in place, the rows of two partner columns that repeat the other's earlier values
+    (codec.resolve_pair). ValueError if a source is not an earlier row."""
+    if library().hc_resolve_pair(a_vals, a_src, b_vals, b_src, len(a_vals)) != 0:
+        raise ValueError("a back-reference points to its own row or a later one")

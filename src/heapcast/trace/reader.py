@@ -133,9 +133,10 @@ def read_process(path) -> Process:
                     raise TraceError(path, off + 28, f"EVENTS block of {count} events, expected at "
                                      f"most {BLOCK_EVENTS}")
                 least = _events_payload_len(count)
-                if not least <= raw_len <= least + 8 * count:
+                most = least + 8 * count * len(codec.PARTNER)   # every address an escape
+                if not least <= raw_len <= most:
                     raise TraceError(path, off + 16, f"EVENTS block of {count} events has "
-                                     f"{raw_len} bytes, expected {least} to {least + 8 * count}")
+                                     f"{raw_len} bytes, expected {least} to {most}")
                 blocks.append(_Block(off, stored_len, raw_len, crc, count, codec_id))
             else:
                 if kind in found:
@@ -163,7 +164,7 @@ def read_process(path) -> Process:
 
 def _events_payload_len(count: int) -> int:
     """Bytes of an EVENTS payload of `count` events, without BACKREF escapes (at most 8 more per
-    event)."""
+    event and address column)."""
     n = COLUMN.size * len(STORED_FIELDS)
     for name in STORED_FIELDS:
         enc = codec.COLUMN_ENCODING[name]
@@ -217,6 +218,7 @@ def _modules(path: Path, raw: bytes) -> list:
 def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
     raw = _payload(f, path, b.offset, b.stored_len, b.raw_len, b.crc, b.codec, "EVENTS block")
     out = np.zeros(b.count, EVENT_DTYPE)
+    pairs = {}
     pos = 0
     for name in STORED_FIELDS:
         if pos + COLUMN.size > len(raw):
@@ -231,10 +233,16 @@ def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
             raise TraceError(path, b.offset, f"EVENTS block: column {name} has encoding {enc}, "
                              f"expected one of {sorted(allowed)}")
         try:
-            out[name] = codec.decode(raw[pos:pos + n], enc, EVENT_DTYPE[name], b.count, out)
+            if name in codec.PARTNER:     # the address pair: decoded together, below
+                pairs[name] = (codec.backrefs(raw[pos:pos + n], b.count) if enc == codec.BACKREF
+                               else (codec.decode(raw[pos:pos + n], enc, np.dtype(np.uint64),
+                                                  b.count), np.full(b.count, -1, np.int64)))
+            else:
+                out[name] = codec.decode(raw[pos:pos + n], enc, EVENT_DTYPE[name], b.count)
         except ValueError as e:
             raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
         pos += n
+    out["addr"], out["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     out["proc"] = proc
     return out
 
