@@ -350,8 +350,8 @@ def test_output_buffer_is_reused_when_large_enough():
 
 
 def test_missing_library_is_reported(monkeypatch, tmp_path):
-    monkeypatch.setattr(native_codec, "_lib", None)
-    monkeypatch.setattr(native_codec, "LIBRARY", tmp_path / "libheapcast_codec.so")
+    monkeypatch.setattr(native_codec, "library",
+                        native_codec.LoadedOnce(native_codec.load, tmp_path / "libheapcast_codec.so"))
     with pytest.raises(native_codec.NativeError, match=r"missing.*pip install -e \."):
         encode_events(realistic(5, seed=1))
 

@@ -34,8 +34,6 @@ class NativeError(RuntimeError):
     """The encoder library is missing or does not match this Python code."""
 
 
-_lib = None
-_lock = threading.Lock()
 
 
 def load(path: Path = LIBRARY) -> ctypes.CDLL:
@@ -61,13 +59,23 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     return lib
 
 
-def library() -> ctypes.CDLL:
-    """The installed encoder library (loaded once)."""
-    global _lib
-    with _lock:
-        if _lib is None:
-            _lib = load(LIBRARY)
-        return _lib
+class LoadedOnce:
+    """A ctypes library that `load(path)` opens and checks on the first call (thread-safe)."""
+
+    def __init__(self, load, path: Path):
+        self._load, self._path = load, path
+        self._lib = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> ctypes.CDLL:
+        with self._lock:
+            if self._lib is None:
+                self._lib = self._load(self._path)
+            return self._lib
+
+
+#: The installed encoder library.
+library = LoadedOnce(load, LIBRARY)
 
 
 def _column_array(block, name: str) -> np.ndarray:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 
-from .native_codec import LIBRARY, NativeError
+from .native_codec import LIBRARY, LoadedOnce, NativeError
 
 ABI_VERSION = 1
 ERR_ARGS, ERR_SPACE, ERR_NOMEM, ERR_EXT = -1, -2, -3, -5
@@ -51,8 +50,6 @@ class ExtError(Exception):
         self.chunk, self.slot = chunk, slot
 
 
-_lib = None
-_lock = threading.Lock()
 _u64, _ptr = ctypes.c_uint64, ctypes.c_void_p
 
 
@@ -83,13 +80,8 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     return lib
 
 
-def library() -> ctypes.CDLL:
-    """The installed decoder library (loaded once)."""
-    global _lib
-    with _lock:
-        if _lib is None:
-            _lib = load(LIBRARY)
-        return _lib
+#: The installed decoder library.
+library = LoadedOnce(load, LIBRARY)
 
 
 def _check(rc: int, what: str) -> int:
