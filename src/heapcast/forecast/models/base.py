@@ -64,6 +64,14 @@ class Model:
         raise NotImplementedError
 
 
+def training_summary(events: int, seconds: float, losses: list, **extra) -> dict:
+    """What a neural model's fit() returns: events learned from, `extra` counts, the time, the
+    rate and the final loss (mean of the last 20 steps)."""
+    return {"events": events, **extra, "seconds": seconds,
+            "events_per_s": events / max(seconds, 1e-9),
+            "final_loss": float(np.mean(losses[-20:])) if losses else None}
+
+
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest scores per row, best first (deterministic; among equal scores
     inside the k, lower index first)."""

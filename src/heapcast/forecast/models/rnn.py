@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from ..tasks import TaskData
-from .base import Model, pad_k
+from .base import Model, pad_k, training_summary
 
 _BOS, _UNK = 0, 1      # reserved input token ids; training tokens start at 2
 #: Confidence buckets of the n-gram hint: its top label's blended probability.
@@ -323,11 +323,8 @@ class RNNModel(Model):
                                                          or step == stop):
                 _save_checkpoint(checkpoint, self, opt, step, state)
         bar.close()
-        seconds = time.perf_counter() - t0
-        return {"events": events * world, "rows": int(len(lab)), "steps": int(stop),
-                "epochs": epochs, "seconds": seconds,
-                "events_per_s": events * world / max(seconds, 1e-9),
-                "final_loss": float(np.mean(losses[-20:])) if losses else None}
+        return training_summary(events * world, time.perf_counter() - t0, losses,
+                                rows=int(len(lab)), steps=int(stop), epochs=epochs)
 
     # ---- prediction ------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..tasks import TaskData
 from ..vocab import article_target
-from .base import Model, pad_k
+from .base import Model, pad_k, training_summary
 from .rnn import _keras_like_init, _setup_torch
 
 WINDOW = 100
@@ -119,11 +119,9 @@ class SeedModel(Model):
                 step += 1
                 bar.update()
         bar.close()
-        seconds = time.perf_counter() - t0
-        return {"events": seen, "samples": int(len(samples)), "steps": step,
-                "epochs": seen / max(len(samples), 1), "seconds": seconds,
-                "events_per_s": seen / max(seconds, 1e-9),
-                "final_loss": float(np.mean(losses[-20:])) if losses else None}
+        return training_summary(seen, time.perf_counter() - t0, losses,
+                                samples=int(len(samples)), steps=step,
+                                epochs=seen / max(len(samples), 1))
 
     @torch.no_grad()
     def predict(self, data: TaskData, rows: np.ndarray, k: int = 5) -> np.ndarray:
