@@ -1,8 +1,6 @@
 """`heapcast dataset/train/evaluate` end to end on real recordings made here: a small C program
 run twice with different inputs, and a Python one-liner (another program)."""
 import json
-import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -11,38 +9,13 @@ import pytest
 import heapcast
 from heapcast.forecast.cli import main
 
-WORK_C = r"""
-#include <stdlib.h>
-#include <string.h>
-int main(int argc, char **argv) {
-  int n = atoi(argv[1]); unsigned seed = (unsigned)atoi(argv[2]);
-  void *keep[64] = {0};
-  for (int i = 0; i < n; i++) {
-    char *a = malloc(24); char *b = malloc(100 + (i % 4) * 8);
-    memset(a, 1, 24);
-    free(a);
-    char *c = calloc(4, 16);
-    seed = seed * 1103515245u + 12345u;
-    int k = (seed >> 16) % 64;
-    free(keep[k]); keep[k] = malloc(40 + (i % 3) * 200);
-    b = realloc(b, 300);
-    free(c); free(b);
-  }
-  for (int k = 0; k < 64; k++) free(keep[k]);
-  return 0;
-}
-"""
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Traces of the C program with two inputs, and of a Python one-liner."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
+def runs(tmp_path_factory, build):
+    """Traces of programs/forecast_work.c with two inputs, and of a Python one-liner."""
     d = tmp_path_factory.mktemp("forecast")
-    (d / "work.c").write_text(WORK_C)
-    exe = d / "work"
-    subprocess.run(["gcc", "-O1", "-fno-builtin", "-o", str(exe), str(d / "work.c")], check=True)
+    exe = build("forecast_work")
     out = {}
     for name, n, seed in (("a", 3000, 1), ("b", 2000, 2)):
         r = heapcast.record([exe, str(n), str(seed)], output=d / name, progress=False)
@@ -53,6 +26,7 @@ def runs(tmp_path_factory):
     assert r.exit_code == 0
     out["py"] = d / "py"
     out["dir"] = d
+    out["program"] = exe.name
     return out
 
 
@@ -67,7 +41,7 @@ def test_dataset_command(runs, tmp_path, capsys):
     manifest = json.loads((tmp_path / "ds" / "dataset.json").read_text())
     events = heapcast.load(runs["a"]).event_count + heapcast.load(runs["b"]).event_count
     assert manifest["events"] == events
-    assert [s["program"] for s in manifest["sources"]] == ["work", "work"]
+    assert [s["program"] for s in manifest["sources"]] == [runs["program"]] * 2
     seed64 = np.load(tmp_path / "ds" / "seed64.npy", mmap_mode="r")
     assert seed64.dtype == np.uint8 and len(seed64) == events
     assert (tmp_path / "ds" / "events.parquet").stat().st_size > 0

@@ -3,8 +3,6 @@ replay, lifetime labels against the forecasting stage's, and the `simulate` comm
 import argparse
 import importlib.util
 import json
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -15,61 +13,13 @@ from heapcast.lab import replay as lab_replay
 from heapcast.lab.cli import add_parsers
 from heapcast.stats import stats
 
-PROGRAM = r"""
-#include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-int main(void) {
-    void *keep[64];
-    for (int i = 0; i < 64; i++)
-        keep[i] = malloc(16 + i * 24);
-    for (int r = 0; r < 3000; r++) {
-        char *p = malloc(1 + (r * 37) % 700);
-        p[0] = 1;
-        p = realloc(p, 1 + (r * 91) % 3000);
-        void *q = calloc(3, 1 + r % 50), *a = NULL;
-        if (posix_memalign(&a, (size_t)64 << (r % 4), 100 + r % 300))
-            return 1;
-        free(p);
-        free(q);
-        free(a);
-        if (r % 7 == 0) {
-            free(keep[r % 64]);
-            keep[r % 64] = malloc(r % 500);
-        }
-    }
-    char *big = malloc(1 << 20);
-    memset(big, 1, 4096);
-    pid_t c = fork();
-    if (c == 0) {   /* the child frees blocks it inherited */
-        for (int i = 0; i < 64; i += 2)
-            free(keep[i]);
-        free(big);
-        void *x = malloc(5000);
-        free(x);
-        exit(0);
-    }
-    waitpid(c, NULL, 0);
-    for (int i = 0; i < 64; i++)
-        free(keep[i]);
-    free(big);
-    return 0;
-}
-"""
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    """A recording of PROGRAM: parent and forked child."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
+def recorded(tmp_path_factory, build):
+    """A recording of programs/churn.c: parent and forked child."""
     d = tmp_path_factory.mktemp("lab")
-    src, exe = d / "churn.c", d / "churn"
-    src.write_text(PROGRAM)
-    subprocess.run(["gcc", "-O1", "-fno-builtin", "-o", str(exe), str(src)], check=True)
-    r = heapcast.record([str(exe)], output=d / "trace")
+    r = heapcast.record([str(build("churn"))], output=d / "trace")
     assert r.exit_code == 0
     return heapcast.load(d / "trace")
 

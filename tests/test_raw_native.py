@@ -19,7 +19,7 @@ from heapcast.trace import native_raw
 from heapcast.trace.format import TraceError
 from heapcast.trace.raw import (CHUNK_MAGIC, FLAG_CLEAN_EXIT, FLAG_TSC, HEADER_SIZE, OP_EXT,
                                 OP_LOC, OP_LOCX, OP_TIME, RAW_MAGIC, SLOT, SLOT_DTYPE, Chunk,
-                                RawProcess, raw_files)
+                                RawProcess, location_definition, raw_files)
 
 _HEADER = struct.Struct("<8sIIIIiiiIQQQQQQQI")
 _COUNTERS = struct.Struct("<QQQIIQ")
@@ -58,27 +58,12 @@ def ref_scan(rp: RawProcess) -> tuple[list, dict]:
         seqs = slots["head"][:n][ev] >> 8
         if len(seqs):
             chunks.append((off, size, tid, n, int(seqs.min()), int(seqs.max())))
-        for i in np.flatnonzero(ops == OP_LOC):
-            ref_define_loc(rp, locs, slots, int(i), n, off)
+        for i in np.flatnonzero(ops == OP_LOC):   # still Python in raw.py: shared, not copied
+            found = location_definition(rp.path, slots, int(i), n, off)
+            if found:
+                locs[found[0]] = found[1]
         off += size
     return chunks, locs
-
-
-def ref_define_loc(rp, locs, slots, i, n, off):
-    s = slots[i]
-    count = int(s["ts"])
-    frames = [int(s["a"]), int(s["b"])][:count]
-    j = i + 1
-    while len(frames) < count and j < n:
-        x = slots[j]
-        if int(x["head"]) & 0xFF != OP_LOCX:
-            raise TraceError(rp.path, off + SLOT * (j + 1), "expected the frames of a "
-                             "location definition (marker 0xFC)")
-        frames.extend([int(x["ts"]) | (int(x["loc"]) << 32), int(x["a"]), int(x["b"])])
-        j += 1
-    if len(frames) < count:
-        return
-    locs[int(s["head"]) >> 8] = tuple(frames[:count])
 
 
 def ref_ticks_to_ns(rp: RawProcess, ticks: np.ndarray) -> np.ndarray:

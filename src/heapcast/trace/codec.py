@@ -1,9 +1,11 @@
-"""Column encodings of EVENTS blocks (docs/trace-format.md): delta, zigzag, byte planes.
+"""Column encodings of EVENTS blocks (docs/trace-format.md): delta, zigzag, byte planes, and
+back-references between the two address columns.
 
 Together with zstd they bring a 64-byte event to a few bytes, because sequence numbers step by one,
 times by small amounts, and addresses repeat. Encoding is native code (native/codec/encode.c,
 bound in native_codec.py: the writer encodes every event it writes); decoding is here, a few
-vectorized numpy passes per column.
+vectorized numpy passes per column, except the one sequential pass that follows address
+back-references (native, resolve_pair).
 """
 from __future__ import annotations
 

@@ -114,27 +114,13 @@ class RawProcess:
             if locs:
                 slots = np.frombuffer(self._mm, SLOT_DTYPE, n, off + SLOT)
                 for i in np.flatnonzero((slots["head"] & 0xFF) == OP_LOC):
-                    self._define_loc(slots, int(i), n, off)
+                    found = location_definition(self.path, slots, int(i), n, off)
+                    if found:
+                        self.locs[found[0]] = found[1]
             off += size
         if self.end_mono:
             pairs.append((self.end_tsc, self.end_mono))
         self._fit_clock(pairs)
-
-    def _define_loc(self, slots: np.ndarray, i: int, n: int, off: int) -> None:
-        s = slots[i]
-        count = int(s["ts"])
-        frames = [int(s["a"]), int(s["b"])][:count]
-        j = i + 1
-        while len(frames) < count and j < n:
-            x = slots[j]
-            if int(x["head"]) & 0xFF != OP_LOCX:
-                raise TraceError(self.path, off + SLOT * (j + 1), "expected the frames of a "
-                                 "location definition (marker 0xFC)")
-            frames.extend([int(x["ts"]) | (int(x["loc"]) << 32), int(x["a"]), int(x["b"])])
-            j += 1
-        if len(frames) < count:
-            return  # cut short by a kill: events using it will show location 0
-        self.locs[int(s["head"]) >> 8] = tuple(frames[:count])
 
     def _fit_clock(self, pairs: list) -> None:
         """Ticks -> CLOCK_MONOTONIC ns. With the TSC, a least-squares line through the clock pairs."""
@@ -271,6 +257,26 @@ class RawProcess:
             truncated=bool(self.flags & FLAG_TRUNCATED), stack_depth=self.stack_depth,
             unwind=self.unwind, mmap_recorded=bool(self.flags & FLAG_MMAP),
             modules=self.modules)
+
+
+def location_definition(path, slots: np.ndarray, i: int, n: int, off: int) -> tuple | None:
+    """(location id, frames) of the HC_LOC slot i of the chunk at `off` (slots: its n written
+    slots), its extra frames read from the HC_LOCX slots after it; None when a kill cut it short
+    (events using it show location 0)."""
+    s = slots[i]
+    count = int(s["ts"])
+    frames = [int(s["a"]), int(s["b"])][:count]
+    j = i + 1
+    while len(frames) < count and j < n:
+        x = slots[j]
+        if int(x["head"]) & 0xFF != OP_LOCX:
+            raise TraceError(path, off + SLOT * (j + 1), "expected the frames of a "
+                             "location definition (marker 0xFC)")
+        frames.extend([int(x["ts"]) | (int(x["loc"]) << 32), int(x["a"]), int(x["b"])])
+        j += 1
+    if len(frames) < count:
+        return None
+    return int(s["head"]) >> 8, tuple(frames[:count])
 
 
 def _unhex(s: str) -> str:
