@@ -239,41 +239,11 @@ def test_plot(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
-PROGRAM = r"""
-#include <stdlib.h>
-#include <string.h>
-__attribute__((noinline)) void *make_big(void) { return malloc(1 << 20); }
-__attribute__((noinline)) void *make_small(size_t n) { return malloc(n); }
-int main(void) {
-    void *keep[100];
-    for (int i = 0; i < 100; i++) keep[i] = make_small(16 + i);
-    char *big = make_big();
-    memset(big, 1, 1 << 20);
-    for (int i = 0; i < 100; i++) if (i % 10) free(keep[i]);   /* 10 blocks stay */
-    free(big);
-    void *r = realloc(NULL, 10);
-    r = realloc(r, 100000);
-    free(r);
-    free(NULL);
-    void *c = calloc(4, 8);
-    free(c);
-    return 0;
-}
-"""
 
-
-def test_recorded_program_end_to_end(tmp_path, cli):
+def test_recorded_program_end_to_end(tmp_path, cli, build):
     """A real program recorded by heapcast: exact op counts, peak, leaks, named call sites."""
-    import shutil
-    import subprocess
-
     import heapcast
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
-    (tmp_path / "prog.c").write_text(PROGRAM)
-    exe = tmp_path / "prog"
-    subprocess.run(["gcc", "-O1", "-g", "-fno-builtin", "-o", str(exe), str(tmp_path / "prog.c")],
-                   check=True, capture_output=True)
+    exe = build("callsites")
     result = heapcast.record([str(exe)], output=tmp_path / "t")
     assert result.exit_code == 0
 
@@ -291,7 +261,7 @@ def test_recorded_program_end_to_end(tmp_path, cli):
     # 90 small, big, realloc's 10 bytes (moved), its 100000, calloc's: free(NULL) frees nothing.
     assert d["lifetimes"]["freed_blocks"] == 90 + 1 + 1 + 1 + 1
     top_bytes = d["top_callsites_by_bytes"][0]
-    assert (top_bytes["function"], top_bytes["module"], top_bytes["bytes"]) == ("make_big", "prog", 1 << 20)
+    assert (top_bytes["function"], top_bytes["module"], top_bytes["bytes"]) == ("make_big", exe.name, 1 << 20)
     top_count = d["top_callsites_by_count"][0]
-    assert (top_count["function"], top_count["module"], top_count["count"]) == ("make_small", "prog", 100)
+    assert (top_count["function"], top_count["module"], top_count["count"]) == ("make_small", exe.name, 100)
     assert len(d["top_callsites_by_count"]) == 3
