@@ -125,6 +125,10 @@ struct tstate {
     int own;                         /* we call something that may allocate for us: pass through */
     int busy;                        /* in a slow path: a nested event (a signal handler's) is
                                         counted as lost */
+    int emitting;                    /* events being written on this thread: 2 or more means a
+                                        signal handler's event interrupted another one, which
+                                        holds a slot pointer and a time base; the nested event
+                                        must not replace the chunk or move the base (see slots) */
     uint64_t tbase;                  /* time base of the current chunk */
     uintptr_t stk_lo, stk_hi;        /* stack bounds, for frame pointer walks */
     uint64_t *loc_table;             /* open addressing: (key hash, location id) pairs */
@@ -630,7 +634,9 @@ static inline int thread_ready(struct tstate *t) {
 static struct hc_record *slots(struct tstate *t, uint32_t n) {
     uint32_t i = claim_slots(&t->pos, n);
     if (LIKELY(i + n <= t->cap)) return &t->rec[i];
-    if (t->busy) return NULL;  /* a signal handler interrupted our own slow path */
+    /* A signal handler that interrupted our own slow path, or an event being written (whose
+     * slot lies in this chunk, at its time base): the nested event is lost, and counted. */
+    if (t->busy || t->emitting > 1) return NULL;
     /* Signals wait the few microseconds of a claim, so that a handler that allocates is
      * recorded rather than lost. */
     sigset_t all, prev;
@@ -760,6 +766,12 @@ static inline struct hc_record *event_slots(struct tstate *t, uint32_t n, uint32
         uint64_t now = now_ticks();
         uint64_t d = now - t->tbase;
         if (LIKELY(d <= UINT32_MAX)) { *ts = (uint32_t)d; return r; }
+        if (t->emitting > 1) {   /* nested (see slots): the base must not move; lost */
+            for (uint32_t k = n; k-- > 0;)   /* the claimed slots become no-op markers */
+                __atomic_store_n(&r[k].head, (uint64_t)HC_EXT, __ATOMIC_RELEASE);
+            __atomic_fetch_add(&H->lost, 1, __ATOMIC_RELAXED);
+            return NULL;
+        }
         /* Too long since the base: these slots become HC_TIME slots and we claim again. */
         t->tbase = now;
         for (uint32_t k = n; k-- > 0;) {
@@ -769,25 +781,42 @@ static inline struct hc_record *event_slots(struct tstate *t, uint32_t n, uint32
     }
 }
 
+/* Brackets the writing of an event (its location, slots, time and head). A plain increment is
+ * enough against signal handlers: a handler that interrupts it leaves the count as it found it.
+ * The signal fences keep the compiler from moving the bracket's ends past the writes. */
+static inline void emit_begin(struct tstate *t) {
+    t->emitting++;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
+static inline void emit_end(struct tstate *t) {
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    t->emitting--;
+}
+
 static inline __attribute__((always_inline)) void emit(struct tstate *t, int op, uint64_t seq,
         const void *a, uint64_t b, const void *callsite) {
+    emit_begin(t);
     uint32_t loc = location(t, callsite);
     uint32_t ts;
     struct hc_record *r = event_slots(t, 1, &ts);
-    if (UNLIKELY(!r)) return;
-    r->ts = ts;
-    r->loc = loc;
-    r->a = (uint64_t)(uintptr_t)a;
-    r->b = b;
-    __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
+    if (LIKELY(r != NULL)) {
+        r->ts = ts;
+        r->loc = loc;
+        r->a = (uint64_t)(uintptr_t)a;
+        r->b = b;
+        __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
+    }
+    emit_end(t);
 }
 
 static inline __attribute__((always_inline)) void emit_ext(struct tstate *t, int op, uint64_t seq,
         const void *a, uint64_t b, const void *old, uint64_t arg, uint64_t lag, const void *callsite) {
+    emit_begin(t);
     uint32_t loc = location(t, callsite);
     uint32_t ts;
     struct hc_record *r = event_slots(t, 2, &ts);
-    if (UNLIKELY(!r)) return;
+    if (UNLIKELY(!r)) { emit_end(t); return; }
     struct hc_ext *x = (struct hc_ext *)(r + 1);
     x->old = (uint64_t)(uintptr_t)old;
     x->arg = arg;
@@ -799,6 +828,7 @@ static inline __attribute__((always_inline)) void emit_ext(struct tstate *t, int
     r->a = (uint64_t)(uintptr_t)a;
     r->b = b;
     __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
+    emit_end(t);
 }
 
 static uint64_t mul_sat(size_t a, size_t b) {
