@@ -8,7 +8,8 @@ class NativeBuild(build_ext):
     """Names the native libraries libheapcast_*.so (plain shared libraries, not Python extensions)."""
 
     def get_ext_filename(self, ext_name):
-        if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec")):
+        if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec",
+                                  "libheapcast_drain")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -45,4 +46,14 @@ codec = Extension(
     libraries=["m"],
 )
 
-setup(ext_modules=[recorder, lab, codec], cmdclass={"build_ext": NativeBuild})
+# The drainer that `heapcast record` runs beside the program to recycle full chunks
+# (heapcast.drain): a plain shared library loaded with ctypes.
+drain = Extension(
+    "heapcast.libheapcast_drain",
+    sources=["native/recorder/drain.c"],
+    depends=["native/recorder/raw_format.h"],
+    extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-pthread", "-Wall", "-Wextra"],
+    extra_link_args=["-pthread"],
+)
+
+setup(ext_modules=[recorder, lab, codec, drain], cmdclass={"build_ext": NativeBuild})

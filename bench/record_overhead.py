@@ -5,8 +5,9 @@ interleaved and --repeats times each:
   untraced                  the program alone
   heapcast                  `heapcast record -o DIR -- CMD` (recording and the conversion after it)
   heapcast --stacks 16      the same with 16-frame stacks
-  heapcast [program]        CMD alone under the recorder library (LD_PRELOAD, HEAPCAST_DIR): the
-                            program's own run time inside `record`, without the conversion
+  heapcast [program]        CMD alone under the recorder library (LD_PRELOAD, HEAPCAST_DIR) with the
+                            chunk drainer beside it (heapcast.drain), as `heapcast record` runs it:
+                            the program's own run time inside `record`, without the conversion
   article tracer            bench/article_tracer.c: mutex + sprintf + write() per call
   heaptrack                 `heaptrack -o FILE CMD`, when installed
 and prints medians: seconds, ns added per event (against untraced), slowdown, bytes per event on
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from heapcast.drain import ENV as DRAIN_ENV, Drainer  # noqa: E402
+
 from _common import (RESULTS_DIR, BenchError, compile_c, directory_bytes,  # noqa: E402
                      format_table, interleaved, machine_info, median, python_executable,
                      time_command, workload, write_json)
@@ -114,12 +117,14 @@ def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
 
 
 def heapcast_program(w: Workload, scratch: Path, library: str, stacks: int) -> Callable[[], dict]:
-    """The program under the recorder library alone: its own run time inside `heapcast record`."""
+    """The program under the recorder library, with the chunk drainer that `heapcast record` runs
+    beside it: its own run time inside `heapcast record`."""
     def run():
         with fresh_dir(scratch) as d:
             env = {**w.env, "LD_PRELOAD": library, "HEAPCAST_DIR": str(d),
-                   "HEAPCAST_STACKS": str(stacks)}
-            return {"seconds": time_command(w.cmd, env, d)}
+                   "HEAPCAST_STACKS": str(stacks), **DRAIN_ENV}
+            with Drainer(d):
+                return {"seconds": time_command(w.cmd, env, d)}
     return run
 
 

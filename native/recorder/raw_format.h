@@ -14,6 +14,17 @@
  * Two kinds of slots are not events: HC_LOC defines a location id (a call site, or a stack with
  * --stacks) and HC_TIME moves the chunk's time base (a slot's ts is a 32-bit offset from it).
  *
+ * Recycling (HC_FLAG_RECYCLE, when `heapcast record` runs a drainer, native/recorder/drain.c):
+ * writing fresh file pages costs the program more than the records themselves (the kernel must
+ * allocate and zero a page-cache page per 128 slots). So a thread that fills a 1 MiB chunk hands
+ * it to the drainer through the header's `sealed` queue and keeps it mapped; the drainer copies
+ * it to the end of the file, marks the original HC_CHUNK_DRAINED, zeroes its slots and hands it
+ * back through the `free` queue, and a thread reuses it (and its mapped pages) as a new chunk.
+ * Every record stays in the file at every moment, so SIGKILL (of the program or the drainer)
+ * loses nothing: a copy is written with magic 0 and given its magic only when complete, and a
+ * chunk whose copy completed but that was not yet marked drained is the same chunk twice (same
+ * tid, tsc and mono_ns): readers keep one.
+ *
  * Keep in sync with src/heapcast/trace/raw.py. */
 #ifndef HEAPCAST_RAW_FORMAT_H
 #define HEAPCAST_RAW_FORMAT_H
@@ -23,7 +34,9 @@
 #define HC_RAW_VERSION 1
 #define HC_HEADER_SIZE 4096
 #define HC_RECORD_SIZE 32
-#define HC_CHUNK_MAGIC 0x4b434348u /* "HCCK" little-endian */
+#define HC_CHUNK_MAGIC 0x4b434348u   /* "HCCK" little-endian */
+#define HC_CHUNK_DRAINED 0x44434348u /* "HCCD": copied elsewhere in the file; skip (size valid) */
+#define HC_QUEUE 64                  /* entries of the sealed and the free queue */
 #define HC_CHUNK_MIN (4u << 10)
 #define HC_CHUNK_MAX (1u << 20)
 
@@ -45,6 +58,18 @@ enum hc_op {
 #define HC_FLAG_CLEAN_EXIT 4u  /* the library destructor ran (exit() or return from main) */
 #define HC_FLAG_TRUNCATED 8u   /* the file could not grow: events after that point are lost */
 #define HC_FLAG_DORMANT 16u    /* an exec'd image that is not followed: no events */
+#define HC_FLAG_RECYCLE 32u    /* full 1 MiB chunks go through the sealed/free queues */
+
+/* A bounded queue of chunks between the recorder's threads and the drainer, in the shared header.
+ * An entry is a chunk's file offset (never 0 once written) and the address at which the recorder
+ * maps it (the drainer hands it back untouched). `sealed`: threads reserve an index by CAS on
+ * tail, then publish `off`; the drainer takes entries in order, clearing `off`, then advancing
+ * head. `free`: the drainer writes an entry, then advances tail; threads take one by CAS on head. */
+struct hc_queue {
+    _Alignas(64) volatile uint64_t head;
+    volatile uint64_t tail;
+    struct { volatile uint64_t off, addr; } e[HC_QUEUE];
+};
 
 struct hc_header {                 /* page 0 of a raw file */
     char magic[8];
@@ -68,6 +93,7 @@ struct hc_header {                 /* page 0 of a raw file */
     volatile uint32_t threads;                /* thread ids handed out */
     volatile uint32_t flags;
     volatile uint64_t locs;                   /* location ids handed out */
+    struct hc_queue sealed, free;             /* with HC_FLAG_RECYCLE, see above */
 };
 
 struct hc_chunk {                  /* 32 bytes at the start of every chunk */

@@ -19,6 +19,7 @@
  *   HEAPCAST_UNWIND  "fp" (frame pointers, default) or "dwarf" (glibc backtrace)
  *   HEAPCAST_MMAP    "1" to record mmap/munmap/mremap
  *   HEAPCAST_FOLLOW  "1" to trace exec'd images too (otherwise only the first image and its forks)
+ *   HEAPCAST_DRAIN   "1": a drainer recycles full chunks (raw_format.h, "Recycling")
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -109,7 +110,7 @@ static volatile int g_state = ST_UNINIT;
 static volatile uint32_t g_gen = 1;  /* bumped in a fork child: every thread state becomes stale */
 static struct hc_header *H;          /* mapped header page of this process's raw file */
 static int g_fd = -1, g_mods_fd = -1;
-static int g_stack_depth, g_unwind_dwarf, g_mmap, g_follow, g_use_tsc;
+static int g_stack_depth, g_unwind_dwarf, g_mmap, g_follow, g_use_tsc, g_recycle;
 static char g_dir[4096];
 static volatile int g_grow_lock;
 static uintptr_t g_self_lo, g_self_hi;  /* this library's code: its frames are not the program's */
@@ -119,6 +120,7 @@ static volatile int g_exited;        /* the destructor ran */
 
 struct tstate {
     struct hc_record *rec;           /* current chunk, slot 0 is the chunk header */
+    uint64_t off;                    /* its offset in the file */
     uint32_t pos, cap;               /* next free slot, slots in the chunk */
     uint32_t gen, tid;
     uint32_t next_size;              /* size of the next chunk to claim */
@@ -430,7 +432,8 @@ static int open_process_files(int forked_from, uint64_t fork_seq) {
     h->seq = 1;
     h->file_end = HC_HEADER_SIZE;
     h->file_reserved = reserved;
-    h->flags = (g_mmap ? HC_FLAG_MMAP : 0) | (g_use_tsc ? HC_FLAG_TSC : 0);
+    h->flags = (g_mmap ? HC_FLAG_MMAP : 0) | (g_use_tsc ? HC_FLAG_TSC : 0) |
+               (g_recycle ? HC_FLAG_RECYCLE : 0);
     __atomic_thread_fence(__ATOMIC_RELEASE);
     memcpy(h->magic, HC_RAW_MAGIC, 8);  /* last: a reader sees a complete header or none */
 
@@ -506,6 +509,7 @@ static void init_process(void) {
         g_unwind_dwarf = uw && strcmp(uw, "dwarf") == 0;
         g_mmap = env_int("HEAPCAST_MMAP", 0) == 1;
         g_follow = env_int("HEAPCAST_FOLLOW", 0) == 1;
+        g_recycle = env_int("HEAPCAST_DRAIN", 0) == 1;
         g_use_tsc = tsc_is_reliable();
         int traced = 1;
         if (!g_follow && !claim_root()) traced = 0;
@@ -561,22 +565,63 @@ static void stack_bounds(struct tstate *t) {
     }
 }
 
-/* Maps a fresh chunk with room for at least `slots` records after its header. */
+/* Hands a full 1 MiB chunk, still mapped, to the drainer; 0 if the queue is full. */
+static int seal_chunk(uint64_t off, struct hc_record *m) {
+    struct hc_queue *q = &H->sealed;
+    uint64_t t = __atomic_load_n(&q->tail, __ATOMIC_RELAXED);
+    do {
+        if (t - __atomic_load_n(&q->head, __ATOMIC_ACQUIRE) >= HC_QUEUE) return 0;
+    } while (!__atomic_compare_exchange_n(&q->tail, &t, t + 1, 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+    /* The drainer cleared this entry before it advanced head past it. */
+    q->e[t % HC_QUEUE].addr = (uint64_t)(uintptr_t)m;
+    __atomic_store_n(&q->e[t % HC_QUEUE].off, off, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* Takes a drained 1 MiB chunk (zeroed, still mapped by this process); 0 if there is none. */
+static struct hc_record *reuse_chunk(uint64_t *off) {
+    struct hc_queue *q = &H->free;
+    uint64_t h = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE);
+    for (;;) {
+        if (h == __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE)) return NULL;
+        /* Read before the CAS: the drainer rewrites entry h only after head has passed it, and
+         * then this CAS fails. */
+        uint64_t o = q->e[h % HC_QUEUE].off, a = q->e[h % HC_QUEUE].addr;
+        if (__atomic_compare_exchange_n(&q->head, &h, h + 1, 1, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            *off = o;
+            return (struct hc_record *)(uintptr_t)a;
+        }
+    }
+}
+
+/* Maps a chunk with room for at least `slots` records after its header: a recycled one when the
+ * drainer has handed one back, else fresh file space. */
 static int claim_chunk(struct tstate *t, uint32_t slots) {
     if (__atomic_load_n(&H->flags, __ATOMIC_RELAXED) & HC_FLAG_TRUNCATED) return 0;  /* disk full */
     uint32_t size = t->next_size ? t->next_size : HC_CHUNK_MIN;
     while (size < (slots + 1) * HC_RECORD_SIZE) size *= 2;  /* + 1: the chunk header */
     if (t->next_size < HC_CHUNK_MAX) t->next_size = size * 2;
-    if (t->rec) { sys_munmap(t->rec, (size_t)t->cap * HC_RECORD_SIZE); t->rec = NULL; t->cap = 0; }
-    uint64_t off = __atomic_fetch_add(&H->file_end, size, __ATOMIC_RELAXED);
-    if (!reserve_file(off + size)) return 0;
-    /* Not MAP_POPULATE: it pre-faults the pages for reading, and every page then faults again on
-     * its first write. MADV_POPULATE_WRITE (Linux 5.14) maps them writable in one call; on an
-     * older kernel it fails harmlessly and the first writes fault instead. */
-    struct hc_record *m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED,
-                                   g_fd, (off_t)off);
-    if (m == MAP_FAILED) return 0;
-    syscall(SYS_madvise, m, size, 23 /* MADV_POPULATE_WRITE */);
+    if (t->rec) {
+        size_t bytes = (size_t)t->cap * HC_RECORD_SIZE;
+        if (!(g_recycle && bytes == HC_CHUNK_MAX && seal_chunk(t->off, t->rec)))
+            sys_munmap(t->rec, bytes);
+        t->rec = NULL;
+        t->cap = 0;
+    }
+    uint64_t off = 0;
+    struct hc_record *m = g_recycle && size == HC_CHUNK_MAX ? reuse_chunk(&off) : NULL;
+    if (!m) {
+        off = __atomic_fetch_add(&H->file_end, size, __ATOMIC_RELAXED);
+        if (!reserve_file(off + size)) return 0;
+        /* Not MAP_POPULATE: it pre-faults the pages for reading, and every page then faults again
+         * on its first write. MADV_POPULATE_WRITE (Linux 5.14) maps them writable in one call; on
+         * an older kernel it fails harmlessly and the first writes fault instead. */
+        m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, (off_t)off);
+        if (m == MAP_FAILED) return 0;
+        syscall(SYS_madvise, m, size, 23 /* MADV_POPULATE_WRITE */);
+    }
     struct hc_chunk *c = (struct hc_chunk *)m;
     c->tid = t->tid;
     c->size = size;
@@ -586,6 +631,7 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     t->tbase = c->tsc;
     __atomic_store_n(&c->magic, HC_CHUNK_MAGIC, __ATOMIC_RELEASE);
     t->rec = m;
+    t->off = off;
     t->cap = size / HC_RECORD_SIZE;
     t->pos = 1;
     snapshot_modules(0);
@@ -626,8 +672,10 @@ static int thread_ready_slow(struct tstate *t) {
 }
 
 static inline int thread_ready(struct tstate *t) {
+    /* ST_OFF (an image not traced, or tracing that could not start) answers without a call:
+     * every heap call of an untraced child passes here. */
     return LIKELY(t->gen == g_gen && g_state == ST_ACTIVE && !(t->own | t->busy)) ||
-           thread_ready_slow(t);
+           (g_state != ST_OFF && thread_ready_slow(t));
 }
 
 /* Returns room for n consecutive slots, or NULL (the caller counts the loss). */

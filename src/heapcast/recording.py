@@ -1,9 +1,10 @@
 """`heapcast record`: run a program under the native recorder, sample its RSS, convert the trace.
 
 The program runs with the recorder preloaded; while it runs, this process samples the resident set
-of every traced process from /proc every `rss_interval_ms`. When the program has ended (however it
-ended), the raw files are converted into compressed .hct files (`finalize`), so a trace cut by
-SIGKILL still yields everything that was written.
+of every traced process from /proc every `rss_interval_ms`, and a native thread recycles the
+recorder's full chunks (heapcast.drain). When the program has ended (however it ended), the raw
+files are converted into compressed .hct files (`finalize`), so a trace cut by SIGKILL still yields
+everything that was written.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .drain import ENV as DRAIN_ENV, Drainer
 from .trace.format import RSS_DTYPE, SESSION_FILE, TRACE_SUFFIX
 from .trace.raw import HEADER_SIZE, RAW_MAGIC, RawProcess, raw_files
 from .trace.writer import open_private, write_process_file, write_session
@@ -179,6 +181,13 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         env.update(HEAPCAST_DIR=str(path.resolve()), HEAPCAST_STACKS=str(stacks),
                    HEAPCAST_UNWIND=unwind, HEAPCAST_MMAP="1" if mmap else "0",
                    HEAPCAST_FOLLOW="1" if follow_children else "0")
+    drainer = None
+    if problem is None:
+        try:
+            drainer = Drainer(path).start()
+            env.update(DRAIN_ENV)
+        except OSError:
+            drainer = None   # the recorder then takes fresh file space for every chunk
     start = time.monotonic()
     try:
         exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms)
@@ -186,6 +195,9 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         if problem is None and not existed:
             shutil.rmtree(path, ignore_errors=True)  # nothing ran: leave no empty trace behind
         raise
+    finally:
+        if drainer is not None:
+            drainer.stop()
     result = RecordResult(exit_code, path, cmd)
     result.wall_s = time.monotonic() - start
     if problem is not None:

@@ -26,6 +26,7 @@ RAW_VERSION = 1
 HEADER_SIZE = 4096
 SLOT = 32
 CHUNK_MAGIC = 0x4B434348
+CHUNK_DRAINED = 0x44434348   # recycled: its records were copied to a later chunk of the file
 CHUNK_MAX = 1 << 20
 OP_LOCX, OP_TIME, OP_LOC, OP_EXT = 0xFC, 0xFD, 0xFE, 0xFF
 FLAG_MMAP, FLAG_TSC, FLAG_CLEAN_EXIT, FLAG_TRUNCATED, FLAG_DORMANT = 1, 2, 4, 8, 16
@@ -93,15 +94,20 @@ class RawProcess:
         buf = self._buffer()
         address, length = buf.ctypes.data, len(buf)
         del buf   # the mapping stays: self._mm holds it
+        seen = set()
         off = HEADER_SIZE
         while off + SLOT <= self.limit:
             magic, tid, size, _os_tid, tsc, mono = _CHUNK.unpack_from(self._mm, off)
-            if magic != CHUNK_MAGIC:
-                off += 4096   # a chunk claimed by a thread killed before it wrote the header
-                continue
+            if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
+                off += 4096   # a chunk claimed by a thread killed before it wrote the header,
+                continue      # or a drainer's copy that it did not finish
             if size < 4096 or size % 4096 or size > 64 * CHUNK_MAX or off + size > self.limit:
                 raise TraceError(self.path, off, f"chunk size {size} is not a multiple of 4096 "
                                  f"that fits in the file ({self.limit} bytes)")
+            if magic == CHUNK_DRAINED or (tid, tsc, mono) in seen:
+                off += size   # recycled, or a drainer's copy of a chunk it had not marked yet
+                continue
+            seen.add((tid, tsc, mono))
             pairs.append((tsc, mono))
             n, events, seq_min, seq_max, locs, bad = native_raw.scan_chunk(address, length, off,
                                                                            size)

@@ -1,0 +1,255 @@
+/* heapcast drainer: recycles the full chunks of running recorders (raw_format.h, "Recycling").
+ *
+ * `heapcast record` starts it as a thread of its own process (heapcast.drain, through ctypes)
+ * while the program runs. It watches the trace directory for raw files whose header has
+ * HC_FLAG_RECYCLE, takes the chunks their threads sealed, copies each to the end of its file and
+ * hands the chunk back, zeroed, for a thread to reuse: the program then writes into pages that
+ * are already in the page cache and already mapped, instead of making the kernel allocate, zero
+ * and map fresh ones (which costs more than the records themselves). The copying happens here,
+ * on another core.
+ *
+ * Order of a recycle, so that a SIGKILL of either side at any point loses no record:
+ *   1. reserve space at the file's end (fallocate), write the copy with magic 0, then its magic;
+ *   2. mark the original HC_CHUNK_DRAINED (readers skip it), zero its slots;
+ *   3. put it on the free queue.
+ * Killed before 1 ends: the copy reads as unclaimed space, the original holds the records.
+ * Between 1 and 2: the chunk is in the file twice, identical; readers keep one.
+ * Any failure (no fallocate, disk full) stops recycling for that file: its chunks stay in place. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "raw_format.h"
+
+#define HC_API __attribute__((visibility("default")))
+#define MAP_CACHE (2 * HC_QUEUE)     /* chunk mappings kept per file: those in circulation */
+#define SCAN_NS 10000000ull          /* look for new raw files every 10 ms */
+
+struct mapping { uint64_t off; char *ptr; };
+
+struct proc {                        /* one raw file */
+    char name[256];
+    int fd, pid, active;
+    struct hc_header *h;
+    struct mapping maps[MAP_CACHE];
+    unsigned nmaps, evict;
+};
+
+struct drainer {
+    pthread_t thread;
+    volatile int stop;
+    unsigned poll_us;
+    char dir[4096];
+    struct proc *procs;
+    size_t nprocs, cap;
+    uint64_t chunks, failures;       /* chunks recycled; files whose recycling stopped */
+};
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void release(struct proc *p) {
+    for (unsigned i = 0; i < p->nmaps; i++) munmap(p->maps[i].ptr, HC_CHUNK_MAX);
+    p->nmaps = 0;
+    if (p->h) munmap(p->h, HC_HEADER_SIZE);
+    p->h = NULL;
+    if (p->fd >= 0) close(p->fd);
+    p->fd = -1;
+    p->active = 0;
+}
+
+static int known(struct drainer *d, const char *name) {
+    for (size_t i = 0; i < d->nprocs; i++)
+        if (strcmp(d->procs[i].name, name) == 0) return 1;
+    return 0;
+}
+
+/* Opens a raw file whose header is complete; 0 to try again at the next scan. */
+static int open_raw(struct drainer *d, const char *name) {
+    char path[4096 + 256 + 2];
+    size_t dl = strlen(d->dir), nl = strlen(name);
+    if (nl >= sizeof d->procs[0].name) return 1;    /* not a name the recorder writes: ignore */
+    memcpy(path, d->dir, dl);
+    path[dl] = '/';
+    memcpy(path + dl + 1, name, nl + 1);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return errno != ENOENT;             /* gone already: nothing to do */
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < HC_HEADER_SIZE) { close(fd); return 0; }
+    struct hc_header *h = mmap(NULL, HC_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (h == MAP_FAILED) { close(fd); return 0; }
+    if (memcmp((const void *)h->magic, HC_RAW_MAGIC, 8) != 0) {  /* written last: not yet */
+        munmap(h, HC_HEADER_SIZE);
+        close(fd);
+        return 0;
+    }
+    if (d->nprocs == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 16;
+        struct proc *np = realloc(d->procs, cap * sizeof *np);
+        if (!np) { munmap(h, HC_HEADER_SIZE); close(fd); return 0; }
+        d->procs = np;
+        d->cap = cap;
+    }
+    struct proc *p = &d->procs[d->nprocs++];
+    memset(p, 0, sizeof *p);
+    memcpy(p->name, name, nl + 1);
+    p->fd = fd;
+    p->h = h;
+    p->pid = h->pid;
+    p->active = 1;
+    if (!(__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) & HC_FLAG_RECYCLE)) release(p);
+    return 1;
+}
+
+static void scan_dir(struct drainer *d) {
+    DIR *dir = opendir(d->dir);
+    if (!dir) return;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (n > 4 && strcmp(e->d_name + n - 4, ".raw") == 0 && !known(d, e->d_name))
+            open_raw(d, e->d_name);
+    }
+    closedir(dir);
+    /* A file whose process is gone will seal nothing more. */
+    for (size_t i = 0; i < d->nprocs; i++) {
+        struct proc *p = &d->procs[i];
+        if (p->active && kill(p->pid, 0) != 0 && errno == ESRCH) release(p);
+    }
+}
+
+static char *map_chunk(struct proc *p, uint64_t off) {
+    for (unsigned i = 0; i < p->nmaps; i++)
+        if (p->maps[i].off == off) return p->maps[i].ptr;
+    char *m = mmap(NULL, HC_CHUNK_MAX, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, (off_t)off);
+    if (m == MAP_FAILED) return NULL;
+    unsigned i;
+    if (p->nmaps < MAP_CACHE) {
+        i = p->nmaps++;
+    } else {
+        i = p->evict++ % MAP_CACHE;
+        munmap(p->maps[i].ptr, HC_CHUNK_MAX);
+    }
+    p->maps[i].off = off;
+    p->maps[i].ptr = m;
+    return m;
+}
+
+static int write_all(int fd, struct iovec *iov, int n, uint64_t off) {
+    while (n > 0) {
+        ssize_t w = pwritev(fd, iov, n, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return 0;
+        }
+        off += (uint64_t)w;
+        while (n > 0 && (size_t)w >= iov->iov_len) { w -= (ssize_t)iov->iov_len; iov++; n--; }
+        if (n > 0) { iov->iov_base = (char *)iov->iov_base + w; iov->iov_len -= (size_t)w; }
+    }
+    return 1;
+}
+
+/* Copies the sealed chunk at `off` to the end of the file and marks the original drained. */
+static int copy_chunk(struct proc *p, char *m) {
+    struct hc_chunk hdr;
+    memcpy(&hdr, m, sizeof hdr);
+    if (hdr.magic != HC_CHUNK_MAGIC || hdr.size != HC_CHUNK_MAX) return 0;
+    uint64_t dst = __atomic_fetch_add(&p->h->file_end, HC_CHUNK_MAX, __ATOMIC_RELAXED);
+    /* fallocate, not a write into a hole: on a full disk it fails here, not in the program; and
+     * no posix_fallocate emulation may rewrite bytes under the recorder's own reservations. */
+    if (fallocate(p->fd, 0, (off_t)dst, HC_CHUNK_MAX) != 0) return 0;
+    hdr.magic = 0;
+    struct iovec iov[2] = {{&hdr, sizeof hdr}, {m + sizeof hdr, HC_CHUNK_MAX - sizeof hdr}};
+    uint32_t magic = HC_CHUNK_MAGIC;
+    struct iovec mv = {&magic, sizeof magic};
+    if (!write_all(p->fd, iov, 2, dst) || !write_all(p->fd, &mv, 1, dst)) return 0;
+    __atomic_store_n((uint32_t *)m, HC_CHUNK_DRAINED, __ATOMIC_RELEASE);
+    memset(m + sizeof hdr, 0, HC_CHUNK_MAX - sizeof hdr);
+    return 1;
+}
+
+/* Recycles what the file's threads sealed; returns the number of chunks. */
+static unsigned drain(struct drainer *d, struct proc *p) {
+    struct hc_queue *sq = &p->h->sealed, *fq = &p->h->free;
+    unsigned done = 0;
+    for (;;) {
+        uint64_t head = sq->head;   /* the only consumer */
+        uint64_t off = __atomic_load_n(&sq->e[head % HC_QUEUE].off, __ATOMIC_ACQUIRE);
+        if (!off) break;            /* empty, or an entry reserved but not yet written */
+        uint64_t tail = fq->tail;   /* the only producer */
+        if (tail - __atomic_load_n(&fq->head, __ATOMIC_ACQUIRE) >= HC_QUEUE) break;
+        uint64_t addr = sq->e[head % HC_QUEUE].addr;
+        __atomic_store_n(&sq->e[head % HC_QUEUE].off, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&sq->head, head + 1, __ATOMIC_RELEASE);
+        char *m = map_chunk(p, off);
+        if (!m || !copy_chunk(p, m)) {  /* the chunk keeps its records in place */
+            d->failures++;
+            release(p);
+            break;
+        }
+        fq->e[tail % HC_QUEUE].off = off;
+        fq->e[tail % HC_QUEUE].addr = addr;
+        __atomic_store_n(&fq->tail, tail + 1, __ATOMIC_RELEASE);
+        done++;
+    }
+    return done;
+}
+
+static void *run(void *arg) {
+    struct drainer *d = arg;
+    uint64_t scanned = 0;
+    while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
+        uint64_t now = mono_ns();
+        if (now - scanned >= SCAN_NS) { scan_dir(d); scanned = now; }
+        unsigned work = 0;
+        for (size_t i = 0; i < d->nprocs; i++)
+            if (d->procs[i].active) work += drain(d, &d->procs[i]);
+        d->chunks += work;
+        if (!work) {
+            struct timespec ts = {0, (long)d->poll_us * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+/* Starts draining the raw files of trace directory `dir`, polling every `poll_us` microseconds
+ * when idle. Returns a handle for hc_drain_stop, or NULL (errno set) if the thread cannot start. */
+HC_API void *hc_drain_start(const char *dir, unsigned poll_us) {
+    size_t n = strlen(dir);
+    if (n >= sizeof ((struct drainer *)0)->dir) { errno = ENAMETOOLONG; return NULL; }
+    struct drainer *d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    memcpy(d->dir, dir, n + 1);
+    d->poll_us = poll_us ? poll_us : 1;
+    int rc = pthread_create(&d->thread, NULL, run, d);
+    if (rc != 0) { free(d); errno = rc; return NULL; }
+    return d;
+}
+
+/* Stops the drainer and frees it; out[0] = chunks recycled, out[1] = files whose recycling
+ * stopped on an error (their chunks stayed in place). Chunks still sealed stay where they are. */
+HC_API void hc_drain_stop(void *handle, uint64_t out[2]) {
+    struct drainer *d = handle;
+    __atomic_store_n(&d->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(d->thread, NULL);
+    for (size_t i = 0; i < d->nprocs; i++) release(&d->procs[i]);
+    out[0] = d->chunks;
+    out[1] = d->failures;
+    free(d->procs);
+    free(d);
+}
