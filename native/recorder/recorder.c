@@ -679,9 +679,16 @@ static inline int thread_ready(struct tstate *t) {
 }
 
 /* Returns room for n consecutive slots, or NULL (the caller counts the loss). */
-static struct hc_record *slots(struct tstate *t, uint32_t n) {
+static struct hc_record *slots_slow(struct tstate *t, uint32_t n);
+
+static inline __attribute__((always_inline)) struct hc_record *slots(struct tstate *t, uint32_t n) {
     uint32_t i = claim_slots(&t->pos, n);
     if (LIKELY(i + n <= t->cap)) return &t->rec[i];
+    return slots_slow(t, n);
+}
+
+/* The caller's claim ran past the chunk's end: open a new chunk (or lose the event). */
+static __attribute__((noinline)) struct hc_record *slots_slow(struct tstate *t, uint32_t n) {
     /* A signal handler that interrupted our own slow path, or an event being written (whose
      * slot lies in this chunk, at its time base): the nested event is lost, and counted. */
     if (t->busy || t->emitting > 1) return NULL;
@@ -768,7 +775,7 @@ static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n) {
 
 /* The location id of this event: its call site, or with --stacks its whole stack, interned in a
  * per-thread table (the reader merges ids that different threads gave to the same frames). */
-static inline uint32_t location(struct tstate *t, const void *callsite) {
+static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite) {
     uintptr_t frames[MAX_STACK];
     int n = 1;
     uint64_t h;
@@ -796,6 +803,17 @@ static inline uint32_t location(struct tstate *t, const void *callsite) {
     }
     memset(tab, 0, LOC_TABLE_SLOTS * 16);  /* crowded: start over (the reader merges duplicates) */
     return define_loc(t, frames, n);
+}
+
+/* The common case inline: a call site (no stacks) found at its first probe. */
+static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
+                                                               const void *callsite) {
+    if (LIKELY(!g_stack_depth && t->loc_table)) {
+        uint64_t h = ((uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull) | 1;
+        uint64_t *e = t->loc_table + 2 * ((uint32_t)(h >> 40) & (LOC_TABLE_SLOTS - 1));
+        if (LIKELY(e[0] == h)) return (uint32_t)e[1];
+    }
+    return location_slow(t, callsite);
 }
 
 /* ---------------------------------------------------------------- recording */
