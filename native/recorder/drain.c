@@ -51,6 +51,7 @@ struct drainer {
     volatile int stop;
     unsigned poll_us;
     char dir[4096];
+    struct timespec mtime;           /* of the directory when it was last read */
     struct proc *procs;
     size_t nprocs, cap;
     uint64_t chunks, failures;       /* chunks recycled; files whose recycling stopped */
@@ -70,6 +71,14 @@ static void release(struct proc *p) {
     if (p->fd >= 0) close(p->fd);
     p->fd = -1;
     p->active = 0;
+}
+
+/* Lets go of the files whose process is gone: they will seal nothing more. */
+static void reap(struct drainer *d) {
+    for (size_t i = 0; i < d->nprocs; i++) {
+        struct proc *p = &d->procs[i];
+        if (p->active && kill(p->pid, 0) != 0 && errno == ESRCH) release(p);
+    }
 }
 
 static int known(struct drainer *d, const char *name) {
@@ -115,7 +124,22 @@ static int open_raw(struct drainer *d, const char *name) {
     return 1;
 }
 
+/* Opens the raw files that appeared since the last scan. The directory is read only when its
+ * mtime moved, or moved recently (mtime has the kernel's coarse clock: a file created in the same
+ * tick as the last read leaves it unchanged), so that a trace of many processes costs little. */
 static void scan_dir(struct drainer *d) {
+    struct stat st;
+    struct timespec real;
+    if (stat(d->dir, &st) != 0) return;
+    clock_gettime(CLOCK_REALTIME, &real);
+    int64_t age = (int64_t)(real.tv_sec - st.st_mtim.tv_sec) * 1000000000 +
+                  (real.tv_nsec - st.st_mtim.tv_nsec);
+    if (st.st_mtim.tv_sec == d->mtime.tv_sec && st.st_mtim.tv_nsec == d->mtime.tv_nsec &&
+        age > 100000000) {
+        reap(d);
+        return;
+    }
+    d->mtime = st.st_mtim;
     DIR *dir = opendir(d->dir);
     if (!dir) return;
     struct dirent *e;
@@ -125,11 +149,7 @@ static void scan_dir(struct drainer *d) {
             open_raw(d, e->d_name);
     }
     closedir(dir);
-    /* A file whose process is gone will seal nothing more. */
-    for (size_t i = 0; i < d->nprocs; i++) {
-        struct proc *p = &d->procs[i];
-        if (p->active && kill(p->pid, 0) != 0 && errno == ESRCH) release(p);
-    }
+    reap(d);
 }
 
 static char *map_chunk(struct proc *p, uint64_t off) {

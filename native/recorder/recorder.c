@@ -860,19 +860,23 @@ static inline void emit_end(struct tstate *t) {
     t->emitting--;
 }
 
+/* Fills an event's first slot, its head last (a slot with a non-zero head is complete). */
+static inline __attribute__((always_inline)) void fill(struct hc_record *r, int op, uint64_t seq,
+        uint32_t ts, uint32_t loc, const void *a, uint64_t b) {
+    r->ts = ts;
+    r->loc = loc;
+    r->a = (uint64_t)(uintptr_t)a;
+    r->b = b;
+    __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
+}
+
 static inline __attribute__((always_inline)) void emit(struct tstate *t, int op, uint64_t seq,
         const void *a, uint64_t b, const void *callsite) {
     emit_begin(t);
     uint32_t loc = location(t, callsite);
     uint32_t ts;
     struct hc_record *r = event_slots(t, 1, &ts);
-    if (LIKELY(r != NULL)) {
-        r->ts = ts;
-        r->loc = loc;
-        r->a = (uint64_t)(uintptr_t)a;
-        r->b = b;
-        __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
-    }
+    if (LIKELY(r != NULL)) fill(r, op, seq, ts, loc, a, b);
     emit_end(t);
 }
 
@@ -889,11 +893,7 @@ static inline __attribute__((always_inline)) void emit_ext(struct tstate *t, int
     x->pad = 0;
     __atomic_store_n(&x->head, ((lag > 0xFFFFFFFFull ? 0xFFFFFFFFull : lag) << 8) | HC_EXT,
                      __ATOMIC_RELEASE);
-    r->ts = ts;
-    r->loc = loc;
-    r->a = (uint64_t)(uintptr_t)a;
-    r->b = b;
-    __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
+    fill(r, op, seq, ts, loc, a, b);
     emit_end(t);
 }
 
