@@ -35,6 +35,7 @@
 #define HC_API __attribute__((visibility("default")))
 #define MAP_CACHE (2 * HC_QUEUE)     /* chunk mappings kept per file: those in circulation */
 #define SCAN_NS 10000000ull          /* look for new raw files every 10 ms */
+#define IDLE_MAX_US 2000             /* longest idle sleep: 64 queued chunks outlast it by far */
 
 struct mapping { uint64_t off; char *ptr; };
 
@@ -145,8 +146,9 @@ static void scan_dir(struct drainer *d) {
     struct dirent *e;
     while ((e = readdir(dir)) != NULL) {
         size_t n = strlen(e->d_name);
-        if (n > 4 && strcmp(e->d_name + n - 4, ".raw") == 0 && !known(d, e->d_name))
-            open_raw(d, e->d_name);
+        if (n > 4 && strcmp(e->d_name + n - 4, ".raw") == 0 && !known(d, e->d_name) &&
+            !open_raw(d, e->d_name))
+            d->mtime.tv_sec = d->mtime.tv_nsec = 0;   /* header not written yet: read again */
     }
     closedir(dir);
     reap(d);
@@ -229,9 +231,12 @@ static unsigned drain(struct drainer *d, struct proc *p) {
     return done;
 }
 
+/* Polls while there is work; when idle, sleeps from poll_us doubling up to IDLE_MAX_US, so that
+ * an idle program does not cost a core thousands of wake-ups per second. */
 static void *run(void *arg) {
     struct drainer *d = arg;
     uint64_t scanned = 0;
+    unsigned idle_us = d->poll_us;
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
         uint64_t now = mono_ns();
         if (now - scanned >= SCAN_NS) { scan_dir(d); scanned = now; }
@@ -239,23 +244,26 @@ static void *run(void *arg) {
         for (size_t i = 0; i < d->nprocs; i++)
             if (d->procs[i].active) work += drain(d, &d->procs[i]);
         d->chunks += work;
-        if (!work) {
-            struct timespec ts = {0, (long)d->poll_us * 1000};
+        if (work) {
+            idle_us = d->poll_us;
+        } else {
+            struct timespec ts = {0, (long)idle_us * 1000};
             nanosleep(&ts, NULL);
+            if (idle_us < IDLE_MAX_US) idle_us = idle_us * 2 < IDLE_MAX_US ? idle_us * 2 : IDLE_MAX_US;
         }
     }
     return NULL;
 }
 
 /* Starts draining the raw files of trace directory `dir`, polling every `poll_us` microseconds
- * when idle. Returns a handle for hc_drain_stop, or NULL (errno set) if the thread cannot start. */
+ * (at most IDLE_MAX_US) when idle. Returns a handle for hc_drain_stop, or NULL (errno set) if the thread cannot start. */
 HC_API void *hc_drain_start(const char *dir, unsigned poll_us) {
     size_t n = strlen(dir);
     if (n >= sizeof ((struct drainer *)0)->dir) { errno = ENAMETOOLONG; return NULL; }
     struct drainer *d = calloc(1, sizeof *d);
     if (!d) return NULL;
     memcpy(d->dir, dir, n + 1);
-    d->poll_us = poll_us ? poll_us : 1;
+    d->poll_us = poll_us ? (poll_us < IDLE_MAX_US ? poll_us : IDLE_MAX_US) : 1;
     int rc = pthread_create(&d->thread, NULL, run, d);
     if (rc != 0) { free(d); errno = rc; return NULL; }
     return d;

@@ -187,7 +187,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
             drainer = Drainer(path).start()
             env.update(DRAIN_ENV)
         except OSError:
-            drainer = None   # the recorder then takes fresh file space for every chunk
+            pass   # the recorder then takes fresh file space for every chunk
     start = time.monotonic()
     try:
         exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms)
