@@ -17,7 +17,7 @@ from heapcast.recording import recorder_library
 from heapcast.trace import format as F
 from heapcast.trace import native_raw
 from heapcast.trace.format import TraceError
-from heapcast.trace.raw import (CHUNK_MAGIC, FLAG_CLEAN_EXIT, FLAG_TSC, HEADER_SIZE, OP_EXT,
+from heapcast.trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, FLAG_CLEAN_EXIT, FLAG_TSC, HEADER_SIZE, OP_EXT,
                                 OP_LOC, OP_LOCX, OP_TIME, RAW_MAGIC, SLOT, SLOT_DTYPE, Chunk,
                                 RawProcess, location_definition, raw_files)
 
@@ -35,22 +35,27 @@ EXT_OPS = np.array([F.CALLOC, F.REALLOC, F.REALLOCARRAY, F.POSIX_MEMALIGN, F.ALI
 
 def ref_scan(rp: RawProcess) -> tuple[list, dict]:
     """RawProcess._scan as numpy code: the chunks (without tsc) and the location definitions."""
-    chunks, locs = [], {}
+    chunks, locs, seen = [], {}, set()
     off = HEADER_SIZE
     while off + SLOT <= rp.limit:
         magic, tid, size, _os_tid, tsc, mono = _CHUNK.unpack_from(rp._mm, off)
-        if magic != CHUNK_MAGIC:
+        if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
             off += 4096
             continue
         if size < 4096 or size % 4096 or size > 64 * (1 << 20) or off + size > rp.limit:
             raise TraceError(rp.path, off, f"chunk size {size} is not a multiple of 4096 "
                              f"that fits in the file ({rp.limit} bytes)")
+        if magic == CHUNK_DRAINED or (tid, tsc, mono) in seen:
+            off += size
+            continue
+        seen.add((tid, tsc, mono))
         slots = np.frombuffer(rp._mm, SLOT_DTYPE, size // SLOT - 1, off + SLOT)
-        zero = np.flatnonzero(slots["head"] == 0)
-        n = int(zero[0]) if len(zero) else len(slots)
+        written = np.flatnonzero(slots["head"] != 0)   # zero heads are skipped, not an end
+        n = int(written[-1]) + 1 if len(written) else 0
         ops = (slots["head"][:n] & 0xFF).astype(np.uint8)
-        ev = ops <= F.MREMAP
-        bad = ~ev & (ops < OP_LOCX)
+        record = slots["head"][:n] != 0
+        ev = (ops <= F.MREMAP) & record
+        bad = ~ev & (ops < OP_LOCX) & record
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise TraceError(rp.path, off + SLOT * (i + 1), f"slot has op {ops[i]}, expected "
@@ -77,7 +82,7 @@ def ref_decode_chunk(rp: RawProcess, c: Chunk) -> dict:
     slots = np.frombuffer(rp._mm, SLOT_DTYPE, c.n, c.offset + SLOT)
     head = slots["head"]
     ops = (head & 0xFF).astype(np.uint8)
-    is_event = ops <= F.MREMAP
+    is_event = (ops <= F.MREMAP) & (head != 0)
     if is_event.all():
         ev_idx, s, op = np.arange(c.n), slots, ops
     else:
@@ -270,7 +275,7 @@ class RawBuilder:
 
 
 def ev(seq, op, ts=0, loc=0, a=0, b=0):
-    assert seq or op, "a zero head ends the chunk"
+    assert seq or op, "a zero head is not a record"
     return ((seq << 8) | op, ts, loc, a, b)
 
 
@@ -509,8 +514,44 @@ def test_chunks_outside_the_mapping_are_refused():
         native_raw.decode_chunk(*mapping, chunk, clock)
     with pytest.raises(native_raw.NativeError):
         native_raw.decode_window(*mapping, chunk, clock, 0, 10)
-    chunk["n"] = 127   # the slots it is told to read, zero heads or not
-    assert native_raw.decode_window(*mapping, chunk, clock, 0, 10)["seq"].tolist() == [0] * 127
+    chunk["n"] = 127   # the slots it is told to read: all zero heads, so no event
+    assert native_raw.decode_window(*mapping, chunk, clock, 0, 10)["seq"].tolist() == []
+
+
+def test_records_after_an_unwritten_slot_are_read(tmp_path):
+    """A signal handler's records after the slot of the event it interrupted, which a SIGKILL
+    left unwritten: the zero head is skipped, the records after it are read."""
+    hole = (0, 0, 0, 0, 0)
+    b = RawBuilder()
+    b.chunk(0, [ev(1, F.MALLOC, a=0x1000, b=8), hole, ev(3, F.MALLOC, a=0x2000, b=16),
+                ev(4, F.FREE, a=0x2000), hole, hole, ev(5, F.CALLOC, a=0x3000, b=6), ext(arg=2)])
+    b.seq = 6
+    path = b.write(tmp_path / "1.raw")
+    compare_process(path)
+    rp = RawProcess(path)
+    c, = rp.chunks
+    assert c.n == 8 and (c.seq_min, c.seq_max) == (1, 5)
+    block, = rp.iter_events()
+    assert block["seq"].tolist() == [1, 3, 4, 5] and block["arg"].tolist() == [0, 0, 0, 2]
+    rp.close()
+
+
+def test_drained_and_duplicated_chunks_are_read_once(tmp_path):
+    """A recycled chunk (marked drained) is skipped; a chunk the drainer copied but had not yet
+    marked (same tid, tsc and mono_ns twice) is read once."""
+    b = RawBuilder()
+    b.chunk(0, [ev(1, F.MALLOC, a=0x1000, b=8)], tsc=10**12 + 5, mono=6 * 10**9,
+            magic=CHUNK_DRAINED)
+    b.chunk(0, [ev(2, F.MALLOC, a=0x2000, b=8)], tsc=10**12 + 9, mono=6 * 10**9 + 4)
+    b.chunk(0, [ev(1, F.MALLOC, a=0x1000, b=8)], tsc=10**12 + 5, mono=6 * 10**9)   # the copy
+    b.chunk(0, [ev(2, F.MALLOC, a=0x2000, b=8)], tsc=10**12 + 9, mono=6 * 10**9 + 4)
+    b.seq = 3
+    path = b.write(tmp_path / "1.raw")
+    compare_process(path)
+    rp = RawProcess(path)
+    block, = rp.iter_events()
+    assert block["seq"].tolist() == [1, 2] and block["addr"].tolist() == [0x1000, 0x2000]
+    rp.close()
 
 
 # ---------------------------------------------------------------- real recordings

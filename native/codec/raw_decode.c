@@ -37,7 +37,7 @@ enum { ERR_ARGS = -1, ERR_SPACE = -2, ERR_NOMEM = -3, ERR_EXT = -5 };
 typedef struct {
     uint64_t offset;    /* of the chunk header in the mapping */
     uint64_t size;      /* chunk bytes, header included */
-    uint64_t n;         /* slots to read after the header (those before the first zero head) */
+    uint64_t n;         /* slots to read after the header (up to the last non-zero head) */
     uint64_t tsc;       /* the chunk's first time base (its header's tsc) */
     uint32_t tid, pad;
 } hc_raw_chunk;
@@ -108,6 +108,7 @@ static inline __attribute__((always_inline)) int64_t decode(
     for (uint64_t i = 0; i < n; i++) {
         const uint8_t *s = slots + i * HC_RECORD_SIZE;
         const uint64_t head = rd64(s);
+        if (!head) continue;   /* not a record (see raw_format.h) */
         const unsigned op = head & 0xFF;
         if (op > HC_MREMAP) {
             if (op == HC_TIME) base = rd64(s + 16);
@@ -153,11 +154,10 @@ static inline __attribute__((always_inline)) int64_t decode(
     return (int64_t)(m - at);
 }
 
-/* Scans one chunk: out[0] = n (slots before the first zero head), out[1] = events, out[2] and
+/* Scans one chunk: out[0] = n (slots up to the last non-zero head), out[1] = events, out[2] and
  * out[3] = their smallest and largest seq (0 without events), out[4] = HC_LOC slots, out[5] = the
  * index of the first slot whose op is neither an operation nor a marker (UINT64_MAX if none; the
- * other values then cover the slots before it only). Returns 0, or ERR_ARGS if the chunk is not
- * inside the mapping. */
+ * caller refuses such a chunk). Returns 0, or ERR_ARGS if the chunk is not inside the mapping. */
 HC_API int64_t hc_raw_scan_chunk(const uint8_t *map, uint64_t map_len, uint64_t offset,
                                  uint64_t size, uint64_t *out) {
     hc_raw_chunk c = {offset, size, 0, 0, 0, 0};
@@ -165,9 +165,10 @@ HC_API int64_t hc_raw_scan_chunk(const uint8_t *map, uint64_t map_len, uint64_t 
     const uint8_t *slots = map + offset + HC_RECORD_SIZE;
     const uint64_t total = (size - HC_RECORD_SIZE) / HC_RECORD_SIZE;
     uint64_t n = 0, events = 0, lo = UINT64_MAX, hi = 0, locs = 0, bad = UINT64_MAX;
-    for (; n < total; n++) {
-        const uint64_t head = rd64(slots + n * HC_RECORD_SIZE);
-        if (!head) break;
+    for (uint64_t i = 0; i < total; i++) {
+        const uint64_t head = rd64(slots + i * HC_RECORD_SIZE);
+        if (!head) continue;   /* not a record; records may follow (see raw_format.h) */
+        n = i + 1;
         const unsigned op = head & 0xFF;
         if (op <= HC_MREMAP) {
             const uint64_t seq = head >> 8;
@@ -177,7 +178,7 @@ HC_API int64_t hc_raw_scan_chunk(const uint8_t *map, uint64_t map_len, uint64_t 
         } else if (op == HC_LOC) {
             locs++;
         } else if (op < HC_LOCX && bad == UINT64_MAX) {
-            bad = n;
+            bad = i;
         }
     }
     out[0] = n;
@@ -208,7 +209,7 @@ static void count_seqs(const uint8_t *map, const hc_raw_chunk *c, uint64_t lo, u
     const uint8_t *slots = map + c->offset + HC_RECORD_SIZE;
     for (uint64_t i = 0; i < c->n; i++) {
         const uint64_t head = rd64(slots + i * HC_RECORD_SIZE), seq = head >> 8;
-        if ((head & 0xFF) <= HC_MREMAP && seq >= lo && seq < hi) count[seq - lo + 1]++;
+        if (head && (head & 0xFF) <= HC_MREMAP && seq >= lo && seq < hi) count[seq - lo + 1]++;
     }
 }
 

@@ -8,8 +8,10 @@
  * Layout: a 4096-byte header page, then chunks. A chunk belongs to one thread; it starts with a
  * 32-byte chunk header and holds 32-byte slots. An event takes one slot (malloc, free) or two
  * (the ops with more arguments: the second slot is a struct hc_ext). A slot is complete when its
- * first word (head) is non-zero: the recorder writes head last. The reader stops a chunk at the
- * first zero head. Chunks are 4 KiB-aligned; their sizes grow per thread from 4 KiB to 1 MiB.
+ * first word (head) is non-zero: the recorder writes head last. Readers skip zero-head slots but
+ * read on: a signal handler's records can follow the slot of the event it interrupted, which a
+ * SIGKILL may leave unwritten. Chunks are 4 KiB-aligned; their sizes grow per thread from 4 KiB
+ * to 1 MiB.
  *
  * Two kinds of slots are not events: HC_LOC defines a location id (a call site, or a stack with
  * --stacks) and HC_TIME moves the chunk's time base (a slot's ts is a 32-bit offset from it).
