@@ -51,6 +51,9 @@
 #define MAX_STACK 64
 #define GROW_BYTES (16u << 20)
 #define LOC_TABLE_SLOTS (1u << 14)
+/* Slots at the end of every chunk that only a nested event (a signal handler's, while the event it
+ * interrupted is being written) may take: it must not replace the chunk then (see slots_slow). */
+#define NESTED_RESERVE 32u
 
 /* ---------------------------------------------------------------- the real functions */
 
@@ -121,7 +124,7 @@ static volatile int g_exited;        /* the destructor ran */
 struct tstate {
     struct hc_record *rec;           /* current chunk, slot 0 is the chunk header */
     uint64_t off;                    /* its offset in the file */
-    uint32_t pos, cap;               /* next free slot, slots in the chunk */
+    uint32_t pos, cap;               /* next free slot, slots in the chunk but NESTED_RESERVE */
     uint32_t gen, tid;
     uint32_t next_size;              /* size of the next chunk to claim */
     int own;                         /* we call something that may allocate for us: pass through */
@@ -130,12 +133,17 @@ struct tstate {
     int emitting;                    /* events being written on this thread: 2 or more means a
                                         signal handler's event interrupted another one, which
                                         holds a slot pointer and a time base; the nested event
-                                        must not replace the chunk or move the base (see slots) */
+                                        must not replace the chunk or move the base
+                                        (slots_slow, event_slots) */
     uint64_t tbase;                  /* time base of the current chunk */
     uintptr_t stk_lo, stk_hi;        /* stack bounds, for frame pointer walks */
     uint64_t *loc_table;             /* open addressing: (key hash, location id) pairs */
 };
 static TLS struct tstate T;
+
+static inline size_t chunk_bytes(const struct tstate *t) {   /* of the current chunk */
+    return (size_t)(t->cap + NESTED_RESERVE) * HC_RECORD_SIZE;
+}
 
 /* ---------------------------------------------------------------- small helpers (no libc allocation) */
 
@@ -534,7 +542,7 @@ static void atfork_child(void) {
     uint64_t fork_seq = __atomic_load_n(&H->seq, __ATOMIC_ACQUIRE);
     struct hc_header *old = H;
     H = NULL;
-    if (T.rec) sys_munmap(T.rec, (size_t)T.cap * HC_RECORD_SIZE);
+    if (T.rec) sys_munmap(T.rec, chunk_bytes(&T));
     T.rec = NULL;
     T.pos = T.cap = 0;
     sys_munmap(old, HC_HEADER_SIZE);
@@ -601,10 +609,10 @@ static struct hc_record *reuse_chunk(uint64_t *off) {
 static int claim_chunk(struct tstate *t, uint32_t slots) {
     if (__atomic_load_n(&H->flags, __ATOMIC_RELAXED) & HC_FLAG_TRUNCATED) return 0;  /* disk full */
     uint32_t size = t->next_size ? t->next_size : HC_CHUNK_MIN;
-    while (size < (slots + 1) * HC_RECORD_SIZE) size *= 2;  /* + 1: the chunk header */
+    while (size < (slots + 1 + NESTED_RESERVE) * HC_RECORD_SIZE) size *= 2;  /* 1: the header */
     if (t->next_size < HC_CHUNK_MAX) t->next_size = size * 2;
     if (t->rec) {
-        size_t bytes = (size_t)t->cap * HC_RECORD_SIZE;
+        size_t bytes = chunk_bytes(t);
         if (!(g_recycle && bytes == HC_CHUNK_MAX && seal_chunk(t->off, t->rec)))
             sys_munmap(t->rec, bytes);
         t->rec = NULL;
@@ -632,7 +640,7 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     __atomic_store_n(&c->magic, HC_CHUNK_MAGIC, __ATOMIC_RELEASE);
     t->rec = m;
     t->off = off;
-    t->cap = size / HC_RECORD_SIZE;
+    t->cap = size / HC_RECORD_SIZE - NESTED_RESERVE;
     t->pos = 1;
     snapshot_modules(0);
     return 1;
@@ -679,19 +687,24 @@ static inline int thread_ready(struct tstate *t) {
 }
 
 /* Returns room for n consecutive slots, or NULL (the caller counts the loss). */
-static struct hc_record *slots_slow(struct tstate *t, uint32_t n);
+static struct hc_record *slots_slow(struct tstate *t, uint32_t i, uint32_t n);
 
 static inline __attribute__((always_inline)) struct hc_record *slots(struct tstate *t, uint32_t n) {
     uint32_t i = claim_slots(&t->pos, n);
     if (LIKELY(i + n <= t->cap)) return &t->rec[i];
-    return slots_slow(t, n);
+    return slots_slow(t, i, n);
 }
 
-/* The caller's claim ran past the chunk's end: open a new chunk (or lose the event). */
-static __attribute__((noinline)) struct hc_record *slots_slow(struct tstate *t, uint32_t n) {
-    /* A signal handler that interrupted our own slow path, or an event being written (whose
-     * slot lies in this chunk, at its time base): the nested event is lost, and counted. */
-    if (t->busy || t->emitting > 1) return NULL;
+/* The claim of slots i..i+n ran past the chunk's end: open a new chunk (or lose the event). */
+static __attribute__((noinline)) struct hc_record *slots_slow(struct tstate *t, uint32_t i,
+                                                              uint32_t n) {
+    /* A signal handler that interrupted our own slow path: the nested event is lost, and
+     * counted. */
+    if (t->busy) return NULL;
+    /* A signal handler's event while another event is being written, which holds a slot of this
+     * chunk and its time base: this chunk must stay. Its reserve takes the nested event. */
+    if (t->emitting > 1)
+        return t->rec && i + n <= t->cap + NESTED_RESERVE ? &t->rec[i] : NULL;
     /* Signals wait the few microseconds of a claim, so that a handler that allocates is
      * recorded rather than lost. */
     sigset_t all, prev;
