@@ -9,7 +9,7 @@ class NativeBuild(build_ext):
 
     def get_ext_filename(self, ext_name):
         if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec",
-                                  "libheapcast_drain")):
+                                  "libheapcast_drain", "libheapcast_policy")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -56,4 +56,15 @@ drain = Extension(
     extra_link_args=["-pthread"],
 )
 
-setup(ext_modules=[recorder, lab, codec, drain], cmdclass={"build_ext": NativeBuild})
+# The policy runtime (heapcast.policy.native, and compiled into the recorder and the allocator):
+# no FMA contraction, so that every SIMD width computes the same bits (native/policy/rnn.c).
+policy = Extension(
+    "heapcast.libheapcast_policy",
+    sources=[f"native/policy/{name}.c" for name in ("policy", "rnn", "table", "modmap")],
+    depends=["native/policy/heapcast_policy.h", "native/policy/internal.h"],
+    extra_compile_args=["-std=gnu11", "-O3", "-fvisibility=hidden", "-ffp-contract=off", "-Wall",
+                        "-Wextra", "-Wno-psabi"],
+    libraries=["m"],
+)
+
+setup(ext_modules=[recorder, lab, codec, drain, policy], cmdclass={"build_ext": NativeBuild})
