@@ -104,9 +104,11 @@ void hc_predict_alloc(const hc_policy *p, hc_stream *s, const hc_event *ev, hc_p
 /* Runs one whole stream of n events from its start: out[j] is the prediction for row j (made
  * from the rows before it for next/free, at row j for lifetime) where want[j] is nonzero;
  * labels[j] is row j's true label (-1 none), which the in-run memory reads once row j happened.
- * 0, or -1 if the stream's state could not be mapped. (heapcast evaluate POLICY uses it.) */
+ * Rows before warm_from feed only the histories and the in-run memory: an rnn's network starts
+ * there from rest (0: the whole stream, as a program's run does). 0, or -1 if the stream's state
+ * could not be mapped. (heapcast evaluate POLICY uses it.) */
 int hc_run(const hc_policy *p, const hc_event *ev, const int32_t *labels, const uint8_t *want,
-           uint64_t n, hc_prediction *out, int memory_log2);
+           uint64_t n, hc_prediction *out, int memory_log2, uint64_t warm_from);
 
 /* ---- keys and tokens (shared with the trace tools: heapcast.forecast.features/vocab) --------- */
 

@@ -554,14 +554,13 @@ HC_EXPORT void hc_predict_alloc(const hc_policy *p, hc_stream *s, const hc_event
     *out = s->pred;
 }
 
-/* Runs one whole stream (for `heapcast evaluate POLICY` and the tests): out[j] is the prediction
- * made for row j from the rows before it (next, free) or at row j itself (lifetime), for the rows
- * where want[j] is nonzero (others are fed only). labels[j] is row j's true label (-1 none): the
- * in-run memory reads it once row j has happened, as a program's own run would. */
+/* Runs one whole stream (heapcast_policy.h). */
 HC_EXPORT int hc_run(const hc_policy *p, const hc_event *ev, const int32_t *labels,
-                     const uint8_t *want, uint64_t n, hc_prediction *out, int memory_log2) {
+                     const uint8_t *want, uint64_t n, hc_prediction *out, int memory_log2,
+                     uint64_t warm_from) {
     hc_stream *s = hc_stream_open2(p, memory_log2);
     if (!s) return -1;
+    s->skip_until = warm_from;
     int shift = p->cfg[CFG_SHIFT];
     for (uint64_t j = 0; j < n; j++) {
         if (shift) {
