@@ -94,6 +94,9 @@ void hc_stream_reset(hc_stream *s);             /* back to the start of a stream
  * it; for `lifetime`, call hc_predict_alloc instead at each allocation. `label` is the true
  * label of this event when known (-1 otherwise): the in-run memory learns from it. */
 void hc_stream_feed(hc_stream *s, const hc_event *ev, int32_t label);
+/* The same, computing the next prediction only if predict_next (an rnn's state still steps):
+ * for callers that predict every N events. */
+void hc_stream_feed_ex(hc_stream *s, const hc_event *ev, int32_t label, int predict_next);
 
 /* The prediction for the next event of the stream (next/free tasks). */
 void hc_stream_predict(hc_stream *s, hc_prediction *out);

@@ -521,6 +521,10 @@ HC_EXPORT void hc_stream_feed(hc_stream *s, const hc_event *ev, int32_t label) {
     feed(s, ev, label, s->p->cfg[CFG_SHIFT]);
 }
 
+HC_EXPORT void hc_stream_feed_ex(hc_stream *s, const hc_event *ev, int32_t label, int predict_next) {
+    feed(s, ev, label, predict_next && s->p->cfg[CFG_SHIFT]);
+}
+
 HC_EXPORT void hc_stream_predict(hc_stream *s, hc_prediction *out) {
     const hc_policy *p = s->p;
     if (p->cfg[CFG_KIND] == HC_KIND_TABLE) {

@@ -65,9 +65,25 @@ def add_parsers(sub) -> None:
 
     e = sub.choices["evaluate"]
     forecast_evaluate = e.get_default("func")
+    e.add_argument("--online", action="store_true",
+                   help="score the predictions a policy logged while `heapcast record --policy` "
+                        "ran: heapcast evaluate --online TRACE")
+    e.usage = ("heapcast evaluate MODEL|POLICY TRACE... --protocol P [--json]\n"
+               "       heapcast evaluate --online TRACE [--json]")
 
     def _cmd_evaluate(a) -> int:
         from .fileformat import is_policy
+        if a.online:
+            from ..forecast.evaluate import format_result
+            from .online import evaluate_online
+            if a.traces or a.protocol:
+                raise ValueError("--online takes one TRACE and no --protocol: heapcast evaluate "
+                                 "--online TRACE")
+            r = evaluate_online(a.model)
+            print(json.dumps(r, indent=2) if a.json else format_result(r))
+            return 0
+        if not a.traces or not a.protocol:
+            raise ValueError("evaluate needs MODEL TRACE... --protocol P (or --online TRACE)")
         if not is_policy(a.model):
             return forecast_evaluate(a)
         from ..forecast.evaluate import format_result
