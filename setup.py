@@ -20,6 +20,7 @@ class NativeBuild(build_ext):
 recorder = Extension(
     "heapcast.libheapcast_recorder",
     sources=["native/recorder/recorder.c"],
+    depends=["native/recorder/raw_format.h", "native/recorder/pyframes.h"],
     extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",
                         "-ftls-model=initial-exec", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
     extra_link_args=["-pthread", "-ldl"],

@@ -12,6 +12,7 @@ import numpy as np
 
 from .heap import match_trace
 from .symbolize import UNKNOWN, Symbolizer
+from .trace.model import PY_FRAME_TAG
 from .trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
 
 PERCENTILES = (50, 90, 99)
@@ -102,11 +103,14 @@ class _CallSites:
         np.minimum.at(first_seq, inv, loc_first[used])
         syms = self.symbolizer.symbolize(p, addrs, first_seq)
         for a, c, b, s in zip(addrs.tolist(), counts.tolist(), nbytes.tolist(), syms):
-            key = (s.module, s.offset) if s.module != UNKNOWN else (UNKNOWN, p.pid, a)
+            python = bool(a & PY_FRAME_TAG)
+            key = ((s.module, s.offset, s.function) if python and s.module != UNKNOWN
+                   else (s.module, s.offset) if s.module != UNKNOWN else (UNKNOWN, p.pid, a))
             site = self.sites.get(key)
             if site is None:
+                # A Python call site: module is its file and offset its line.
                 self.sites[key] = {"function": s.function, "module": s.module, "address": a,
-                                   "offset": s.offset, "count": c, "bytes": b}
+                                   "offset": s.offset, "count": c, "bytes": b, "python": python}
             else:
                 site["count"] += c
                 site["bytes"] += b
@@ -311,7 +315,9 @@ def _table(headers: list, rows: list, indent: str = "  ") -> list:
 
 
 def _site_rows(sites: list) -> list:
-    return [[s["bytes"], s["count"], s["function"], s["module"], f"{s['address']:#x}"]
+    return [[s["bytes"], s["count"], s["function"], f"{s['module']}:{s['offset']}", "python"]
+            if s.get("python") else
+            [s["bytes"], s["count"], s["function"], s["module"], f"{s['address']:#x}"]
             for s in sites]
 
 
