@@ -145,6 +145,8 @@ struct tstate {
     uintptr_t stk_lo, stk_hi;        /* stack bounds, for frame pointer walks */
     uint64_t *loc_table;             /* open addressing: (key hash, location id) pairs */
     uintptr_t self;                  /* pthread_self(), to recognise this thread's Python state */
+    int boot;                        /* looking for CPython: what dlsym allocates comes from the
+                                        boot arena, never from the program's heap */
 };
 static TLS struct tstate T;
 
@@ -298,6 +300,24 @@ static int mods_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     return 0;
 }
 
+/* Looks for CPython (pyframes.h). dlsym allocates (a failed lookup's message): from the boot
+ * arena, so that the program's heap stays exactly as it would be untraced. */
+static void python_probe(void) {
+    T.own++;
+    T.boot++;
+    g_python = py_probe();
+    T.boot--;
+    T.own--;
+}
+
+/* A loaded libpython (an embedding program may dlopen it). */
+static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+    const char *name = info->dlpi_name ? info->dlpi_name : "", *base = name;
+    for (const char *c = name; *c; c++)
+        if (*c == '/') base = c + 1;
+    return strncmp(base, "libpython3", 10) == 0;
+}
+
 /* Writes the loaded modules to the .mods file when they changed since the last snapshot. */
 static void snapshot_modules(int force) {
     if (g_mods_fd < 0) return;
@@ -306,11 +326,8 @@ static void snapshot_modules(int force) {
     probe.count_only = 1;
     dl_iterate_phdr(mods_cb, &probe);
     if (!force && probe.adds == g_mods_adds && probe.subs == g_mods_subs) return;
-    if (g_python_want && !g_python) {  /* libpython may have come with a dlopen */
-        T.own++;                       /* dlsym may allocate: pass those calls through */
-        g_python = py_probe();
-        T.own--;
-    }
+    if (g_python_want && !g_python && dl_iterate_phdr(libpython_cb, NULL))
+        python_probe();                /* libpython came with a dlopen */
     if (__atomic_exchange_n(&g_mods_lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
     static struct textbuf buf;  /* under g_mods_lock */
     tb = &buf;
@@ -531,7 +548,7 @@ static void init_process(void) {
         g_follow = env_int("HEAPCAST_FOLLOW", 0) == 1;
         g_recycle = env_int("HEAPCAST_DRAIN", 0) == 1;
         g_python_want = env_int("HEAPCAST_PYTHON", 1) == 1;
-        if (g_python_want) g_python = py_probe();
+        if (g_python_want) python_probe();
         g_use_tsc = tsc_is_reliable();
         int traced = 1;
         if (!g_follow && !claim_root()) traced = 0;
@@ -1054,7 +1071,8 @@ static uint64_t mul_sat(size_t a, size_t b) {
 
 EXPORT void *malloc(size_t n) {
     struct tstate *t = &T;
-    if (UNLIKELY(!thread_ready(t))) return real_malloc ? real_malloc(n) : boot_alloc(n, 16);
+    if (UNLIKELY(!thread_ready(t)))
+        return real_malloc && !t->boot ? real_malloc(n) : boot_alloc(n, 16);
     void *p = real_malloc(n);
     int e = errno;
     uint64_t seq = next_seq();
@@ -1077,7 +1095,7 @@ EXPORT void free(void *p) {
 EXPORT void *calloc(size_t nmemb, size_t size) {
     struct tstate *t = &T;
     if (UNLIKELY(!thread_ready(t))) {
-        if (real_calloc) return real_calloc(nmemb, size);
+        if (real_calloc && !t->boot) return real_calloc(nmemb, size);
         uint64_t total = mul_sat(nmemb, size);
         void *p = total == UINT64_MAX ? NULL : boot_alloc(total, 16);
         if (p) memset(p, 0, total);
@@ -1092,7 +1110,7 @@ EXPORT void *calloc(size_t nmemb, size_t size) {
 }
 
 static void *boot_realloc(void *p, size_t n) {
-    void *q = real_malloc ? real_malloc(n) : boot_alloc(n, 16);
+    void *q = real_malloc && !T.boot ? real_malloc(n) : boot_alloc(n, 16);
     if (q && p) {
         size_t old = in_boot_arena(p) ? ((size_t *)p)[-1] : n;
         memcpy(q, p, old < n ? old : n);
@@ -1106,7 +1124,7 @@ static void *boot_realloc(void *p, size_t n) {
 EXPORT void *realloc(void *p, size_t n) {
     struct tstate *t = &T;
     if (UNLIKELY(in_boot_arena(p) || !thread_ready(t))) {
-        if (in_boot_arena(p) || !real_realloc) return boot_realloc(p, n);
+        if (in_boot_arena(p) || !real_realloc || t->boot) return boot_realloc(p, n);
         return real_realloc(p, n);
     }
     uint64_t before = next_seq();
