@@ -10,19 +10,28 @@ interleaved and --repeats times each:
                             the program's own run time inside `record`, without the conversion
   article tracer            bench/article_tracer.c: mutex + sprintf + write() per call
   heaptrack                 `heaptrack -o FILE CMD`, when installed
+With --python, py_dicts also runs (heapcast records Python call sites in CPython by default):
+  heapcast --no-python      native call sites only (whole wait and [program], as above)
+  memray                    `memray run -o FILE script` (memray 1.x, `pip install memray`)
+  profile hook [program]    the program with a C profile function that does nothing
+                            (PyEval_SetProfile): what a shadow stack kept by a profile hook
+                            costs before it does any work, the design heapcast did not take
 and prints medians: seconds, ns added per event (against untraced), slowdown, bytes per event on
 disk, and pass/fail of the issue's targets. Events are counted in the heapcast trace and the same
 count is used for every tracer of that workload. Results go to bench/results/record_overhead.json
 (--out).
 
     python bench/record_overhead.py [--repeats N] [--workloads ring,threads,py_dicts] [--quick]
+                                    [--python]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import shutil
+import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +46,24 @@ from _common import (RESULTS_DIR, BenchError, compile_c, directory_bytes,  # noq
 
 ARTICLE_SOURCE = Path(__file__).resolve().parent / "article_tracer.c"
 STACKS = 16
-TRACERS = {"heapcast", f"heapcast --stacks {STACKS}", "article tracer", "heaptrack"}
+NO_PYTHON = "heapcast --no-python"
+PYTHON_TRACERS = {NO_PYTHON, "memray", "profile hook"}
+TRACERS = {"heapcast", f"heapcast --stacks {STACKS}", "article tracer", "heaptrack",
+           *PYTHON_TRACERS}
 
 # The issue's targets.
 RING_NS_LIMIT = {"heapcast": 25.0, f"heapcast --stacks {STACKS}": 150.0}
 PY_SLOWDOWN_LIMIT = 1.3
+PY_FRAMES_NS_LIMIT = 15.0   # Python call sites: ns/event above heapcast --no-python (issue 14)
+HOOK_SOURCE = """
+#include <Python.h>
+#include <frameobject.h>
+static int noop(PyObject *o, PyFrameObject *f, int what, PyObject *arg) { return 0; }
+static PyObject *install(PyObject *m, PyObject *a) { PyEval_SetProfile(noop, NULL); Py_RETURN_NONE; }
+static PyMethodDef methods[] = {{"install", install, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "hchook", "", -1, methods};
+PyMODINIT_FUNC PyInit_hchook(void) { return PyModule_Create(&mod); }
+"""
 HEAPTRACK_RATIO_MIN = 10.0
 BYTES_PER_EVENT_LIMIT = 4.0
 
@@ -96,7 +118,7 @@ def untraced(w: Workload, scratch: Path) -> Callable[[], dict]:
 
 
 def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
-                    stacks: int) -> Callable[[], dict]:
+                    stacks: int, python: bool = True) -> Callable[[], dict]:
     """`heapcast record`: what the user waits for, conversion of the trace included."""
     import heapcast
 
@@ -104,7 +126,8 @@ def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
         with fresh_dir(scratch) as d:
             trace_dir = d / "trace"
             cmd = [*heapcast_cmd, "record", "-o", str(trace_dir),
-                   *(["--stacks", str(stacks)] if stacks else []), "--", *w.cmd]
+                   *(["--stacks", str(stacks)] if stacks else []),
+                   *([] if python else ["--no-python"]), "--", *w.cmd]
             seconds = time_command(cmd, w.env, d)
             try:
                 trace = heapcast.load(trace_dir)
@@ -116,13 +139,15 @@ def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
     return run
 
 
-def heapcast_program(w: Workload, scratch: Path, library: str, stacks: int) -> Callable[[], dict]:
+def heapcast_program(w: Workload, scratch: Path, library: str, stacks: int,
+                     python: bool = True) -> Callable[[], dict]:
     """The program under the recorder library, with the chunk drainer that `heapcast record` runs
     beside it: its own run time inside `heapcast record`."""
     def run():
         with fresh_dir(scratch) as d:
             env = {**w.env, "LD_PRELOAD": library, "HEAPCAST_DIR": str(d),
-                   "HEAPCAST_STACKS": str(stacks), **DRAIN_ENV}
+                   "HEAPCAST_STACKS": str(stacks), "HEAPCAST_PYTHON": "1" if python else "0",
+                   **DRAIN_ENV}
             with Drainer(d):
                 return {"seconds": time_command(w.cmd, env, d)}
     return run
@@ -147,6 +172,42 @@ def heaptrack(w: Workload, scratch: Path, executable: str) -> Callable[[], dict]
             return {"seconds": seconds, "bytes": sum(f.stat().st_size
                                                       for f in d.glob("heaptrack.*"))}
     return run
+
+
+def memray(w: Workload, scratch: Path) -> Callable[[], dict]:
+    """memray run: the script under memray (with the venv's interpreter, where memray is)."""
+    def run():
+        with fresh_dir(scratch) as d:
+            out = d / "memray.bin"
+            cmd = [sys.executable, "-m", "memray", "run", "-q", "-o", str(out), *w.cmd[1:]]
+            seconds = time_command(cmd, w.env, d)
+            return {"seconds": seconds, "bytes": out.stat().st_size}
+    return run
+
+
+def profile_hook(w: Workload, scratch: Path, module_dir: Path) -> Callable[[], dict]:
+    """The script with a no-op C profile function installed first (no recorder)."""
+    code = (f"import sys, runpy; sys.path.insert(0, {str(module_dir)!r}); import hchook; "
+            f"hchook.install(); sys.argv = {w.cmd[1:]!r}; "
+            f"runpy.run_path({w.cmd[1]!r}, run_name='__main__')")
+
+    def run():
+        with fresh_dir(scratch) as d:
+            return {"seconds": time_command([w.cmd[0], "-c", code], w.env, d)}
+    return run
+
+
+def build_hook(scratch: Path) -> Path:
+    """Compiles the no-op profile hook module against this interpreter's headers."""
+    src = scratch / "hchook.c"
+    src.write_text(HOOK_SOURCE)
+    include = sysconfig.get_paths()["include"]
+    compile_c(src, scratch / "hchook.so", ("-O2", "-shared", "-fPIC", f"-I{include}"))
+    return scratch
+
+
+def memray_available() -> bool:
+    return subprocess.run([sys.executable, "-c", "import memray"], capture_output=True).returncode == 0
 
 
 def count_lines(path: Path) -> int:
@@ -182,6 +243,14 @@ def make_trials(w: Workload, scratch: Path, tools: dict) -> dict[str, Callable[[
             name = heapcast_name(stacks)
             trials[name] = heapcast_record(w, scratch, tools["heapcast_cmd"], stacks)
             trials[f"{name} [program]"] = heapcast_program(w, scratch, tools["library"], stacks)
+        if tools["python"] and w.name == "py_dicts":
+            trials[NO_PYTHON] = heapcast_record(w, scratch, tools["heapcast_cmd"], 0, False)
+            trials[f"{NO_PYTHON} [program]"] = heapcast_program(w, scratch, tools["library"], 0,
+                                                               False)
+    if tools["python"] and w.name == "py_dicts":
+        if tools["memray"]:
+            trials["memray"] = memray(w, scratch)
+        trials["profile hook [program]"] = profile_hook(w, scratch, tools["hook"])
     trials["article tracer"] = article_tracer(w, scratch, tools["article"])
     if tools["heaptrack"]:
         trials["heaptrack"] = heaptrack(w, scratch, tools["heaptrack"])
@@ -205,7 +274,7 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> dict:
     base = median(r["seconds"] for r in runs["untraced"])
     tracers = {}
     for name, samples in runs.items():
-        if name.endswith(" [program]"):
+        if name.endswith(" [program]") and name.removesuffix(" [program]") in runs:
             continue
         wall = median(r["seconds"] for r in samples)
         program_runs = runs.get(f"{name} [program]")
@@ -282,6 +351,10 @@ def targets(workload_name: str, tracers: dict) -> list[dict]:
             check("ns", name, row["program_added_ns_per_event"], RING_NS_LIMIT[name])
         if workload_name == "py_dicts" and name == heapcast_name(0):
             check("slowdown", name, row["program_slowdown"], PY_SLOWDOWN_LIMIT)
+            native = tracers.get(NO_PYTHON, {}).get("program_added_ns_per_event")
+            if native is not None and row["program_added_ns_per_event"] is not None:
+                check("python", name, row["program_added_ns_per_event"] - native,
+                      PY_FRAMES_NS_LIMIT)
         if name == heapcast_name(0):
             check("heaptrack", name, row.get("program_heaptrack_ratio"), HEAPTRACK_RATIO_MIN,
                   at_most=False)
@@ -292,6 +365,7 @@ def targets(workload_name: str, tracers: dict) -> list[dict]:
 # ---- output ----
 
 TARGET_COLUMNS = [("ns", "ns target"), ("slowdown", f"<={PY_SLOWDOWN_LIMIT}x"),
+                  ("python", f"py <={PY_FRAMES_NS_LIMIT:g} ns"),
                   ("heaptrack", f">={HEAPTRACK_RATIO_MIN:g}x less"),
                   ("bytes", f"<={BYTES_PER_EVENT_LIMIT:g} B/ev")]
 
@@ -348,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated subset of: heapcast, 'heapcast --stacks 16', "
                              "'article tracer', heaptrack (untraced always runs)")
     parser.add_argument("--quick", action="store_true", help="ring and threads at 1/10 size")
+    parser.add_argument("--python", action="store_true",
+                        help="py_dicts also without Python call sites, under memray and under a "
+                             "no-op profile hook")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "record_overhead.json",
                         help="JSON results (default bench/results/record_overhead.json)")
     args = parser.parse_args(argv)
@@ -361,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     heaptrack_exe = shutil.which("heaptrack")
     if not heaptrack_exe:
         notes.append("heaptrack is not installed (Debian package heaptrack): its row is left out")
+    if args.python and not memray_available():
+        notes.append("memray is not installed (pip install memray): its row is left out")
     only = set(t.strip() for t in args.tracers.split(",")) if args.tracers else None
     if only and not only <= TRACERS:
         parser.error(f"unknown tracer(s) {', '.join(sorted(only - TRACERS))}; "
@@ -373,7 +452,9 @@ def main(argv: list[str] | None = None) -> int:
             workloads = build_workloads([n.strip() for n in args.workloads.split(",")],
                                         args.quick, scratch)
             tools = {"heapcast_cmd": heapcast_cmd, "library": library, "heaptrack": heaptrack_exe,
-                     "only": only,
+                     "only": only, "python": args.python,
+                     "memray": args.python and memray_available(),
+                     "hook": build_hook(scratch) if args.python else None,
                      "article": compile_c(ARTICLE_SOURCE, scratch / "article_tracer.so",
                                           ("-O2", "-shared", "-fPIC", "-pthread"), ("-ldl",))}
         except BenchError as e:

@@ -71,6 +71,7 @@ def test_layout_matches_the_interpreter_headers(tmp_path):
     if not (include / "internal" / "pycore_frame.h").exists():
         pytest.skip("this Python has no internal headers")
     fields = {
+        "PY_RT_TSTATE_CURRENT": "offsetof(_PyRuntimeState, gilstate.tstate_current)",
         "PY_TS_CFRAME": "offsetof(PyThreadState, cframe)",
         "PY_TS_THREAD_ID": "offsetof(PyThreadState, thread_id)",
         "PY_CF_CURRENT": "offsetof(_PyCFrame, current_frame)",
@@ -95,6 +96,7 @@ def test_layout_matches_the_interpreter_headers(tmp_path):
     assert set(fields) <= set(defined)
     src = tmp_path / "layout.c"
     src.write_text("#define Py_BUILD_CORE 1\n#include <Python.h>\n#include <internal/pycore_frame.h>\n"
+                   "#include <internal/pycore_runtime.h>\n"
                    "#include <stddef.h>\n" + "".join(
                        f'_Static_assert({expr} == {defined[name]}, "{name}");\n'
                        for name, expr in fields.items()))

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 /* CPython 3.11 (64-bit, release build). */
+#define PY_RT_TSTATE_CURRENT 576 /* _PyRuntime.gilstate.tstate_current: the GIL holder's state */
 #define PY_TS_CFRAME 56          /* PyThreadState.cframe (_PyCFrame *) */
 #define PY_TS_THREAD_ID 152      /* PyThreadState.thread_id (pthread_self of its thread) */
 #define PY_CF_CURRENT 8          /* _PyCFrame.current_frame (_PyInterpreterFrame *) */
@@ -48,7 +49,7 @@
 #define PY_PTR(p, off) (*(const char *const *)((const char *)(p) + (off)))
 #define PY_INT(p, off) (*(const int *)((const char *)(p) + (off)))
 
-static void *(*py_tstate_current)(void);      /* _PyThreadState_UncheckedGet */
+static void *const *py_tstate_current;        /* &_PyRuntime.gilstate.tstate_current */
 static void *(*py_tstate_this_thread)(void);  /* PyGILState_GetThisThreadState */
 static int (*py_addr2line)(void *, int);      /* PyCode_Addr2Line: pure, never allocates */
 static uintptr_t py_eval_lo, py_eval_hi;      /* _PyEval_EvalFrameDefault's code */
@@ -59,11 +60,11 @@ static int py_probe(void) {
     const unsigned long *version = dlsym(RTLD_DEFAULT, "Py_Version");
     if (!version || (*version >> 16) != 0x030B) return 0;
     if (dlsym(RTLD_DEFAULT, "_Py_RefTotal")) return 0;  /* debug build: another object layout */
-    void *cur = dlsym(RTLD_DEFAULT, "_PyThreadState_UncheckedGet");
+    char *runtime = dlsym(RTLD_DEFAULT, "_PyRuntime");
     void *mine = dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
     void *a2l = dlsym(RTLD_DEFAULT, "PyCode_Addr2Line");
     void *eval = dlsym(RTLD_DEFAULT, "_PyEval_EvalFrameDefault");
-    if (!cur || !mine || !a2l || !eval) return 0;
+    if (!runtime || !mine || !a2l || !eval) return 0;
     Dl_info info;
     const ElfW(Sym) *sym = NULL;
     if (dladdr1(eval, &info, (void **)&sym, RTLD_DL_SYMENT) && sym && sym->st_size) {
@@ -72,7 +73,8 @@ static int py_probe(void) {
     }
     py_tstate_this_thread = (void *(*)(void))mine;
     py_addr2line = (int (*)(void *, int))a2l;
-    __atomic_store_n(&py_tstate_current, (void *(*)(void))cur, __ATOMIC_RELEASE);
+    __atomic_store_n(&py_tstate_current, (void *const *)(runtime + PY_RT_TSTATE_CURRENT),
+                     __ATOMIC_RELEASE);
     return 1;
 }
 
@@ -93,7 +95,7 @@ static inline const char *py_innermost(const char *f) {
 /* The thread state of the calling thread: the one holding the GIL if that is this thread (which
  * covers subinterpreters), else this thread's own (it released the GIL, in C code). */
 static inline const char *py_thread_state(uintptr_t self) {
-    const char *ts = py_tstate_current();
+    const char *ts = __atomic_load_n(py_tstate_current, __ATOMIC_RELAXED);
     if (LIKELY(ts && *(const uintptr_t *)(ts + PY_TS_THREAD_ID) == self)) return ts;
     return py_tstate_this_thread();
 }
