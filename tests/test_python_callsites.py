@@ -193,3 +193,18 @@ def test_no_python_records_native_call_sites(tmp_path):
     assert not p.python_frames and not is_python_frame(p.locations.flat).any()
     (p, e), = blocks_of_size(trace, 100_004)
     assert p.locations.frames(int(e["loc"]))[0] != 0
+
+
+def test_forecast_keys_of_python_call_sites_are_stable_across_runs(tmp_path):
+    """dataset/train/lab key call sites by location_keys: a Python line keys the same in every
+    run (file name, function, line; not addresses), and different lines key differently."""
+    from heapcast.forecast.features import location_keys
+    keys = []
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        trace = record(tmp_path / run, "basic")
+        (p, big), = blocks_of_size(trace, 100_004)
+        (_, comp) = blocks_of_size(trace, 1002)[-1]
+        site_keys, _ = location_keys(p)
+        keys.append((int(site_keys[big["loc"]]), int(site_keys[comp["loc"]])))
+    assert keys[0] == keys[1] and keys[0][0] != keys[0][1] and 0 not in keys[0]
