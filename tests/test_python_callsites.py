@@ -72,6 +72,7 @@ def test_layout_matches_the_interpreter_headers(tmp_path):
         pytest.skip("this Python has no internal headers")
     fields = {
         "PY_RT_TSTATE_CURRENT": "offsetof(_PyRuntimeState, gilstate.tstate_current)",
+        "PY_RT_FINALIZING": "offsetof(_PyRuntimeState, _finalizing)",
         "PY_TS_CFRAME": "offsetof(PyThreadState, cframe)",
         "PY_TS_THREAD_ID": "offsetof(PyThreadState, thread_id)",
         "PY_CF_CURRENT": "offsetof(_PyCFrame, current_frame)",
@@ -185,6 +186,15 @@ def test_c_extension_and_subinterpreter(tmp_path):
     (p, e), = blocks_of_size(trace, 170_002)
     s = site(p, e["loc"])
     assert (s.module, s.function, s.offset) == ("<string>", "<module>", 1)
+
+
+def test_daemon_threads_allocating_while_the_interpreter_exits(tmp_path):
+    """Py_Finalize frees the thread states of daemon threads that still run C code: the recorder
+    stops reading Python frames then, and the program exits as it would untraced."""
+    for k in range(3):
+        (tmp_path / str(k)).mkdir()
+        trace = record(tmp_path / str(k), "daemon")
+        assert trace.processes[0].clean_exit
 
 
 def test_no_python_records_native_call_sites(tmp_path):

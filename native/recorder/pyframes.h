@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 /* CPython 3.11 (64-bit, release build). */
+#define PY_RT_FINALIZING 24      /* _PyRuntime._finalizing: set when Py_Finalize starts */
 #define PY_RT_TSTATE_CURRENT 576 /* _PyRuntime.gilstate.tstate_current: the GIL holder's state */
 #define PY_TS_CFRAME 56          /* PyThreadState.cframe (_PyCFrame *) */
 #define PY_TS_THREAD_ID 152      /* PyThreadState.thread_id (pthread_self of its thread) */
@@ -50,6 +51,7 @@
 #define PY_INT(p, off) (*(const int *)((const char *)(p) + (off)))
 
 static void *const *py_tstate_current;        /* &_PyRuntime.gilstate.tstate_current */
+static void *const *py_finalizing;            /* &_PyRuntime._finalizing */
 static void *(*py_tstate_this_thread)(void);  /* PyGILState_GetThisThreadState */
 static int (*py_addr2line)(void *, int);      /* PyCode_Addr2Line: pure, never allocates */
 static uintptr_t py_eval_lo, py_eval_hi;      /* _PyEval_EvalFrameDefault's code */
@@ -71,6 +73,7 @@ static int py_probe(void) {
         py_eval_lo = (uintptr_t)eval;
         py_eval_hi = (uintptr_t)eval + sym->st_size;
     }
+    py_finalizing = (void *const *)(runtime + PY_RT_FINALIZING);
     py_tstate_this_thread = (void *(*)(void))mine;
     py_addr2line = (int (*)(void *, int))a2l;
     __atomic_store_n(&py_tstate_current, (void *const *)(runtime + PY_RT_TSTATE_CURRENT),
@@ -93,10 +96,12 @@ static inline const char *py_innermost(const char *f) {
 }
 
 /* The thread state of the calling thread: the one holding the GIL if that is this thread (which
- * covers subinterpreters), else this thread's own (it released the GIL, in C code). */
+ * covers subinterpreters), else this thread's own (it released the GIL, in C code). Not once
+ * Py_Finalize has begun: it frees the states of threads that still run (daemon threads). */
 static inline const char *py_thread_state(uintptr_t self) {
     const char *ts = __atomic_load_n(py_tstate_current, __ATOMIC_RELAXED);
     if (LIKELY(ts && *(const uintptr_t *)(ts + PY_TS_THREAD_ID) == self)) return ts;
+    if (__atomic_load_n(py_finalizing, __ATOMIC_ACQUIRE)) return NULL;
     return py_tstate_this_thread();
 }
 

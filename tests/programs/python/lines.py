@@ -81,6 +81,11 @@ def subinterpreter():
     interpreters.destroy(sub)
 
 
+def churn(data):
+    while True:   # allocates in zlib without the GIL until the interpreter exits under it
+        zlib.compress(data, 1)
+
+
 def main(what):
     if "basic" in what:
         listcomp(300)
@@ -106,6 +111,10 @@ def main(what):
         compress()
     if "sub" in what:
         subinterpreter()
+    if "daemon" in what:
+        for _ in range(2):
+            threading.Thread(target=churn, args=(os.urandom(200_000),), daemon=True).start()
+        threading.Event().wait(0.2)
     if "exec" in what:
         os.execv(sys.executable, [sys.executable, __file__, "exc"])
 
