@@ -123,6 +123,13 @@ def test_known_lines_end_to_end(tmp_path, pymalloc):
     assert named[(SCRIPT.name, LINES["listcomp"], "listcomp.<locals>.<listcomp>")]["count"] >= 300
     assert named[(SCRIPT.name, LINES["dict"], "dict_growth")]["bytes"] > 50_000  # its resizes
     assert f"{SCRIPT}:{LINES['dict_big']}" in format_stats(d)
+    # without --stacks a location still holds the Python stack: the program's own lines under
+    # library code (dict_growth's keep.append is the script's own, main and <module> too)
+    (p, e), = blocks_of_size(trace, 100_004)
+    assert [s.function for s in frames_of(p, e["loc"])] == ["dict_growth", "main", "<module>"]
+    own = {(Path(s["module"]).name, s["offset"]) for s in d["top_program_lines_by_bytes"]}
+    assert (SCRIPT.name, LINES["dict_big"]) in own
+    assert not any(s["module"].startswith("<frozen") for s in d["top_program_lines_by_bytes"])
 
 
 def test_threads_each_see_their_own_frames(tmp_path):

@@ -124,6 +124,24 @@ static inline uint64_t py_key(const char *f) {
     return (h ^ (h >> 31)) | 1;
 }
 
+/* Python frames in a location without --stacks: the innermost is the call site, the ones below
+ * say which of the program's own lines called the library code that allocated. */
+#define PY_STACK_MAX 16
+
+/* The interning key of the Python stack from f down (at most PY_STACK_MAX frames): the frames
+ * below the innermost add the addresses of their current instructions (their code objects are
+ * alive: the frames hold them). Two loads per frame. */
+static inline uint64_t py_stack_key(const char *f) {
+    uint64_t h = py_key(f);
+    const char *p = PY_PTR(f, PY_FR_PREVIOUS);
+    for (int d = 1; p && d < PY_STACK_MAX; d++, p = PY_PTR(p, PY_FR_PREVIOUS)) {
+        h ^= (uint64_t)(uintptr_t)PY_PTR(p, PY_FR_PREV_INSTR);
+        h *= 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+    }
+    return h | 1;
+}
+
 /* The source line of a frame's current instruction (0 if it has none). */
 static int py_line(const char *f) {
     const char *code = PY_PTR(f, PY_FR_CODE);

@@ -922,8 +922,8 @@ static int py_hybrid(struct tstate *t, uintptr_t *frames, int n, const char *f, 
 
 /* The location id of this event: its call site, or with --stacks its whole stack, interned in a
  * per-thread table (the reader merges ids that different threads gave to the same frames). On a
- * thread running Python code the call site is the innermost Python frame (pf), and a stack holds
- * the Python frames among the native ones. */
+ * thread running Python code the location is its Python stack (pf and the frames below it, at
+ * most PY_STACK_MAX), and with --stacks the Python frames among the native ones. */
 static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite,
                                                         const char *pf) {
     uintptr_t frames[MAX_STACK];
@@ -942,7 +942,7 @@ static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const 
         h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
         for (int i = 0; i < n; i++) { h ^= frames[i]; h *= 0xff51afd7ed558ccdull; h ^= h >> 29; }
     } else if (pf) {
-        h = py_key(pf);
+        h = py_stack_key(pf);
     } else {
         h = (uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull;
     }
@@ -952,10 +952,13 @@ static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const 
         if (LIKELY(tab[2 * i] == h)) return (uint32_t)tab[2 * i + 1];
         if (tab[2 * i] == 0) break;
     }
-    if (pf && !g_stack_depth) {  /* a new Python call site: its frame first */
-        uint64_t v = py_frame_value(t, pf);
-        if (!v) return location_slow(t, callsite, NULL);
-        frames[0] = (uintptr_t)v;
+    if (pf && !g_stack_depth) {  /* a new Python call site: its frames */
+        n = 0;
+        for (const char *f = pf; f && n < PY_STACK_MAX; f = PY_PTR(f, PY_FR_PREVIOUS)) {
+            uint64_t v = py_frame_value(t, f);
+            if (!v) return location_slow(t, callsite, NULL);
+            frames[n++] = (uintptr_t)v;
+        }
     }
     uint32_t id = define_loc(t, frames, n);
     if (id) table_put(tab, h, id);
@@ -970,7 +973,7 @@ static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
     if (LIKELY(!g_stack_depth && t->loc_table)) {
         uint64_t h;
         if (g_python && (pf = py_frame(t->self)) != NULL)
-            h = py_key(pf);
+            h = py_stack_key(pf);
         else
             h = ((uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull) | 1;
         uint64_t *e = t->loc_table + 2 * ((uint32_t)(h >> 40) & (LOC_TABLE_SLOTS - 1));
