@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import resource
 import shutil
 import subprocess
 import sys
@@ -109,11 +110,21 @@ def fresh_dir(scratch: Path):
 
 # ---- tracers: each returns a trial, a function that runs the workload once and measures it ----
 
+def timed(cmd: list, env: dict, cwd: Path) -> dict:
+    """Wall seconds of one run and the CPU seconds (user + system) the program itself used: on
+    a shared machine other processes stretch the wall time, much less the program's CPU time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = time_command(cmd, env, cwd)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"seconds": seconds, "cpu_s": (after.ru_utime - before.ru_utime)
+            + (after.ru_stime - before.ru_stime)}
+
+
 def untraced(w: Workload, scratch: Path) -> Callable[[], dict]:
     """The program alone."""
     def run():
         with fresh_dir(scratch) as d:
-            return {"seconds": time_command(w.cmd, w.env, d)}
+            return timed(w.cmd, w.env, d)
     return run
 
 
@@ -149,7 +160,7 @@ def heapcast_program(w: Workload, scratch: Path, library: str, stacks: int,
                    "HEAPCAST_STACKS": str(stacks), "HEAPCAST_PYTHON": "1" if python else "0",
                    **DRAIN_ENV}
             with Drainer(d):
-                return {"seconds": time_command(w.cmd, env, d)}
+                return timed(w.cmd, env, d)
     return run
 
 
@@ -180,8 +191,7 @@ def memray(w: Workload, scratch: Path) -> Callable[[], dict]:
         with fresh_dir(scratch) as d:
             out = d / "memray.bin"
             cmd = [sys.executable, "-m", "memray", "run", "-q", "-o", str(out), *w.cmd[1:]]
-            seconds = time_command(cmd, w.env, d)
-            return {"seconds": seconds, "bytes": out.stat().st_size}
+            return {**timed(cmd, w.env, d), "bytes": out.stat().st_size}
     return run
 
 
@@ -193,7 +203,7 @@ def profile_hook(w: Workload, scratch: Path, module_dir: Path) -> Callable[[], d
 
     def run():
         with fresh_dir(scratch) as d:
-            return {"seconds": time_command([w.cmd[0], "-c", code], w.env, d)}
+            return timed([w.cmd[0], "-c", code], w.env, d)
     return run
 
 
@@ -272,6 +282,7 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> dict:
     """Medians, per-event costs and targets of one workload from its raw runs."""
     events, source = workload_events(runs)
     base = median(r["seconds"] for r in runs["untraced"])
+    base_cpu = median(r["cpu_s"] for r in runs["untraced"])
     tracers = {}
     for name, samples in runs.items():
         if name.endswith(" [program]") and name.removesuffix(" [program]") in runs:
@@ -283,6 +294,7 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> dict:
         else:  # these tracers do all their work inside the program; heaptrack's runs beside it
             program = None if name == "heaptrack" else wall
         size = median(r.get("bytes") for r in samples)
+        cpu_runs = program_runs or samples   # tracers that run inside the program: their runs
         tracers[name] = {
             "wall_s": [r["seconds"] for r in samples],
             "wall_median_s": wall,
@@ -293,6 +305,9 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> dict:
                                            if program is not None and name != "untraced" else None),
             "slowdown": wall / base if base else None,
             "program_slowdown": program / base if base and program is not None else None,
+            "program_cpu_added_ns_per_event": (
+                per_event(median(r["cpu_s"] for r in cpu_runs) - base_cpu, events)
+                if cpu_runs and "cpu_s" in cpu_runs[0] else None),
             "trace_bytes": [r.get("bytes") for r in samples],
             "bytes_per_event": size / events if size is not None and events else None,
             **{k: [r[k] for r in samples] for k in ("events", "lost_events", "truncated", "lines")
@@ -351,9 +366,11 @@ def targets(workload_name: str, tracers: dict) -> list[dict]:
             check("ns", name, row["program_added_ns_per_event"], RING_NS_LIMIT[name])
         if workload_name == "py_dicts" and name == heapcast_name(0):
             check("slowdown", name, row["program_slowdown"], PY_SLOWDOWN_LIMIT)
-            native = tracers.get(NO_PYTHON, {}).get("program_added_ns_per_event")
-            if native is not None and row["program_added_ns_per_event"] is not None:
-                check("python", name, row["program_added_ns_per_event"] - native,
+            # Judged on the program's CPU time: two rows a few ns/event apart are lost in the
+            # wall-time noise of a shared machine (both are in the JSON).
+            native = tracers.get(NO_PYTHON, {}).get("program_cpu_added_ns_per_event")
+            if native is not None and row["program_cpu_added_ns_per_event"] is not None:
+                check("python", name, row["program_cpu_added_ns_per_event"] - native,
                       PY_FRAMES_NS_LIMIT)
         if name == heapcast_name(0):
             check("heaptrack", name, row.get("program_heaptrack_ratio"), HEAPTRACK_RATIO_MIN,
@@ -372,7 +389,8 @@ TARGET_COLUMNS = [("ns", "ns target"), ("slowdown", f"<={PY_SLOWDOWN_LIMIT}x"),
 
 def table(results: dict) -> str:
     """The summary table of all workloads."""
-    headers = ["workload", "tracer", "wall s", "prog s", "+ns/ev", "+ns/ev prog", "slowdown",
+    headers = ["workload", "tracer", "wall s", "prog s", "+ns/ev", "+ns/ev prog", "+ns/ev cpu",
+               "slowdown",
                "prog slowdown", "heaptrack/x", "heaptrack/x prog", "B/ev", "events",
                *(title for _, title in TARGET_COLUMNS)]
     rows = []
@@ -382,6 +400,7 @@ def table(results: dict) -> str:
             rows.append([
                 wname, tname, fmt(t["wall_median_s"], ".3f"), fmt(t["program_median_s"], ".3f"),
                 fmt(t["added_ns_per_event"], ".1f"), fmt(t["program_added_ns_per_event"], ".1f"),
+                fmt(t.get("program_cpu_added_ns_per_event"), ".1f"),
                 fmt(t["slowdown"], ".2f", "x"), fmt(t.get("program_slowdown"), ".2f", "x"),
                 fmt(t.get("heaptrack_ratio"), ".1f", "x"),
                 fmt(t.get("program_heaptrack_ratio"), ".1f", "x"),

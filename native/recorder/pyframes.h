@@ -126,7 +126,9 @@ static inline uint64_t py_key(const char *f) {
 
 /* Python frames in a location without --stacks: the innermost is the call site, the ones below
  * say which of the program's own lines called the library code that allocated. */
+#ifndef PY_STACK_MAX
 #define PY_STACK_MAX 16
+#endif
 
 /* The interning key of the Python stack from f down (at most PY_STACK_MAX frames): the frames
  * below the innermost add the addresses of their current instructions (their code objects are
