@@ -966,7 +966,7 @@ static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const 
 }
 
 /* The common case inline: a call site (no stacks) found at its first probe; in Python code, the
- * innermost Python frame's current instruction. */
+ * Python stack, keyed by its frames' current instructions. */
 static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
                                                                const void *callsite) {
     const char *pf = NULL;
