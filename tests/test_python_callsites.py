@@ -204,6 +204,22 @@ def test_daemon_threads_allocating_while_the_interpreter_exits(tmp_path):
         assert trace.processes[0].clean_exit
 
 
+def test_parquet_export_resolves_python_call_sites(tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from heapcast.export import export_parquet
+    trace = record(tmp_path, "basic")
+    table = pq.read_table(export_parquet(trace, tmp_path / "e.parquet"))
+    frames = {k: (file, func, line) for k, file, func, line in
+              json.loads(table.schema.metadata[b"heapcast.python_frames"])[0]}
+    sizes, sites = table.column("size").to_numpy(), table.column("callsite").to_numpy()
+    site = int(sites[np.flatnonzero(sizes == 100_004)[0]])
+    assert site >> 63 == 1
+    assert frames[site & 0xFFFFFFFF] == (str(SCRIPT), "dict_growth", LINES["dict_big"])
+
+
 def test_no_python_records_native_call_sites(tmp_path):
     trace = record(tmp_path, "basic", python=False)
     p = trace.processes[0]
