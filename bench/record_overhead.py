@@ -10,7 +10,8 @@ interleaved and --repeats times each:
                             the program's own run time inside `record`, without the conversion
   article tracer            bench/article_tracer.c: mutex + sprintf + write() per call
   heaptrack                 `heaptrack -o FILE CMD`, when installed
-With --python, py_dicts also runs (heapcast records Python call sites in CPython by default):
+With --python, the Python workloads (py_dicts, and py_calls: a call-heavy loop written by this
+script) also run (heapcast records Python call sites in CPython by default):
   heapcast --no-python      native call sites only (whole wait and [program], as above)
   memray                    `memray run -o FILE script` (memray 1.x, `pip install memray`)
   profile hook [program]    the program with a C profile function that does nothing
@@ -56,6 +57,23 @@ TRACERS = {"heapcast", f"heapcast --stacks {STACKS}", "article tracer", "heaptra
 RING_NS_LIMIT = {"heapcast": 25.0, f"heapcast --stacks {STACKS}": 150.0}
 PY_SLOWDOWN_LIMIT = 1.3
 PY_FRAMES_NS_LIMIT = 15.0   # Python call sites: ns/event above heapcast --no-python (issue 14)
+# A call-heavy Python program with few heap events per call: what a per-call hook costs there.
+PY_CALLS_SOURCE = """
+def leaf(x):
+    return x + 1
+
+def mid(x):
+    return leaf(x) + leaf(x + 1)
+
+total, keep = 0, []
+for i in range(1_500_000):
+    total += mid(i)
+    if i % 8 == 0:
+        keep.append(str(i))
+    if len(keep) > 1000:
+        keep.clear()
+print(total)
+"""
 HOOK_SOURCE = """
 #include <Python.h>
 #include <frameobject.h>
@@ -91,11 +109,19 @@ def build_workloads(names: list[str], quick: bool, build_dir: Path) -> list[Work
         "py_dicts": lambda: Workload(
             "py_dicts", [python_executable(), str(workload("py_dicts.py"))],
             {"PYTHONMALLOC": "malloc"}),
+        "py_calls": lambda: Workload("py_calls", [python_executable(), str(write_py_calls(
+            build_dir))], {"PYTHONMALLOC": "malloc"}),
     }
     unknown = [n for n in names if n not in makers]
     if unknown:
         raise BenchError(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(makers)}")
     return [makers[n]() for n in names]
+
+
+def write_py_calls(build_dir: Path) -> Path:
+    path = build_dir / "py_calls.py"
+    path.write_text(PY_CALLS_SOURCE)
+    return path
 
 
 @contextlib.contextmanager
@@ -253,11 +279,11 @@ def make_trials(w: Workload, scratch: Path, tools: dict) -> dict[str, Callable[[
             name = heapcast_name(stacks)
             trials[name] = heapcast_record(w, scratch, tools["heapcast_cmd"], stacks)
             trials[f"{name} [program]"] = heapcast_program(w, scratch, tools["library"], stacks)
-        if tools["python"] and w.name == "py_dicts":
+        if tools["python"] and w.name.startswith("py_"):
             trials[NO_PYTHON] = heapcast_record(w, scratch, tools["heapcast_cmd"], 0, False)
             trials[f"{NO_PYTHON} [program]"] = heapcast_program(w, scratch, tools["library"], 0,
                                                                False)
-    if tools["python"] and w.name == "py_dicts":
+    if tools["python"] and w.name.startswith("py_"):
         if tools["memray"]:
             trials["memray"] = memray(w, scratch)
         trials["profile hook [program]"] = profile_hook(w, scratch, tools["hook"])
@@ -436,13 +462,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tracer (default 3)")
     parser.add_argument("--workloads", default="ring,threads,py_dicts",
-                        help="comma-separated: ring, threads, py_dicts (default all)")
+                        help="comma-separated: ring, threads, py_dicts, py_calls (a call-heavy "
+                             "Python loop, for --python) (default: the first three)")
     parser.add_argument("--tracers", default=None,
                         help="comma-separated subset of: heapcast, 'heapcast --stacks 16', "
                              "'article tracer', heaptrack (untraced always runs)")
     parser.add_argument("--quick", action="store_true", help="ring and threads at 1/10 size")
     parser.add_argument("--python", action="store_true",
-                        help="py_dicts also without Python call sites, under memray and under a "
+                        help="Python workloads also without Python call sites, under memray and a "
                              "no-op profile hook")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "record_overhead.json",
                         help="JSON results (default bench/results/record_overhead.json)")
