@@ -321,6 +321,7 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> dict:
             program = None if name == "heaptrack" else wall
         size = median(r.get("bytes") for r in samples)
         cpu_runs = program_runs or samples   # tracers that run inside the program: their runs
+        cpu = median(r["cpu_s"] for r in cpu_runs) if "cpu_s" in cpu_runs[0] else None
         tracers[name] = {
             "wall_s": [r["seconds"] for r in samples],
             "wall_median_s": wall,
@@ -331,9 +332,10 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> dict:
                                            if program is not None and name != "untraced" else None),
             "slowdown": wall / base if base else None,
             "program_slowdown": program / base if base and program is not None else None,
-            "program_cpu_added_ns_per_event": (
-                per_event(median(r["cpu_s"] for r in cpu_runs) - base_cpu, events)
-                if cpu_runs and "cpu_s" in cpu_runs[0] else None),
+            "program_cpu_median_s": cpu,
+            "program_cpu_added_ns_per_event": (per_event(cpu - base_cpu, events)
+                                               if cpu is not None else None),
+            "program_cpu_slowdown": cpu / base_cpu if cpu is not None and base_cpu else None,
             "trace_bytes": [r.get("bytes") for r in samples],
             "bytes_per_event": size / events if size is not None and events else None,
             **{k: [r[k] for r in samples] for k in ("events", "lost_events", "truncated", "lines")
@@ -416,7 +418,7 @@ TARGET_COLUMNS = [("ns", "ns target"), ("slowdown", f"<={PY_SLOWDOWN_LIMIT}x"),
 def table(results: dict) -> str:
     """The summary table of all workloads."""
     headers = ["workload", "tracer", "wall s", "prog s", "+ns/ev", "+ns/ev prog", "+ns/ev cpu",
-               "slowdown",
+               "slowdown", "cpu slowdown",
                "prog slowdown", "heaptrack/x", "heaptrack/x prog", "B/ev", "events",
                *(title for _, title in TARGET_COLUMNS)]
     rows = []
@@ -427,7 +429,8 @@ def table(results: dict) -> str:
                 wname, tname, fmt(t["wall_median_s"], ".3f"), fmt(t["program_median_s"], ".3f"),
                 fmt(t["added_ns_per_event"], ".1f"), fmt(t["program_added_ns_per_event"], ".1f"),
                 fmt(t.get("program_cpu_added_ns_per_event"), ".1f"),
-                fmt(t["slowdown"], ".2f", "x"), fmt(t.get("program_slowdown"), ".2f", "x"),
+                fmt(t["slowdown"], ".2f", "x"), fmt(t.get("program_cpu_slowdown"), ".2f", "x"),
+                fmt(t.get("program_slowdown"), ".2f", "x"),
                 fmt(t.get("heaptrack_ratio"), ".1f", "x"),
                 fmt(t.get("program_heaptrack_ratio"), ".1f", "x"),
                 fmt(t["bytes_per_event"], ".2f"), fmt(wres["events"], ","),
