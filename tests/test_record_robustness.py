@@ -16,7 +16,10 @@ import heapcast
 from heapcast.heap import match, match_trace
 from heapcast.trace.format import OP, SESSION_FILE, TRACE_SUFFIX
 
-RECORDER_SRC = os.path.join(os.path.dirname(__file__), "..", "native", "recorder", "recorder.c")
+NATIVE = os.path.join(os.path.dirname(__file__), "..", "native")
+#: The recorder library's sources (setup.py): the recorder, its policy hook and the policy runtime.
+RECORDER_SRC = [os.path.join(NATIVE, "recorder", f) for f in ("recorder.c", "policy_hook.c")] + \
+    [os.path.join(NATIVE, "policy", f"{f}.c") for f in ("policy", "rnn", "table", "modmap")]
 
 
 def _replays_cleanly(proc, blocks=None) -> None:
@@ -177,7 +180,8 @@ def test_recorder_built_with_ubsan(build, own, tmp_path):
     compiled = subprocess.run(
         ["gcc", "-std=gnu11", "-O1", "-g", "-shared", "-fPIC", "-fno-omit-frame-pointer",
          "-ftls-model=initial-exec", "-pthread", "-fsanitize=undefined",
-         "-fno-sanitize-recover=all", "-o", lib, RECORDER_SRC, "-ldl"],
+         "-fno-sanitize-recover=all", "-ffp-contract=off", "-o", lib, *RECORDER_SRC, "-ldl",
+         "-lm"],
         capture_output=True, text=True)
     if compiled.returncode != 0:
         pytest.skip(f"cannot build with -fsanitize=undefined: {compiled.stderr.strip()[-200:]}")

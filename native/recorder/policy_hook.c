@@ -45,16 +45,37 @@ struct pred_header {                    /* 128 bytes at the start of <pid>.pred 
 _Static_assert(sizeof(struct pred_header) == 128, "pred header");
 _Static_assert(sizeof(struct pred_rec) == 32, "pred record");
 
+/* Development mode (--log-features): what the policy read and decided, per decision. */
+struct feat_rec {                       /* 64 bytes */
+    uint64_t seq;
+    uint32_t stream;                    /* the thread (next) in order of first event; 0 lifetime */
+    uint32_t site;                      /* the event's call-site key */
+    uint16_t token;                     /* the event's token */
+    uint8_t dt;                         /* bit_length of ns since the stream's previous event */
+    uint8_t level;                      /* table: the key level that answered */
+    int32_t label;                      /* the event's true label when known then (next), or -1 */
+    int32_t hint1, hint2;               /* rnn: the n-gram's hints for this row (class id + 1) */
+    uint8_t conf;                       /* rnn: the hint's confidence bucket */
+    uint8_t n_cache;
+    uint16_t pad;
+    int32_t cache[3];                   /* rnn: the in-run memory (class id + 1) */
+    int32_t pred[3];                    /* the decision: top labels */
+    float pred_conf;
+};
+_Static_assert(sizeof(struct feat_rec) == 64, "feature record");
+
 struct hook_thread {
     hc_stream *s;
     uint64_t count;                     /* events this stream was fed */
-    uint32_t n;                         /* records in buf */
+    uint32_t n, nf;                     /* records in buf, fbuf */
+    uint32_t index;
     struct pred_rec buf[PRED_BUF];
+    struct feat_rec fbuf[PRED_BUF];
 };
 
 int hc_hook_on;
 static hc_policy *g_pol;
-static int g_every = 1, g_fd = -1, g_thread_streams, g_uses_time;
+static int g_every = 1, g_fd = -1, g_ffd = -1, g_thread_streams, g_uses_time, g_features;
 static char g_dir[4096];
 static hc_stream *g_proc_stream;
 static uint64_t g_proc_count;
@@ -139,10 +160,24 @@ static void write_all(const void *buf, size_t n) {
     }
 }
 
+static void write_fd(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n > 0 && fd >= 0) {
+        ssize_t w = write(fd, p, n);
+        if (w <= 0) return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
 static void flush_thread(struct hook_thread *ht) {
     if (ht && ht->n) {
         write_all(ht->buf, ht->n * sizeof ht->buf[0]);
         ht->n = 0;
+    }
+    if (ht && ht->nf) {
+        write_fd(g_ffd, ht->fbuf, ht->nf * sizeof ht->fbuf[0]);
+        ht->nf = 0;
     }
 }
 
@@ -159,6 +194,11 @@ static int open_pred_file(void) {
     memcpy(path + d, ".pred", 6);
     g_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (g_fd < 0) return 0;
+    if (g_features) {
+        memcpy(path + d, ".features", 10);
+        g_ffd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (g_ffd < 0) return 0;
+    }
     struct pred_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, PRED_MAGIC, 8);
@@ -169,12 +209,16 @@ static int open_pred_file(void) {
     h.vocab = (uint32_t)g_pol->cfg[CFG_VOCAB];
     strncpy(h.model_sha256, hc_policy_model_hash(g_pol), sizeof h.model_sha256 - 1);
     write_all(&h, sizeof h);
+    if (g_ffd >= 0) {
+        memcpy(h.magic, "HCFEAT1", 8);
+        write_fd(g_ffd, &h, sizeof h);
+    }
     return 1;
 }
 
 /* ---------------------------------------------------------------- setup */
 
-int hc_hook_init(const char *policy_path, const char *dir, int every) {
+int hc_hook_init(const char *policy_path, const char *dir, int every, int features) {
     if (!policy_path || !*policy_path || strlen(dir) >= sizeof g_dir) return 0;
     char err[512];
     g_pol = hc_policy_open(policy_path, err, sizeof err);
@@ -182,6 +226,7 @@ int hc_hook_init(const char *policy_path, const char *dir, int every) {
     int task = hc_policy_task(g_pol);
     if (task == HC_TASK_FREE) return 0;  /* refused up front by `heapcast record` */
     g_every = every > 0 ? every : 1;
+    g_features = features;
     g_thread_streams = task == HC_TASK_NEXT;
     g_uses_time = g_pol->cfg[CFG_KIND] == HC_KIND_RNN &&
                   (g_pol->cfg[CFG_N_DT] || g_pol->cfg[CFG_NG_DT]);
@@ -199,11 +244,13 @@ void hc_hook_fork_child(void) {
     if (!hc_hook_on) return;
     g_proc_lock = g_map_lock = 0;
     if (g_fd >= 0) close(g_fd);
-    g_fd = -1;
+    if (g_ffd >= 0) close(g_ffd);
+    g_fd = g_ffd = -1;
     for (int i = 0; i < g_nthreads; i++)
-        if (g_threads[i] && g_threads[i] != t_state) g_threads[i]->n = 0;   /* parent's records */
+        if (g_threads[i] && g_threads[i] != t_state)
+            g_threads[i]->n = g_threads[i]->nf = 0;                          /* parent's records */
     if (t_state) {
-        t_state->n = 0;
+        t_state->n = t_state->nf = 0;
         t_state->count = 0;
         if (t_state->s) hc_stream_reset(t_state->s);
     }
@@ -232,6 +279,7 @@ static struct hook_thread *thread_state(void) {
     }
     int i = __atomic_fetch_add(&g_nthreads, 1, __ATOMIC_ACQ_REL);
     if (i < MAX_THREADS) g_threads[i] = ht;
+    ht->index = (uint32_t)i;
     t_state = ht;
     return ht;
 }
@@ -257,6 +305,38 @@ static inline void log_prediction(struct hook_thread *ht, uint64_t seq, const hc
     memcpy(r->label, pr->label, sizeof r->label);
     r->conf = pr->conf;
     if (++ht->n == PRED_BUF) flush_thread(ht);
+}
+
+/* Development mode: the features a decision reads (the stream's inputs prepared for this row),
+ * written into the thread's buffer before the decision ... */
+static struct feat_rec *features_begin(struct hook_thread *ht, const hc_stream *s, uint64_t seq,
+                                       const hc_event *ev, int32_t label) {
+    struct feat_rec *f = &ht->fbuf[ht->nf];
+    memset(f, 0, sizeof *f);
+    f->seq = seq;
+    f->stream = g_thread_streams ? ht->index : 0;
+    f->site = ev->site;
+    f->token = hc_event_token(g_pol, ev);
+    uint64_t d = s->events && ev->ts_ns > s->last_ts ? ev->ts_ns - s->last_ts : 0;
+    int bl = d ? 64 - __builtin_clzll(d) : 0;
+    f->dt = (uint8_t)(bl > 63 ? 63 : bl);
+    f->label = label;
+    if (g_pol->cfg[CFG_KIND] == HC_KIND_RNN) {
+        f->hint1 = s->hint1;
+        f->hint2 = s->hint2;
+        f->conf = (uint8_t)s->conf;
+        f->n_cache = (uint8_t)(g_pol->cfg[CFG_N_CACHE] < 3 ? g_pol->cfg[CFG_N_CACHE] : 3);
+        for (int i = 0; i < f->n_cache; i++) f->cache[i] = s->cache[i];
+    }
+    return f;
+}
+
+/* ... and the decision, after it. */
+static void features_end(struct hook_thread *ht, struct feat_rec *f, const hc_prediction *pr) {
+    for (int i = 0; i < 3; i++) f->pred[i] = pr->label[i];
+    f->pred_conf = pr->conf;
+    f->level = (uint8_t)pr->level;
+    if (++ht->nf == PRED_BUF) flush_thread(ht);
 }
 
 void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t old,
@@ -292,12 +372,14 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
         if (addr) map_put(addr, size);
     }
     if (g_thread_streams) {          /* next: predicted before it happens, on its thread */
+        int32_t label = (int32_t)hc_event_token(g_pol, &ev);
         if (ht->count % (uint64_t)g_every == 0) {
             hc_prediction pr;
+            struct feat_rec *f = g_features ? features_begin(ht, ht->s, seq, &ev, label) : NULL;
             hc_stream_predict(ht->s, &pr);
+            if (f) features_end(ht, f, &pr);
             log_prediction(ht, seq, &pr);
         }
-        int32_t label = (int32_t)hc_event_token(g_pol, &ev);
         hc_stream_feed_ex(ht->s, &ev, label, (ht->count + 1) % (uint64_t)g_every == 0);
         ht->count++;
     } else {                          /* lifetime: one stream per process */
@@ -305,7 +387,10 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
         lock(&g_proc_lock);
         if (alloc && g_proc_count++ % (uint64_t)g_every == 0) {
             hc_prediction pr;
+            struct feat_rec *f = g_features ? features_begin(ht, g_proc_stream, seq, &ev, -1)
+                                            : NULL;
             hc_predict_alloc(g_pol, g_proc_stream, &ev, &pr);
+            if (f) features_end(ht, f, &pr);
             unlock(&g_proc_lock);
             log_prediction(ht, seq, &pr);
         } else {

@@ -6,9 +6,10 @@
 
 extern int hc_hook_on;          /* a policy is loaded and runs on every event */
 
-/* Loads the POLICY at policy_path and opens <pid>.pred in dir; 0 if it cannot (the program then
- * runs without a policy: `heapcast record` checked the file before starting it). */
-int hc_hook_init(const char *policy_path, const char *dir, int every);
+/* Loads the POLICY at policy_path and opens <pid>.pred (and with `features`, <pid>.features) in
+ * dir; 0 if it cannot (the program then runs without a policy: `heapcast record` checked the
+ * file before starting it). */
+int hc_hook_init(const char *policy_path, const char *dir, int every, int features);
 void hc_hook_fork_child(void);
 void hc_hook_flush_all(void);
 /* One event the recorder has just written (recorder op codes; a free's block in addr). */

@@ -22,6 +22,7 @@
  *   HEAPCAST_DRAIN   "1": a drainer recycles full chunks (raw_format.h, "Recycling")
  *   HEAPCAST_POLICY  a compiled POLICY to run online on every event (policy_hook.c)
  *   HEAPCAST_POLICY_EVERY  predict every N-th event only (default 1)
+ *   HEAPCAST_POLICY_FEATURES  "1": also log the features of every decision (development mode)
  *   HEAPCAST_PYTHON  "0" to record native call sites in CPython too (default: the Python
  *                    frames of a thread running Python code, pyframes.h)
  */
@@ -563,7 +564,8 @@ static void init_process(void) {
             }
             pthread_atfork(NULL, NULL, atfork_child);
             state = ST_ACTIVE;
-            hc_hook_init(getenv("HEAPCAST_POLICY"), g_dir, env_int("HEAPCAST_POLICY_EVERY", 1));
+            hc_hook_init(getenv("HEAPCAST_POLICY"), g_dir, env_int("HEAPCAST_POLICY_EVERY", 1),
+                         env_int("HEAPCAST_POLICY_FEATURES", 0) == 1);
         }
     }
     T.own--;

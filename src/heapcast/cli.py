@@ -17,7 +17,8 @@ def _cmd_record(a) -> int:
     try:
         r = record(a.command, output=a.output, stacks=a.stacks, rss_interval_ms=a.rss_interval,
                    follow_children=a.follow_children, mmap=a.mmap, unwind=a.unwind,
-                   python=a.python, policy=a.policy, policy_every=a.policy_every)
+                   python=a.python, policy=a.policy, policy_every=a.policy_every,
+                   log_features=a.log_features)
     except RecordError as e:
         print(f"heapcast: {e}", file=sys.stderr)
         return 127
@@ -71,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("record", help="run a program and record every heap call",
                        usage="heapcast record [-o PATH] [--stacks N] [--rss-interval MS] "
                              "[--follow-children] [--mmap] [--no-python] "
-                             "[--policy POLICY [--policy-every N]] -- CMD ARGS...")
+                             "[--policy POLICY [--policy-every N] [--log-features]] "
+                             "-- CMD ARGS...")
     r.add_argument("-o", "--output", type=Path, help="trace directory to create (default: "
                    "heapcast-<program>-<n> in the current directory)")
     r.add_argument("--stacks", type=int, default=0, metavar="N",
@@ -93,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "predictions in the trace (heapcast evaluate --online)")
     r.add_argument("--policy-every", type=int, default=1, metavar="N",
                    help="with --policy: predict every N-th event only (default 1)")
+    r.add_argument("--log-features", action="store_true",
+                   help="with --policy: also log what each decision read and decided "
+                        "(<pid>.features, for heapcast train --from-log)")
     r.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     r.set_defaults(func=_cmd_record)
 

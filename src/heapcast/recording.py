@@ -157,7 +157,7 @@ def _prepare_directory(path: Path) -> str | None:
 def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follow_children: bool = False,
            mmap: bool = False, unwind: str = "fp", progress: bool | None = None,
            env: dict | None = None, python: bool = True, policy=None,
-           policy_every: int = 1) -> RecordResult:
+           policy_every: int = 1, log_features: bool = False) -> RecordResult:
     """Runs `cmd` with the recorder preloaded and returns how it went (see RecordResult).
 
     The trace is written at exactly `output` (a directory; default: a new name in the current
@@ -169,7 +169,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     `policy`: a compiled POLICY that the recorder runs online on the program's events,
     predicting every `policy_every`-th one and logging its predictions in the trace
     (heapcast.policy.online); a broken or unusable POLICY raises RecordError before the program
-    starts.
+    starts. `log_features`: also log what each decision read (development mode).
     """
     cmd = [str(c) for c in cmd]
     if not cmd:
@@ -180,6 +180,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         raise ValueError(f"stacks must be between 0 and 64 frames, not {stacks}")
     if policy is not None:
         _check_policy(policy, policy_every)
+    elif log_features:
+        raise ValueError("log_features needs a policy (--log-features with --policy POLICY)")
     path = Path(output) if output is not None else default_output(cmd)
     existed = path.exists()
     problem = _prepare_directory(path)
@@ -193,7 +195,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
                    HEAPCAST_PYTHON="1" if python else "0")
         if policy is not None:
             env.update(HEAPCAST_POLICY=str(Path(policy).resolve()),
-                       HEAPCAST_POLICY_EVERY=str(policy_every))
+                       HEAPCAST_POLICY_EVERY=str(policy_every),
+                       HEAPCAST_POLICY_FEATURES="1" if log_features else "0")
     drainer = None
     if problem is None:
         try:

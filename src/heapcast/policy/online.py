@@ -22,7 +22,13 @@ HEADER = np.dtype([("magic", "S8"), ("version", "<u4"), ("task", "<u4"), ("every
                    ("kind", "<u4"), ("vocab", "<u4"), ("pad0", "<u4"), ("skipped", "<u8"),
                    ("model_sha256", "S72"), ("pad", "S16")])
 RECORD = np.dtype([("seq", "<u8"), ("label", "<i4", 5), ("conf", "<f4")])
-assert HEADER.itemsize == 128 and RECORD.itemsize == 32
+FEATURE_MAGIC = b"HCFEAT1\0"
+#: One decision of development mode (`--log-features`, <pid>.features; docs/trace-format.md).
+FEATURE = np.dtype([("seq", "<u8"), ("stream", "<u4"), ("site", "<u4"), ("token", "<u2"),
+                    ("dt", "u1"), ("level", "u1"), ("label", "<i4"), ("hint1", "<i4"),
+                    ("hint2", "<i4"), ("conf", "u1"), ("n_cache", "u1"), ("pad", "<u2"),
+                    ("cache", "<i4", 3), ("pred", "<i4", 3), ("pred_conf", "<f4")])
+assert HEADER.itemsize == 128 and RECORD.itemsize == 32 and FEATURE.itemsize == 64
 TASKS = ("next", "free", "lifetime")
 VOCABS = ("seed64", "rich")
 KINDS = {1: "table", 2: "rnn"}
@@ -32,10 +38,19 @@ def read_predictions(path) -> tuple[dict, np.ndarray]:
     """(header as a dict, RECORD array) of one `<pid>.pred` file; TraceError naming the file and
     the offset when it is not one. A record cut short at the end (a full disk) is left out and
     the header says `truncated`."""
+    return _read(path, MAGIC, RECORD, "predictions")
+
+
+def read_features(path) -> tuple[dict, np.ndarray]:
+    """(header, FEATURE array) of one `<pid>.features` file (development mode)."""
+    return _read(path, FEATURE_MAGIC, FEATURE, "features")
+
+
+def _read(path, magic: bytes, dtype: np.dtype, what: str) -> tuple[dict, np.ndarray]:
     path = Path(path)
     raw = path.read_bytes()
-    if len(raw) < HEADER.itemsize or raw[:8] != MAGIC:
-        raise TraceError(path, 0, f"not a predictions file (expected magic {MAGIC!r} and a "
+    if len(raw) < HEADER.itemsize or raw[:8] != magic:
+        raise TraceError(path, 0, f"not a {what} file (expected magic {magic!r} and a "
                                   f"{HEADER.itemsize}-byte header)")
     h = np.frombuffer(raw[:HEADER.itemsize], HEADER)[0]
     if h["version"] != 1:
@@ -44,12 +59,12 @@ def read_predictions(path) -> tuple[dict, np.ndarray]:
     if h["task"] >= len(TASKS) or h["vocab"] >= len(VOCABS):
         raise TraceError(path, 12, f"unknown task {h['task']} or vocabulary {h['vocab']}")
     body = len(raw) - HEADER.itemsize
-    recs = np.frombuffer(raw[HEADER.itemsize:HEADER.itemsize + body - body % RECORD.itemsize],
-                         RECORD)
+    recs = np.frombuffer(raw[HEADER.itemsize:HEADER.itemsize + body - body % dtype.itemsize],
+                         dtype)
     header = {"task": TASKS[h["task"]], "vocab": VOCABS[h["vocab"]], "every": int(h["every"]),
               "kind": KINDS.get(int(h["kind"]), "?"), "skipped": int(h["skipped"]),
               "model_sha256": h["model_sha256"].decode(errors="replace"),
-              "truncated": bool(body % RECORD.itemsize)}
+              "truncated": bool(body % dtype.itemsize)}
     return header, recs
 
 
