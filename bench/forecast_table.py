@@ -221,11 +221,11 @@ def main(argv=None) -> int:
 
 
 def reachable(task: str, labels: np.ndarray) -> float:
-    """The top-1 a perfect model would reach: `free` counts ranks >= FREE_RANKS wrong always."""
-    from heapcast.forecast.tasks import FREE_RANKS
+    """The top-1 a perfect model would reach: `free` counts label FREE_BEYOND wrong always."""
+    from heapcast.forecast.tasks import FREE_BEYOND
     if task != "free" or not len(labels):
         return 1.0
-    return float((labels < FREE_RANKS).mean())
+    return float((labels < FREE_BEYOND).mean())
 
 
 def verdict_rows(results: list) -> list:

@@ -23,7 +23,7 @@ from .dataset import load_features
 from .modelfile import ModelError
 from .models import load_model
 from .protocols import PROTOCOLS, split_masks
-from .tasks import FREE_RANKS, label_names, make_task
+from .tasks import FREE_BEYOND, FREE_OLD, FREE_YOUNG, label_names, make_task
 from .vocab import article_target, is_allocation_token, rich_to_seed64
 
 PER_CLASS_ROWS = 30
@@ -96,7 +96,7 @@ def _test_rows(model_path, protocol: str, data, training: dict, sources: list,
 def metrics(model, y: np.ndarray, pred: np.ndarray) -> dict:
     """top1/top5, allocation-only accuracy, the article's target, per-class and confusion."""
     task, vocab = model.task, model.vocab
-    valid = y < FREE_RANKS if task == "free" else np.ones(len(y), bool)   # "beyond" never right
+    valid = y < FREE_BEYOND if task == "free" else np.ones(len(y), bool)   # "beyond" never right
     hit1 = (pred[:, 0] == y) & valid
     hitk = (pred == y[:, None]).any(1) & valid
     out = {"top1": _mean(hit1), "top5": _mean(hitk)}
@@ -163,7 +163,7 @@ def format_result(r: dict) -> str:
         lines.append(f"  top-1 on the article's (buggy) target: {pct(r['top1_article_target'])}"
                      f"   on the true classes: {pct(r['top1'])}")
     if "beyond_rank_fraction" in r:
-        lines.append(f"  frees of blocks beyond rank {FREE_RANKS - 1}: "
+        lines.append(f"  frees of blocks beyond the {FREE_YOUNG} youngest and {FREE_OLD} oldest: "
                      f"{pct(r['beyond_rank_fraction'])}")
     lines.append("  per class (most frequent first):")
     for c in r["per_class"][:12]:
