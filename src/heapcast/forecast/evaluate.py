@@ -41,8 +41,12 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
     feats = load_features(list(traces), training.get("order", "thread"),
                           need_ranks=model.task == "free")
     data = make_task(feats, model.task, model.vocab)
-    overlap = _overlap(training.get("traces", []), feats.sources)
-    test = _test_rows(model_path, protocol, data, training, feats.sources, overlap)
+    tuned = overlap((training.get("validation") or {}).get("traces", []), feats.sources)
+    if tuned:
+        raise ModelError(f"{model_path}: its settings were chosen on {', '.join(tuned)} "
+                         f"(heapcast train --validate): score it on other recordings")
+    trained = overlap(training.get("traces", []), feats.sources)
+    test = _test_rows(model_path, protocol, data, training, feats.sources, trained)
     rows = np.flatnonzero(test)
     total = len(rows)
     if max_samples and total > max_samples:
@@ -55,14 +59,15 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
               "vocab": model.vocab, "target": model.target, "model_path": str(model_path),
               "traces": [s["path"] for s in feats.sources], "events": int(len(rows)),
               "events_available": int(total), "sampled": bool(len(rows) < total),
-              "trained_on_these_traces": bool(overlap), "predict_seconds": seconds,
+              "trained_on_these_traces": bool(trained), "predict_seconds": seconds,
               "predict_events_per_s": len(rows) / max(seconds, 1e-9)}
     result.update(metrics(model, data.labels[rows], pred))
     return result
 
 
-def _overlap(trained: list, sources: list) -> list:
-    """Evaluated traces the model was trained on (same file, or same program and event count)."""
+def overlap(trained: list, sources: list) -> list:
+    """The recordings of `sources` that are among `trained` (the same file, or the same
+    program and event count)."""
     seen = {(os.path.realpath(t.get("path", "")), t.get("events")) for t in trained}
     progs = {(t.get("program"), t.get("events")) for t in trained}
     return [s["path"] for s in sources
