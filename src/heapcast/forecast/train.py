@@ -24,7 +24,7 @@ import numpy as np
 from .dataset import load_features
 from .models import DEFAULT_MODEL, STREAM_MODELS, create_model, save_model
 from .protocols import SPLITS, split_masks
-from .select import choose_ngram, validation_rows
+from .select import calibrate_on_validation, tune_on_validation
 from .tasks import DEFAULT_ORDER, TASKS, make_task
 
 
@@ -108,8 +108,8 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     elif max_events:
         train_rows = spread_rows(train_rows, max_events)
     stats = m.fit(data, train_rows, **options)
-    if validation is not None and hasattr(m, "calibrate"):
-        validation["calibration"] = m.calibrate(val, validation_rows(val))
+    if validation is not None:
+        validation["calibration"] = calibrate_on_validation(m, val)
     wall = time.perf_counter() - t0
     training = {"traces": feats.sources, "split": split, "order": order, "epochs": epochs,
                 "validation": validation,
@@ -125,22 +125,15 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
 
 def _choose_on_validation(m, validate: list, feats, data, train_rows, order: str):
     """Loads the validation runs, refuses ones that are also training runs, and sets the
-    n-gram settings chosen on them into model `m`'s config; returns (their TaskData, the
-    summary's `validation` record)."""
+    settings chosen on them into model `m` (select.tune_on_validation); returns (their
+    TaskData, the summary's `validation` record)."""
     from .evaluate import overlap
     vfeats = load_features(validate, order, need_ranks=m.task == "free")
     same = overlap(feats.sources, vfeats.sources)
     if same:
         raise ValueError(f"{', '.join(same)}: a training run cannot be a validation run too")
     val = make_task(vfeats, m.task, m.vocab)
-    target = m.config if m.kind == "ngram" else m.config.get("ngram")
-    if target is None:
-        return val, {"traces": vfeats.sources}
-    chosen, candidates = choose_ngram(m.task, m.vocab, data, train_rows, val,
-                                      {"topk": target.get("topk", 8)})
-    target.update(chosen)
-    return val, {"traces": vfeats.sources, "ngram": chosen, "candidates": candidates,
-                 "rows": int(len(validation_rows(val)))}
+    return val, {"traces": vfeats.sources, **tune_on_validation(m, data, train_rows, val)}
 
 
 def _end_distributed() -> None:
