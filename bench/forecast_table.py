@@ -39,6 +39,7 @@ below it on any program.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -112,11 +113,12 @@ def make_model(name: str, task: str, vocab: str, a):
     if name == "ngram+sites+dt":
         return create_model("ngram", task, vocab, {"sites": True, "dt": True})
     if name == "gru":
-        return create_model("gru", task, vocab, {"threads": a.threads})
+        return create_model("gru", task, vocab, {"threads": a.threads, **gru_settings(a)})
     if name == "transformer":
         return create_model("transformer", task, vocab, {"threads": a.threads})
     if name == "gru-no-memory":   # ablation: without the in-run memory (cache_orders)
-        return create_model("gru", task, vocab, {"threads": a.threads, "cache_orders": []})
+        return create_model("gru", task, vocab, {"threads": a.threads, **gru_settings(a),
+                                                 "cache_orders": []})
     if name in ("seed", "seed-true"):
         target = "article" if name == "seed" else "true"
         return create_model("seed", task, vocab, {"threads": a.threads, "target": target})
@@ -140,6 +142,15 @@ def best_ngram(task, vocab, train_data, train_mask, test_data, test_rows) -> dic
              train_events=int(train_mask.sum()), reachable=1.0,
              chosen=f"orders<={max(chosen['orders'])}" + (" sites" if chosen["sites"] else ""))
     return r
+
+
+def gru_settings(a) -> dict:
+    """The learned model's settings given with --set KEY=JSON (the rest: its defaults)."""
+    out = {}
+    for item in a.set or []:
+        key, _, value = item.partition("=")
+        out[key] = json.loads(value)
+    return out
 
 
 def run_one(name, task, vocab, train_data, train_mask, test_data, test_rows, a,
@@ -217,6 +228,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed-steps", type=int, default=100, help="seed model batches (default 100)")
     ap.add_argument("--seed-eval", type=int, default=3000, help="seed model scored rows")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", action="append", metavar="KEY=JSON",
+                    help="a setting of the learned models (gru, gru-val, gru-no-memory), "
+                         "e.g. --set hidden=96")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "forecast_table.json")
     a = ap.parse_args(argv)
     import corpus as corpus_mod
