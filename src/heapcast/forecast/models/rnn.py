@@ -29,6 +29,10 @@ input in another run: sizes that depend on the input repeat within the run, and 
 how the model adapts to them while it predicts, without learning from the test data's labels
 ahead of time (every value it reads is of an event that has already happened).
 
+With a validation run (`heapcast train --validate`, heapcast.forecast.select) the hints' n-gram
+settings are chosen on it and, after training, `calibrate` fits only the logit boosts of the hints
+and of the memory on it: how far to trust each when the input is another program.
+
 Prediction runs the same way without gradients: segments start `warmup` events early so that
 the hidden state is warm where scoring begins. Determinism: fixed seeds,
 torch.use_deterministic_algorithms, a fixed thread count: the same run gives the same bytes.
