@@ -178,10 +178,15 @@ _PY_SCRIPTS = {
 }
 
 
+def _cross_input(name: str, text: str) -> str:
+    """Writes a cross-input program's input file; returns its path."""
+    path = CROSS_CACHE / "inputs" / name
+    path.write_text(text)
+    return str(path)
+
+
 def _python_x(run):
-    script = CROSS_CACHE / "inputs" / f"script-{run}.py"
-    script.write_text(_PY_SCRIPTS[run])
-    return [PYTHON, str(script)]
+    return [PYTHON, _cross_input(f"script-{run}.py", _PY_SCRIPTS[run])]
 
 
 _SQL = {
@@ -211,9 +216,7 @@ _SQL = {
 
 
 def _sqlite_x(run):
-    sql = CROSS_CACHE / "inputs" / f"work-{run}.sql"
-    sql.write_text(_SQL[run])
-    return ["sh", "-c", f"exec sqlite3 :memory: < {sql}"]
+    return ["sh", "-c", f"exec sqlite3 :memory: < {_cross_input(f'work-{run}.sql', _SQL[run])}"]
 
 
 _PERL = {
@@ -232,9 +235,7 @@ _PERL = {
 
 
 def _perl_x(run):
-    script = CROSS_CACHE / "inputs" / f"work-{run}.pl"
-    script.write_text(_PERL[run])
-    return ["perl", str(script)]
+    return ["perl", _cross_input(f"work-{run}.pl", _PERL[run])]
 
 
 def _c_structs(seed, count):
@@ -258,14 +259,9 @@ def _c_structs(seed, count):
 
 
 def _gcc_x(run):
-    src = CROSS_CACHE / "inputs" / f"style-{run}.c"
-    if run == "a":
-        src.write_text(_c_source("xa", 300))
-    elif run == "v":
-        src.write_text(_c_structs("xv", 120))
-    else:
-        src.write_text(_c_structs("xb", 180))
-    return ["gcc", "-O2", "-c", str(src), "-o", str(CROSS_CACHE / "inputs" / f"style-{run}.o")]
+    code = _c_source("xa", 300) if run == "a" else _c_structs("x" + run, 120 if run == "v" else 180)
+    return ["gcc", "-O2", "-c", _cross_input(f"style-{run}.c", code), "-o",
+            str(CROSS_CACHE / "inputs" / f"style-{run}.o")]
 
 
 PREPARE = {"python-x": _python_x, "sqlite3-x": _sqlite_x, "perl-x": _perl_x, "gcc-x": _gcc_x,

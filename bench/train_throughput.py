@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -43,15 +44,23 @@ def train_once(trace: Path, model: str, out_dir: Path, device: str, seed_steps: 
         cmd += ["--threads", str(threads)]
     if model == "seed":
         cmd += ["--max-steps", str(seed_steps)]
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), _children_cpu()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
     summary = json.loads(done.stdout)
     summary["measured_wall_s"] = wall
+    summary["cpu_s"] = _children_cpu() - cpu0
     summary["model_bytes"] = out.stat().st_size
     return summary
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) used by this process's finished children so far."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def raw_gru_loop(threads: int, device: str, steps: int = 30) -> float:
@@ -150,6 +159,7 @@ def main(argv=None) -> int:
                 results[model][name] = {
                     "events": trained, "wall_s": s["measured_wall_s"],
                     "wall_events_per_s": trained / s["measured_wall_s"],
+                    "cpu_s": s["cpu_s"], "load_average": os.getloadavg()[0],
                     "loop_events_per_s": loop, "train_seconds": st.get("seconds"),
                     "model_bytes": s["model_bytes"], "epochs": st.get("epochs", 1)}
         raw = raw_gru_loop(a.threads, a.device) if any(
@@ -160,6 +170,8 @@ def main(argv=None) -> int:
         r = results[model]
         rows.append([f"{model} wall ev/s", *(f"{r[c]['wall_events_per_s']:,.0f}" for c in cols)])
         rows.append([f"{model} wall s", *(f"{r[c]['wall_s']:.1f}" for c in cols)])
+        rows.append([f"{model} cpu s", *(f"{r[c]['cpu_s']:.1f}" for c in cols)])
+        rows.append([f"{model} load avg", *(f"{r[c]['load_average']:.1f}" for c in cols)])
         rows.append([f"{model} loop ev/s", *("-" if r[c]["loop_events_per_s"] is None else
                                             f"{r[c]['loop_events_per_s']:,.0f}" for c in cols)])
     print(f"device {a.device}, {a.threads} torch threads; one epoch per model")
