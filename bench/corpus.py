@@ -3,8 +3,15 @@
 Used by the forecasting and allocator-lab benchmarks (cross-run protocols train on run "a" and test
 on run "b"). Recordings are cached under bench/corpus/ (delete it to record again).
 
+The cross-input programs (CROSS_INPUT, cached under bench/corpus-x/) are recorded three times,
+and their runs are *different programs for the same engine*: two Python scripts, two SQL
+workloads, two Perl scripts, two C files of different style for cc1. Run "a" is trained on, "v"
+(a third program for the engine) is the validation run, "b" is tested on (bench/forecast_table.py,
+protocol `cross-input`).
+
     python bench/corpus.py            # record whatever is missing, print the table
     python bench/corpus.py --list     # what is there
+    python bench/corpus.py --cross    # the cross-input programs
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ import heapcast
 ROOT = Path(__file__).resolve().parent
 CACHE = ROOT / "corpus"
 INPUTS = CACHE / "inputs"
+CROSS_CACHE = ROOT / "corpus-x"
+CROSS_RUNS = ("a", "v", "b")
 PYTHON = sys.executable
 
 
@@ -33,13 +42,18 @@ class Program:
     follow_children: bool = False
     python: bool = True          # Python call sites in CPython (heapcast record's default)
     extra: bool = False          # recorded only when asked for by name (--programs)
+    exe: str = ""                # the executable (default: the name)
 
     def prepare(self, run: str) -> list:
-        """Writes the input of run "a" or "b" and returns the command line."""
+        """Writes the input of run "a" or "b" (cross-input: "a", "v", "b") and returns the
+        command line."""
         return PREPARE[self.name](run)
 
     def env(self) -> dict:
-        return {"PYTHONMALLOC": "malloc"} if self.name.startswith("python") else {}
+        return {"PYTHONMALLOC": "malloc"} if self.executable().startswith("python") else {}
+
+    def executable(self) -> str:
+        return self.exe or self.name
 
 
 def _python(run):
@@ -133,8 +147,128 @@ def _perl(run):
     return ["perl", str(script), str(n), "1" if run == "a" else "2"]
 
 
-PREPARE = {"python": _python, "python-native": _python, "sqlite3": _sqlite, "gcc": _gcc, "g++": _cxx, "jq": _jq,
-           "perl": _perl}
+# ---- cross-input: each run is another program for the same engine -----------------------
+
+_PY_SCRIPTS = {
+    # a: dicts, JSON, regex (the corpus's python script's kind of work)
+    "a": "import json, re, random\nrandom.seed(1)\n"
+         "d = {str(i): [i, str(i) * (1 + i % 4), {'k': i, 'v': random.random()}] "
+         "for i in range(40000)}\n"
+         "s = json.dumps(d)\no = json.loads(s)\n"
+         "print(len(o), len(re.findall(r'\\d+', s[:200000])))\n",
+    # v: a tokenizer and a word-frequency table over generated text
+    "v": "import collections, random\nrandom.seed(3)\n"
+         "words = [''.join(random.choice('abcdefgh') for _ in range(random.randint(2, 9))) "
+         "for _ in range(3000)]\n"
+         "text = ' '.join(random.choice(words) for _ in range(150000))\n"
+         "c = collections.Counter(text.split())\n"
+         "pairs = collections.Counter(zip(text.split()[:-1], text.split()[1:]))\n"
+         "print(len(c), c.most_common(3)[0][1], len(pairs))\n",
+    # b: objects in a tree, sorting, string formatting, a class-based simulation
+    "b": "import random\nrandom.seed(2)\n"
+         "class Node:\n    __slots__ = ('key', 'left', 'right', 'tag')\n"
+         "    def __init__(self, key):\n        self.key, self.left, self.right = key, None, None\n"
+         "        self.tag = f'node-{key:06d}'\n"
+         "def insert(root, key):\n    node = root\n    while True:\n"
+         "        side = 'left' if key < node.key else 'right'\n"
+         "        nxt = getattr(node, side)\n        if nxt is None:\n"
+         "            setattr(node, side, Node(key))\n            return\n        node = nxt\n"
+         "root = Node(500000)\nfor _ in range(30000):\n    insert(root, random.randrange(10**6))\n"
+         "rows = [(random.random(), str(i), [i] * (i % 5)) for i in range(40000)]\n"
+         "rows.sort()\nout = ['%s:%d' % (r[1], len(r[2])) for r in rows]\n"
+         "print(len(out), root.tag)\n",
+}
+
+
+def _cross_input(name: str, text: str) -> str:
+    """Writes a cross-input program's input file; returns its path."""
+    path = CROSS_CACHE / "inputs" / name
+    path.write_text(text)
+    return str(path)
+
+
+def _python_x(run):
+    return [PYTHON, _cross_input(f"script-{run}.py", _PY_SCRIPTS[run])]
+
+
+_SQL = {
+    "a": "CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, grp INTEGER, payload BLOB);\nBEGIN;\n"
+         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 60000)\n"
+         "INSERT INTO t(name, grp, payload) SELECT hex(randomblob(8 + i % 24)), i % 97, "
+         "randomblob(i % 200) FROM n;\nCOMMIT;\nCREATE INDEX t_name ON t(name);\n"
+         "SELECT grp, count(*), sum(length(payload)) FROM t GROUP BY grp ORDER BY 3 DESC LIMIT 3;\n"
+         "DELETE FROM t WHERE grp % 3 = 0;\n",
+    "v": "CREATE TABLE kv(k TEXT PRIMARY KEY, v TEXT) WITHOUT ROWID;\nBEGIN;\n"
+         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 40000)\n"
+         "INSERT INTO kv SELECT printf('key%08d', i * 7919 % 1000003), "
+         "substr(hex(randomblob(40)), 1, 10 + i % 60) FROM n;\nCOMMIT;\n"
+         "UPDATE kv SET v = v || upper(v) WHERE k LIKE 'key0%';\n"
+         "SELECT count(*), max(length(v)) FROM kv;\n",
+    "b": "CREATE TABLE a(id INTEGER PRIMARY KEY, x INTEGER, s TEXT);\n"
+         "CREATE TABLE b(id INTEGER PRIMARY KEY, a_id INTEGER, y REAL);\nBEGIN;\n"
+         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000)\n"
+         "INSERT INTO a(x, s) SELECT i % 101, printf('%d-%s', i, hex(randomblob(3))) FROM n;\n"
+         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50000)\n"
+         "INSERT INTO b(a_id, y) SELECT 1 + i * 31 % 20000, i * 0.5 FROM n;\nCOMMIT;\n"
+         "CREATE INDEX b_a ON b(a_id);\n"
+         "SELECT a.x, count(*), avg(b.y), group_concat(substr(a.s, 1, 3)) FROM a JOIN b "
+         "ON b.a_id = a.id GROUP BY a.x ORDER BY 2 DESC LIMIT 5;\n"
+         "SELECT s FROM a WHERE s LIKE '%F%' ORDER BY s DESC LIMIT 3;\n",
+}
+
+
+def _sqlite_x(run):
+    return ["sh", "-c", f"exec sqlite3 :memory: < {_cross_input(f'work-{run}.sql', _SQL[run])}"]
+
+
+_PERL = {
+    "a": "my %h; my @a;\nfor my $i (1..100000) { my $k = 'k' . ($i * 7 % 30000); "
+         "push @{$h{$k}}, $i;\n  push @a, join(',', map { $_ * 2 } 1..($i % 7)); "
+         "shift @a if @a > 500; }\nprint scalar(keys %h), \"\\n\";\n",
+    "v": "my $text = join(' ', map { ('alpha', 'beta', 'gamma', 'delta')[$_ % 4] . $_ } "
+         "1..60000);\nmy %c; $c{$_}++ for split / /, $text;\n"
+         "my @s = sort { $c{$b} <=> $c{$a} || $a cmp $b } keys %c;\nprint scalar(@s), \"\\n\";\n",
+    "b": "my @lines = map { sprintf('%05d;%s;%d', $_, 'x' x ($_ % 13), $_ * 3) } 1..60000;\n"
+         "my %by; for (@lines) { my ($id, $pad, $v) = split /;/; "
+         "(my $t = $pad) =~ s/x/y/g; $by{length $t} .= \"$id,\"; }\n"
+         "my $n = 0; $n += length($by{$_}) for keys %by; my $r = reverse join('', @lines[0..999]);\n"
+         "print $n, ' ', length($r), \"\\n\";\n",
+}
+
+
+def _perl_x(run):
+    return ["perl", _cross_input(f"work-{run}.pl", _PERL[run])]
+
+
+def _c_structs(seed, count):
+    """C of another style than _c_source: structs, switch statements, macros, loops."""
+    rng = random.Random(seed)
+    lines = ["#include <stdlib.h>", "#include <string.h>",
+             "#define CLAMP(x, lo, hi) ((x) < (lo) ? (lo) : (x) > (hi) ? (hi) : (x))"]
+    for i in range(count):
+        fields = "int f0; " + " ".join(f"{rng.choice(['int', 'long', 'char *', 'double'])} f{j};"
+                                       for j in range(1, rng.randint(2, 8)))
+        lines.append(f"struct s{i} {{ {fields} struct s{i} *next; }};")
+        cases = " ".join(f"case {c}: acc += CLAMP(p->f0 * {c}, 0, {rng.randint(50, 500)}); break;"
+                         for c in range(rng.randint(2, 9)))
+        lines.append(f"int walk{i}(struct s{i} *p, int k) {{ int acc = 0; "
+                     f"for (int n = 0; p && n < k; p = p->next, n++) {{ switch (n % 9) {{ {cases} "
+                     f"default: acc ^= n; }} }} return acc; }}")
+    lines.append("int main(void) { int t = 0;")
+    lines += [f"  t += walk{i}(0, {i});" for i in range(count)]
+    lines.append("  return t & 1; }")
+    return "\n".join(lines) + "\n"
+
+
+def _gcc_x(run):
+    code = _c_source("xa", 300) if run == "a" else _c_structs("x" + run, 120 if run == "v" else 180)
+    return ["gcc", "-O2", "-c", _cross_input(f"style-{run}.c", code), "-o",
+            str(CROSS_CACHE / "inputs" / f"style-{run}.o")]
+
+
+PREPARE = {"python-x": _python_x, "sqlite3-x": _sqlite_x, "perl-x": _perl_x, "gcc-x": _gcc_x,
+           "python": _python, "python-native": _python, "sqlite3": _sqlite, "gcc": _gcc,
+           "g++": _cxx, "jq": _jq, "perl": _perl}
 PROGRAMS = [
     Program("python", "CPython 3 (dict/json/regex), PYTHONMALLOC=malloc, Python call sites"),
     # The same recordings with native call sites (record --no-python): what Python call sites
@@ -149,24 +283,41 @@ PROGRAMS = [
 ]
 
 
+CROSS_INPUT = [
+    Program("python-x", "CPython: dicts/JSON | text counting (validation) | objects, sort "
+            "(test)", exe="python"),
+    Program("sqlite3-x", "SQLite: inserts, index, group by | key-value updates (validation) | "
+            "join, group_concat (test)", exe="sqlite3"),
+    Program("perl-x", "Perl: hashes of arrays | word counts (validation) | split, s///, "
+            "strings (test)", exe="perl"),
+    Program("gcc-x", "cc1: arithmetic functions | structs, switch, macros (validation, test: "
+            "other code of that style)", follow_children=True, exe="gcc"),
+]
+
+
 def trace_path(program: str, run: str) -> Path:
-    return CACHE / f"{program}-{run}"
+    cross = any(p.name == program for p in CROSS_INPUT)
+    return (CROSS_CACHE if cross else CACHE) / f"{program}-{run}"
 
 
-def ensure(programs=None, runs=("a", "b"), quiet=False) -> dict:
-    """Records whatever is missing; returns {(program, run): trace path} for the available ones."""
-    INPUTS.mkdir(parents=True, exist_ok=True)
+def ensure(programs=None, runs=("a", "b"), quiet=False, cross=False) -> dict:
+    """Records whatever is missing; returns {(program, run): trace path} for the available ones.
+    `cross`: the cross-input programs (runs a, v, b) instead of the corpus's."""
+    (CROSS_CACHE / "inputs" if cross else INPUTS).mkdir(parents=True, exist_ok=True)
+    runs = CROSS_RUNS if cross else runs
     out = {}
-    for prog in PROGRAMS:
+    for prog in CROSS_INPUT if cross else PROGRAMS:
         if (prog.name not in programs) if programs else prog.extra:
             continue
-        if shutil.which(PYTHON if prog.name.startswith("python") else prog.name) is None:
+        exe = prog.executable()
+        if shutil.which(PYTHON if exe.startswith("python") else exe) is None:
             if not quiet:
                 print(f"corpus: {prog.name} is not installed, skipped", file=sys.stderr)
             continue
         for run in runs:
             path = trace_path(prog.name, run)
-            if not (path / "session.json").exists():
+            session = path / "session.json"
+            if not session.exists() or json.loads(session.read_text()).get("exit_code"):
                 if path.exists():
                     shutil.rmtree(path)
                 r = heapcast.record(prog.prepare(run), output=path, env=prog.env(),
@@ -184,10 +335,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", help="comma-separated subset")
     ap.add_argument("--list", action="store_true", help="list what is cached")
+    ap.add_argument("--cross", action="store_true", help="the cross-input programs")
     a = ap.parse_args(argv)
     progs = a.programs.split(",") if a.programs else None
-    traces = ensure(progs) if not a.list else {
-        (p.name, r): trace_path(p.name, r) for p in PROGRAMS for r in "ab"
+    traces = ensure(progs, cross=a.cross) if not a.list else {
+        (p.name, r): trace_path(p.name, r)
+        for p in (CROSS_INPUT if a.cross else PROGRAMS) for r in (CROSS_RUNS if a.cross else "ab")
         if (trace_path(p.name, r) / "session.json").exists()}
     print(f"{'program':10} {'run':3} {'events':>12} {'processes':>9}  path")
     for (name, run), path in traces.items():

@@ -13,11 +13,11 @@ from heapcast.forecast.cli import main
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, build):
-    """Traces of programs/forecast_work.c with two inputs, and of a Python one-liner."""
+    """Traces of programs/forecast_work.c with three inputs, and of a Python one-liner."""
     d = tmp_path_factory.mktemp("forecast")
     exe = build("forecast_work")
     out = {}
-    for name, n, seed in (("a", 3000, 1), ("b", 2000, 2)):
+    for name, n, seed in (("a", 3000, 1), ("b", 2000, 2), ("c", 1500, 3)):
         r = heapcast.record([exe, str(n), str(seed)], output=d / name, progress=False)
         assert r.exit_code == 0
         out[name] = d / name
@@ -133,3 +133,54 @@ def test_heapcast_command_has_the_forecast_verbs(runs):
         pytest.skip("heapcast.cli does not register heapcast.forecast.cli.add_parsers yet")
     for verb in ("dataset", "train", "evaluate"):
         assert verb in sub.choices
+
+
+def test_multi_trace_training_with_validation(runs, tmp_path, capsys):
+    from heapcast.forecast.features import featurize
+    from heapcast.forecast.models import load_model
+    from heapcast.forecast.select import choose_ngram
+    from heapcast.forecast.tasks import make_task
+    from heapcast.forecast.train import run_of_rows
+    model = tmp_path / "v.safetensors"
+    s = run_json(capsys, "train", runs["a"], runs["py"], "-o", model, "--model", "ngram",
+                 "--validate", runs["c"], "--json", "-q")
+    assert [t["path"] for t in s["traces"]] == [str(runs["a"]), str(runs["py"])]
+    v = s["validation"]
+    assert [t["path"] for t in v["traces"]] == [str(runs["c"])] and len(v["candidates"]) == 20
+    # The choice is the best candidate on the validation run, recomputed here from it alone.
+    train = make_task(featurize([runs["a"], runs["py"]], "thread"), "next", "rich")
+    val = make_task(featurize([runs["c"]], "thread"), "next", "rich")
+    chosen, candidates = choose_ngram("next", "rich", train, np.ones(len(train), bool), val)
+    assert candidates == v["candidates"] and chosen == v["ngram"]
+    m = load_model(model)
+    assert m.config["orders"] == chosen["orders"] and m.config["sites"] == chosen["sites"]
+    # Scored on a recording it was neither trained nor tuned on; the validation run is refused,
+    # and a training run cannot be a validation run.
+    r = run_json(capsys, "evaluate", model, runs["b"], "--protocol", "cross-run", "--json")
+    assert r["top1"] > 0.8
+    assert main(["evaluate", str(model), str(runs["c"]), "--protocol", "cross-run"]) == 2
+    assert "chosen on" in capsys.readouterr().err
+    assert main(["train", str(runs["a"]), "-o", str(tmp_path / "x.safetensors"), "--model",
+                 "ngram", "--validate", str(runs["a"]), "-q"]) == 2
+    assert "cannot be a validation run" in capsys.readouterr().err
+    # Every row knows its recording (the gru's hints are cross-fitted leave-one-run-out).
+    f = featurize([runs["a"], runs["py"]], "thread")
+    na = heapcast.load(runs["a"]).event_count
+    runs_of = run_of_rows(f)
+    assert (runs_of[f.columns["proc"] < len(heapcast.load(runs["a"]).processes)] == 0).all()
+    assert np.bincount(runs_of).tolist() == [na, len(f) - na]
+
+
+def test_gru_on_two_runs_with_a_calibrated_trust(runs, tmp_path, capsys):
+    pytest.importorskip("torch")
+    model = tmp_path / "g.safetensors"
+    s = run_json(capsys, "train", runs["a"], runs["b"], "-o", model, "--validate", runs["c"],
+                 "--hidden", "16", "--batch", "8", "--threads", "1", "--json", "-q")
+    cal = s["validation"]["calibration"]
+    from heapcast.forecast.models import load_model
+    m = load_model(model)
+    assert cal["rows"] > 1000 and len(cal["cache_boost"]) == len(m.config["cache_orders"])
+    # The calibrated boosts are the model's.
+    assert np.allclose(m.net.cache_boost.detach().numpy(), cal["cache_boost"], atol=1e-3)
+    assert cal["loss_last_epoch"] <= cal["loss_first_epoch"]
+    assert main(["evaluate", str(model), str(runs["c"]), "--protocol", "cross-run"]) == 2

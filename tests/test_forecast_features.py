@@ -15,8 +15,8 @@ from heapcast.trace.writer import write_process_file
 
 def random_heap(rng, n):
     """Random mallocs, frees (LIFO-ish or anywhere) and moving reallocs, with the recency rank of
-    every free computed by simulating the live list."""
-    live, rows, ranks, addr = [], [], [], 0x1000
+    every free and the live count before it, computed by simulating the live list."""
+    live, rows, ranks, lives, addr = [], [], [], [], 0x1000
     for _ in range(n):
         r = rng.random()
         if live and r < 0.45:
@@ -24,17 +24,20 @@ def random_heap(rng, n):
                 else int(rng.integers(len(live)))
             rows.append((FREE, 0, live[j], 0))
             ranks.append(len(live) - 1 - j)
+            lives.append(len(live))
             live.pop(j)
         elif live and r < 0.5:
             old = live.pop(int(rng.integers(len(live))))
             addr += 16
             rows.append((REALLOC, addr, old, 32))
             ranks.append(-1)
+            lives.append(-1)
             live.append(addr)
         else:
             addr += 16
             rows.append((MALLOC, addr, 0, 8))
             ranks.append(-1)
+            lives.append(-1)
             live.append(addr)
     ev = np.zeros(len(rows), EVENT_DTYPE)
     # A realloc takes two numbers (its release is at seq - 1): leave a gap before every event.
@@ -42,14 +45,15 @@ def random_heap(rng, n):
     ev["free_lag"] = np.where([r[0] == REALLOC for r in rows], 1, 0)
     for k, name in enumerate(("op", "addr", "old_addr", "size")):
         ev[name] = [r[k] for r in rows]
-    return ev, np.array(ranks)
+    return ev, np.array(ranks), np.array(lives)
 
 
 def test_free_ranks_match_a_simulated_live_list():
     rng = np.random.default_rng(3)
     for _ in range(5):
-        ev, expected = random_heap(rng, 4000)
-        assert (free_ranks(ev["op"], match(ev)) == expected).all()
+        ev, expected, lives = random_heap(rng, 4000)
+        rank, live = free_ranks(ev["op"], match(ev))
+        assert (rank == expected).all() and (live == lives).all()
 
 
 def test_dominance_count_brute_force():

@@ -48,7 +48,7 @@ def _cmd_train(a) -> int:
     s = train(a.traces, a.output, model=model, task=a.task, vocab=a.vocab, epochs=a.epochs,
               split=a.split, order=a.order, max_steps=a.max_steps, max_events=a.max_events,
               config=_config(a),
-              progress=not a.quiet, resume=a.resume, device=a.device)
+              progress=not a.quiet, resume=a.resume, device=a.device, validate=a.validate or ())
     st = s["stats"]
     if s["rank"] != 0:
         return 0  # under torchrun: rank 0 speaks for all
@@ -93,6 +93,10 @@ def add_parsers(sub) -> None:
     t.add_argument("--task", choices=TASKS, default="next")
     t.add_argument("--vocab", choices=[v for v in VOCABS if v != "article"], default=None,
                    help="token vocabulary (default: seed64 for --model seed, else rich)")
+    t.add_argument("--validate", nargs="+", type=Path, metavar="RUN",
+                   help="validation recordings (neither trained nor tested on) on which the "
+                        "n-gram's orders and call sites and the gru's trust in its hints are "
+                        "chosen")
     t.add_argument("--epochs", type=int, default=1)
     t.add_argument("--split", choices=SPLITS, default="all",
                    help="rows to learn from: all, or all but what --protocol article/time "

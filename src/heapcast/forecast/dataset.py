@@ -27,7 +27,7 @@ from .lifetime import LIFETIME_VERSION
 from .vocab import VOCABS
 
 FORMAT = "heapcast-dataset"
-VERSION = 1
+VERSION = 2      # 2: the free_live column
 MANIFEST = "dataset.json"
 
 
@@ -105,8 +105,13 @@ def load_dataset(path) -> Features:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{path / MANIFEST}: cannot read the dataset manifest: {e}") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ValueError(f"{path / MANIFEST}: not a heapcast dataset of version {VERSION}")
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path / MANIFEST}: not a heapcast dataset (format "
+                         f"{manifest.get('format')!r})")
+    if manifest.get("version") != VERSION:
+        raise ValueError(f"{path / MANIFEST}: a heapcast dataset of version "
+                         f"{manifest.get('version')!r}; this heapcast reads version {VERSION}: "
+                         f"rebuild it with heapcast dataset")
     for name, version in manifest.get("vocabularies", {}).items():
         if name in VOCABS and VOCABS[name].version != version:
             raise ValueError(f"{path}: built with vocabulary {name!r} version {version}, this "

@@ -23,7 +23,7 @@ from .dataset import load_features
 from .modelfile import ModelError
 from .models import load_model
 from .protocols import PROTOCOLS, split_masks
-from .tasks import FREE_RANKS, label_names, make_task
+from .tasks import FREE_BEYOND, FREE_OLD, FREE_YOUNG, label_names, make_task
 from .vocab import article_target, is_allocation_token, rich_to_seed64
 
 PER_CLASS_ROWS = 30
@@ -41,8 +41,12 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
     feats = load_features(list(traces), training.get("order", "thread"),
                           need_ranks=model.task == "free")
     data = make_task(feats, model.task, model.vocab)
-    overlap = _overlap(training.get("traces", []), feats.sources)
-    test = _test_rows(model_path, protocol, data, training, feats.sources, overlap)
+    tuned = overlap((training.get("validation") or {}).get("traces", []), feats.sources)
+    if tuned:
+        raise ModelError(f"{model_path}: its settings were chosen on {', '.join(tuned)} "
+                         f"(heapcast train --validate): score it on other recordings")
+    trained = overlap(training.get("traces", []), feats.sources)
+    test = _test_rows(model_path, protocol, data, training, feats.sources, trained)
     rows = np.flatnonzero(test)
     total = len(rows)
     if max_samples and total > max_samples:
@@ -55,14 +59,15 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
               "vocab": model.vocab, "target": model.target, "model_path": str(model_path),
               "traces": [s["path"] for s in feats.sources], "events": int(len(rows)),
               "events_available": int(total), "sampled": bool(len(rows) < total),
-              "trained_on_these_traces": bool(overlap), "predict_seconds": seconds,
+              "trained_on_these_traces": bool(trained), "predict_seconds": seconds,
               "predict_events_per_s": len(rows) / max(seconds, 1e-9)}
     result.update(metrics(model, data.labels[rows], pred))
     return result
 
 
-def _overlap(trained: list, sources: list) -> list:
-    """Evaluated traces the model was trained on (same file, or same program and event count)."""
+def overlap(trained: list, sources: list) -> list:
+    """The recordings of `sources` that are among `trained` (the same file, or the same
+    program and event count)."""
     seen = {(os.path.realpath(t.get("path", "")), t.get("events")) for t in trained}
     progs = {(t.get("program"), t.get("events")) for t in trained}
     return [s["path"] for s in sources
@@ -96,7 +101,7 @@ def _test_rows(model_path, protocol: str, data, training: dict, sources: list,
 def metrics(model, y: np.ndarray, pred: np.ndarray) -> dict:
     """top1/top5, allocation-only accuracy, the article's target, per-class and confusion."""
     task, vocab = model.task, model.vocab
-    valid = y < FREE_RANKS if task == "free" else np.ones(len(y), bool)   # "beyond" never right
+    valid = y < FREE_BEYOND if task == "free" else np.ones(len(y), bool)   # "beyond" never right
     hit1 = (pred[:, 0] == y) & valid
     hitk = (pred == y[:, None]).any(1) & valid
     out = {"top1": _mean(hit1), "top5": _mean(hitk)}
@@ -163,7 +168,7 @@ def format_result(r: dict) -> str:
         lines.append(f"  top-1 on the article's (buggy) target: {pct(r['top1_article_target'])}"
                      f"   on the true classes: {pct(r['top1'])}")
     if "beyond_rank_fraction" in r:
-        lines.append(f"  frees of blocks beyond rank {FREE_RANKS - 1}: "
+        lines.append(f"  frees of blocks beyond the {FREE_YOUNG} youngest and {FREE_OLD} oldest: "
                      f"{pct(r['beyond_rank_fraction'])}")
     lines.append("  per class (most frequent first):")
     for c in r["per_class"][:12]:

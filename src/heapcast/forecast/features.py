@@ -17,6 +17,7 @@ article did), processes in trace order) or one per process
 | lifetime_class, lifetime_ns_class | i1 | lifetime classes, -1 for events that produce no block |
 | free_rank | i4 | at a free of a known block: its recency rank among the live blocks (0 = the youngest), else -1 |
 | seq | u8 | the event's seq in its process (to find a row's event in the trace) |
+| free_live | i4 | at a free of a known block: how many blocks were live just before it (the freed one included), else -1 |
 
 Everything is vectorized per process (heapcast.heap.match, numpy sorts): no Python loop per event.
 """
@@ -40,8 +41,11 @@ COLUMNS = {
     "seed64": np.uint8, "rich": np.uint16, "site": np.uint32, "stack": np.uint32,
     "proc": np.uint16, "tid": np.uint32, "ts": np.uint64, "dt": np.uint8,
     "lifetime_events": np.int64, "lifetime_ns": np.int64, "lifetime_class": np.int8,
-    "lifetime_ns_class": np.int8, "free_rank": np.int32, "seq": np.uint64,
+    "lifetime_ns_class": np.int8, "free_rank": np.int32, "free_live": np.int32,
+    "seq": np.uint64,
 }
+#: Columns that only features built with need_ranks=True have.
+RANK_COLUMNS = ("free_rank", "free_live")
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
@@ -158,28 +162,34 @@ def _python_frame_keys(process: Process, frames: np.ndarray, keys: np.ndarray) -
     keys[py] = mix64(per_id[inv] ^ np.uint64(0x5059))
 
 
-def free_ranks(op: np.ndarray, blocks) -> np.ndarray:
-    """Recency rank of the block each free releases, among the blocks live at that moment.
+def free_ranks(op: np.ndarray, blocks) -> tuple[np.ndarray, np.ndarray]:
+    """(recency rank, live count) of the block each free releases: its rank among the blocks
+    live at that moment (0: the youngest, a LIFO guess; live count - 1: the oldest, a FIFO
+    guess) and how many blocks were live (the freed one included). Both -1 for events that are
+    not frees of a block allocated in this process.
 
-    0: the youngest live block (a LIFO guess), 1: the next younger, ... -1 for events that are
-    not frees of a block allocated in this process. rank(free f of block allocated at a) =
-    #acquisitions in (a, f) - #{releases r < f of blocks allocated after a}: the second term is
-    a 2-D dominance count, done offline level by level (sorts and binary searches, O(n log^2 n),
-    no Python loop per event).
+    rank(free f of block allocated at a) = #acquisitions in (a, f) - #{releases r < f of blocks
+    allocated after a}: the second term is a 2-D dominance count, done offline level by level
+    (sorts and binary searches, O(n log^2 n), no Python loop per event). live(f) =
+    #acquisitions before f - #releases before f of blocks allocated in this process.
     """
     n = len(op)
-    out = np.full(n, -1, np.int32)
+    rank = np.full(n, -1, np.int32)
+    live = np.full(n, -1, np.int32)
     alloc_of = blocks.alloc_of
     q = np.flatnonzero((op == FREE) & (alloc_of >= 0))
     if not len(q):
-        return out
+        return rank, live
     a = alloc_of[q]
     acq_cum = np.concatenate([[0], np.cumsum(blocks.acquires, dtype=np.int64)])
     between = acq_cum[q] - acq_cum[a + 1]          # acquisitions at indices a+1 .. f-1
-    pts = np.flatnonzero(blocks.releases & (alloc_of >= 0))
+    known = blocks.releases & (alloc_of >= 0)
+    pts = np.flatnonzero(known)
     nested = _dominance_count(pts, alloc_of[pts], q, a)
-    out[q] = (between - nested).astype(np.int32)
-    return out
+    rank[q] = (between - nested).astype(np.int32)
+    rel_cum = np.concatenate([[0], np.cumsum(known, dtype=np.int64)])
+    live[q] = (acq_cum[q] - rel_cum[q]).astype(np.int32)
+    return rank, live
 
 
 def _dominance_count(px: np.ndarray, pv: np.ndarray, qx: np.ndarray, qv: np.ndarray) -> np.ndarray:
@@ -261,7 +271,7 @@ def concat(parts: list, sources: list | None = None) -> Features:
 
 
 def _build(procs: list, order: str, need_ranks: bool, proc0: int) -> Features:
-    cols = {c: [] for c in COLUMNS if c != "dt" and (c != "free_rank" or need_ranks)}
+    cols = {c: [] for c in COLUMNS if c != "dt" and (c not in RANK_COLUMNS or need_ranks)}
     offsets = [0]
     for i, (p, blocks) in enumerate(procs):
         ev = p.events
@@ -279,7 +289,7 @@ def _build(procs: list, order: str, need_ranks: bool, proc0: int) -> Features:
             "seq": ev["seq"],
         }
         if need_ranks:
-            per["free_rank"] = free_ranks(ev["op"], blocks)
+            per["free_rank"], per["free_live"] = free_ranks(ev["op"], blocks)
         if order == "thread":
             key = _thread_rank(p)[ev["tid"]] if p.pthread_ids else ev["tid"]
             perm = np.argsort(key, kind="stable")

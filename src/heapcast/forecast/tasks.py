@@ -1,9 +1,10 @@
 """Forecasting tasks: what is predicted at which row of the event streams, from what.
 
 - `next`: the token of event j, from the events before it in its stream (the article's task).
-- `free`: at a free of a known block, which live block it releases, as its recency rank among
-  the live blocks (0 = youngest; ranks >= FREE_RANKS share the label FREE_RANKS, never counted
-  right), from the events before it. Needs process-order streams to be meaningful.
+- `free`: at a free of a known block, which live block it releases, named from either end of the
+  recency order (free_label: the youngest FREE_YOUNG and the oldest FREE_OLD blocks each have a
+  label; others share FREE_BEYOND, never counted right), from the events before it. Needs
+  process-order streams to be meaningful.
 - `lifetime`: the lifetime class of the block allocated by event j, from that allocation itself
   (its token, call site) and the events before it.
 
@@ -21,7 +22,12 @@ from .lifetime import LIFETIME_CLASSES
 from .vocab import get_vocab
 
 TASKS = ("next", "free", "lifetime")
-FREE_RANKS = 64
+#: `free` labels (docs/vocabularies.md, "Free labels", version 2): 0..FREE_YOUNG-1 name the
+#: youngest live blocks (LIFO end), FREE_YOUNG..FREE_BEYOND-1 the oldest (FIFO end).
+FREE_YOUNG = 64
+FREE_OLD = 64
+FREE_BEYOND = FREE_YOUNG + FREE_OLD
+FREE_LABELS_VERSION = 2
 #: The stream order each task uses by default.
 DEFAULT_ORDER = {"next": "thread", "free": "process", "lifetime": "process"}
 
@@ -79,7 +85,7 @@ def n_labels(task: str, vocab: str) -> int:
     if task == "next":
         return get_vocab(vocab).size
     if task == "free":
-        return FREE_RANKS + 1
+        return FREE_BEYOND + 1
     if task == "lifetime":
         return len(LIFETIME_CLASSES)
     raise ValueError(f"unknown task {task!r} (known: {', '.join(TASKS)})")
@@ -90,8 +96,36 @@ def label_names(task: str, vocab: str) -> list:
     if task == "next":
         return get_vocab(vocab).names()
     if task == "free":
-        return [f"rank {r}" for r in range(FREE_RANKS)] + [f"rank >={FREE_RANKS}"]
+        return ([f"youngest {r}" for r in range(FREE_YOUNG)]
+                + [f"oldest {r}" for r in range(FREE_OLD)] + ["beyond"])
     return list(LIFETIME_CLASSES)
+
+
+def free_label(rank, live) -> np.ndarray:
+    """The `free` label of frees of the block of recency rank `rank` (0: the youngest live
+    block) among `live` live blocks (the freed one included); -1 where rank < 0 (no label).
+
+    The block is named from the nearer end of the recency order: label `rank` when rank <=
+    older (older = live - 1 - rank, how many live blocks are older; ties go to the young end),
+    else FREE_YOUNG + older; FREE_BEYOND when that number is beyond its end's labels. So a LIFO
+    stack frees label 0, a FIFO queue of any length label FREE_YOUNG (its oldest block).
+    Vectorized over arrays; a native runtime computes the same from its live count."""
+    rank = np.asarray(rank, np.int64)
+    older = np.asarray(live, np.int64) - 1 - rank
+    young_end = np.where(rank < FREE_YOUNG, rank, FREE_BEYOND)
+    old_end = np.where(older < FREE_OLD, FREE_YOUNG + older, FREE_BEYOND)
+    return np.where(rank < 0, -1, np.where(rank <= older, young_end, old_end))
+
+
+def free_label_rank(label, live) -> np.ndarray:
+    """The inverse of free_label: the recency rank (0: youngest) of the block a `free` label
+    names when `live` blocks are live; -1 where it names none (FREE_BEYOND, or past the live
+    blocks)."""
+    label = np.asarray(label, np.int64)
+    live = np.asarray(live, np.int64)
+    rank = np.where(label < FREE_YOUNG, label, live - 1 - (label - FREE_YOUNG))
+    ok = (label >= 0) & (label < FREE_BEYOND) & (rank >= 0) & (rank < live)
+    return np.where(ok, rank, -1)
 
 
 def make_task(feats: Features, task: str, vocab: str = "rich") -> TaskData:
@@ -104,10 +138,9 @@ def make_task(feats: Features, task: str, vocab: str = "rich") -> TaskData:
     if task == "next":
         labels = tokens.astype(np.int64)
     elif task == "free":
-        if "free_rank" not in cols:
+        if "free_rank" not in cols or "free_live" not in cols:
             raise ValueError("features were built without free ranks (need_ranks=False)")
-        r = cols["free_rank"].astype(np.int64)
-        labels = np.where(r >= 0, np.minimum(r, FREE_RANKS), -1)
+        labels = free_label(cols["free_rank"], cols["free_live"])
     elif task == "lifetime":
         labels = cols["lifetime_class"].astype(np.int64)
     else:

@@ -24,6 +24,7 @@ import numpy as np
 from .dataset import load_features
 from .models import DEFAULT_MODEL, STREAM_MODELS, create_model, save_model
 from .protocols import SPLITS, split_masks
+from .select import calibrate_on_validation, tune_on_validation
 from .tasks import DEFAULT_ORDER, TASKS, make_task
 
 
@@ -41,6 +42,19 @@ def spread_rows(mask: np.ndarray, n: int, block: int = 16384) -> np.ndarray:
     return out
 
 
+def run_of_rows(feats) -> np.ndarray | None:
+    """The input recording (index into feats.sources) of every row, or None when the sources do
+    not say how many processes each has."""
+    counts = [s.get("processes") for s in feats.sources]
+    if not counts or None in counts or not len(feats):
+        return None
+    run_of_proc = np.repeat(np.arange(len(counts)), counts)
+    proc = np.asarray(feats.columns["proc"], np.int64)
+    if len(run_of_proc) <= int(proc.max()):
+        return None
+    return run_of_proc[proc]
+
+
 def default_vocab(model: str) -> str:
     """The vocabulary a model reads unless told: the article's for `seed`, else `rich`."""
     return "seed64" if model == "seed" else "rich"
@@ -49,7 +63,7 @@ def default_vocab(model: str) -> str:
 def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab: str | None = None,
           epochs: int = 1, split: str = "all", order: str | None = None, max_steps: int = 0,
           max_events: int = 0, config: dict | None = None, progress: bool = False,
-          resume: bool = False, device: str = "cpu") -> dict:
+          resume: bool = False, device: str = "cpu", validate=()) -> dict:
     """Trains `model` for `task` on `traces` and writes it to `output` (a .safetensors file).
 
     Returns a summary: what was trained, its statistics (`events_per_s` of the training loop)
@@ -60,6 +74,11 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     `max_steps` > 0 stops the optimizer early, as an interrupted run would. Neural models write
     `<output>.ckpt` after each epoch and when they stop; `resume=True` continues from it, to the
     same bytes as an uninterrupted run. Under torchrun, only rank 0 writes (the summary's `rank`).
+
+    `validate`: recordings (or datasets) that are neither trained nor tested on, on which
+    heapcast.forecast.select chooses the n-gram's orders and call sites (ngram, and the gru's
+    hints) and the gru's trust in its hints against its in-run memory (RNNModel.calibrate);
+    the choices and their scores are in the summary's `validation`.
     """
     t0 = time.perf_counter()
     if task not in TASKS:
@@ -76,17 +95,24 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     train_rows, _ = split_masks(data, split)
     if not (train_rows & (data.labels >= 0)).any():
         raise ValueError(f"no {task!r} labels to learn from in {', '.join(map(str, traces))}")
+    validation, val = None, None
+    if validate:
+        val, validation = _choose_on_validation(m, list(validate), feats, data, train_rows,
+                                                order)
     output = Path(output)
     options = {"epochs": epochs, "max_steps": max_steps, "progress": progress}
     if m.kind in STREAM_MODELS:
         # The network steps through a subset; the n-gram of its hints still learns from all.
         options.update(max_events=max_events, checkpoint=Path(str(output) + ".ckpt"),
-                       resume=resume, device=device)
+                       resume=resume, device=device, runs=run_of_rows(feats))
     elif max_events:
         train_rows = spread_rows(train_rows, max_events)
     stats = m.fit(data, train_rows, **options)
+    if validation is not None:
+        validation["calibration"] = calibrate_on_validation(m, val)
     wall = time.perf_counter() - t0
     training = {"traces": feats.sources, "split": split, "order": order, "epochs": epochs,
+                "validation": validation,
                 "max_steps": max_steps, "max_events": max_events, "stats": stats, "wall_s": wall,
                 "events_per_s_wall": stats.get("events", 0) / max(wall, 1e-9)}
     rank = int(os.environ.get("RANK", "0"))
@@ -95,6 +121,19 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     _end_distributed()
     return {"model": m.kind, "task": task, "vocab": vocab, "output": str(output), "rank": rank,
             "world": int(os.environ.get("WORLD_SIZE", "1")), **training}
+
+
+def _choose_on_validation(m, validate: list, feats, data, train_rows, order: str):
+    """Loads the validation runs, refuses ones that are also training runs, and sets the
+    settings chosen on them into model `m` (select.tune_on_validation); returns (their
+    TaskData, the summary's `validation` record)."""
+    from .evaluate import overlap
+    vfeats = load_features(validate, order, need_ranks=m.task == "free")
+    same = overlap(feats.sources, vfeats.sources)
+    if same:
+        raise ValueError(f"{', '.join(same)}: a training run cannot be a validation run too")
+    val = make_task(vfeats, m.task, m.vocab)
+    return val, {"traces": vfeats.sources, **tune_on_validation(m, data, train_rows, val)}
 
 
 def _end_distributed() -> None:

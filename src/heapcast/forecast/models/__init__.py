@@ -9,6 +9,7 @@ import importlib
 from pathlib import Path
 
 from ..modelfile import ModelError, read_model_file, save_model_file
+from ..tasks import FREE_LABELS_VERSION
 from ..vocab import get_vocab
 
 #: name -> "module:Class". "gru" is the default model (`heapcast train` without --model).
@@ -54,6 +55,8 @@ def save_model(model, path, training: dict) -> Path:
     meta = {"model": model.kind, "task": model.task, "vocab": vocab.name,
             "vocab_version": vocab.version, "target": model.target, "config": model.config,
             "training": training}
+    if model.task == "free":
+        meta["free_labels_version"] = FREE_LABELS_VERSION
     return save_model_file(path, model.tensors(), meta)
 
 
@@ -73,6 +76,10 @@ def load_model(path, task: str | None = None, vocab: str | None = None):
     if meta.get("vocab_version") != known.version:
         raise ModelError(f"{path}: vocabulary {v!r} version {meta.get('vocab_version')}, this "
                          f"heapcast has version {known.version}")
+    if meta.get("task") == "free" and meta.get("free_labels_version", 1) != FREE_LABELS_VERSION:
+        raise ModelError(f"{path}: a free model of label version "
+                         f"{meta.get('free_labels_version', 1)}, this heapcast has version "
+                         f"{FREE_LABELS_VERSION} (docs/vocabularies.md): train it again")
     if task is not None and meta.get("task") != task:
         raise ModelError(f"{path}: a model for task {meta.get('task')!r}, not {task!r}")
     if vocab is not None and v != vocab:

@@ -69,21 +69,32 @@ class NGram(Model):
             if m in wanted:
                 yield m, mix64(h ^ np.uint64(m)) >> np.uint64(_LABEL_BITS)
 
-    def recent_continuations(self, data: TaskData, orders) -> dict:
+    def contexts(self, data: TaskData, orders=None) -> dict:
+        """The context hash of every row of `data`, per order (`orders`, default the model's):
+        what fit, predict_proba and recent_continuations compute; hashed once and passed to
+        them, it serves several fits over the same data (the GRU's cross-fitted hints)."""
+        sym, pos = self.symbols(data), data.position_in_stream()
+        keep = set(orders or self.config["orders"])
+        saved = self.config["orders"]
+        self.config["orders"] = sorted(keep)
+        try:
+            return dict(self._contexts(data, sym, pos, np.arange(len(data))))
+        finally:
+            self.config["orders"] = saved
+
+    def recent_continuations(self, data: TaskData, orders, contexts: dict | None = None) -> dict:
         """An in-run memory, per order k in `orders`: for every row, the label that followed the
         latest earlier occurrence of the row's order-k context in its own stream (-1: none yet).
         It only looks back at earlier labels, so it is causal for `next` and `free`, whose
-        labels are known as soon as their event has happened (not for `lifetime`)."""
-        sym, pos = self.symbols(data), data.position_in_stream()
-        rows = np.arange(len(data))
+        labels are known as soon as their event has happened (not for `lifetime`).
+        `contexts`: this model's contexts() of `data` with these orders, if already hashed."""
+        contexts = contexts if contexts is not None else self.contexts(data, orders)
         stream = np.repeat(np.arange(len(data.offsets) - 1, dtype=np.uint64),
                            np.diff(data.offsets))
         labelled = data.labels >= 0
-        wanted = set(orders)
         out = {}
-        for m, ctx in self._contexts(data, sym, pos, rows):
-            if m not in wanted:
-                continue
+        for m in sorted(set(orders)):
+            ctx = contexts[m]
             key = mix64(ctx ^ (stream * np.uint64(0x9E3779B97F4A7C15)))
             order = np.argsort(key, kind="stable")       # by context, then by row
             k = key[order]
@@ -99,7 +110,10 @@ class NGram(Model):
             out[m][order] = res
         return out
 
-    def fit(self, data: TaskData, train: np.ndarray, **options) -> dict:
+    def fit(self, data: TaskData, train: np.ndarray, contexts: dict | None = None,
+            **options) -> dict:
+        """Counts the labels of the rows where `train` is true per context (`contexts`: this
+        model's contexts() of `data`, if already hashed)."""
         self.check_data(data)
         t0 = time.perf_counter()
         rows = np.flatnonzero(train & (data.labels >= 0))
@@ -107,9 +121,12 @@ class NGram(Model):
         self.classes = np.unique(y)
         yc = np.searchsorted(self.classes, y).astype(np.uint64)
         self.unigram = np.bincount(yc.astype(np.int64), minlength=len(self.classes))
-        sym = self.symbols(data)
         self.tables = {}
-        for m, ctx in self._contexts(data, sym, data.position_in_stream(), rows):
+        if contexts is not None:
+            ctxs = ((m, contexts[m][rows]) for m in sorted(self.config["orders"]))
+        else:
+            ctxs = self._contexts(data, self.symbols(data), data.position_in_stream(), rows)
+        for m, ctx in ctxs:
             self.tables[m] = self._count(ctx, yc)
         return {"events": int(train.sum()), "labels": int(len(rows)),
                 "seconds": time.perf_counter() - t0,
@@ -139,20 +156,30 @@ class NGram(Model):
         return {"ctx": c[starts], "n": n.astype(np.uint32), "d": d.astype(np.uint32),
                 "tok": tok, "cnt": cnt}
 
+    def restricted(self, orders) -> "NGram":
+        """The same fitted model blending only `orders` (a subset of its own)."""
+        out = NGram(self.task, self.vocab, {**self.config, "orders": sorted(orders)})
+        out.classes, out.unigram = self.classes, self.unigram
+        out.tables = {m: self.tables[m] for m in out.config["orders"]}
+        return out
+
     def predict(self, data: TaskData, rows: np.ndarray, k: int = 5) -> np.ndarray:
         return self.predict_proba(data, rows, k)[0]
 
-    def predict_proba(self, data: TaskData, rows: np.ndarray, k: int = 5):
+    def predict_proba(self, data: TaskData, rows: np.ndarray, k: int = 5,
+                      contexts: dict | None = None):
         """(labels, probabilities): the k most likely labels of each row (-1 padding) and their
-        blended probabilities (float32)."""
+        blended probabilities (float32). `contexts`: as for fit."""
         self.check_data(data)
-        sym, pos = self.symbols(data), data.position_in_stream()
+        if contexts is None:
+            sym, pos = self.symbols(data), data.position_in_stream()
         labels = np.empty((len(rows), k), np.int64)
         probs = np.zeros((len(rows), k), np.float32)
         base = self.unigram / max(self.unigram.sum(), 1)
         for s in range(0, len(rows), _CHUNK):
             chunk = rows[s:s + _CHUNK]
-            ctxs = list(self._contexts(data, sym, pos, chunk))
+            ctxs = [(m, contexts[m][chunk]) for m in sorted(self.config["orders"])] \
+                if contexts is not None else list(self._contexts(data, sym, pos, chunk))
             scores = np.zeros((len(chunk), len(self.classes) + 1))
             weight = np.ones(len(chunk))
             for m, ctx in reversed(ctxs):          # longest context first

@@ -29,6 +29,10 @@ input in another run: sizes that depend on the input repeat within the run, and 
 how the model adapts to them while it predicts, without learning from the test data's labels
 ahead of time (every value it reads is of an event that has already happened).
 
+With a validation run (`heapcast train --validate`, heapcast.forecast.select) the hints' n-gram
+settings are chosen on it and, after training, `calibrate` fits only the logit boosts of the hints
+and of the memory on it: how far to trust each when the input is another program.
+
 Prediction runs the same way without gradients: segments start `warmup` events early so that
 the hidden state is warm where scoring begins. Determinism: fixed seeds,
 torch.use_deterministic_algorithms, a fixed thread count: the same run gives the same bytes.
@@ -51,7 +55,7 @@ _BOS, _UNK = 0, 1      # reserved input token ids; training tokens start at 2
 #: Confidence buckets of the n-gram hint: its top label's blended probability.
 CONF_BOUNDS = np.array([0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99])
 HINT_BLOCK = 8192      # rows per cross-fitting block
-HINT_FOLDS = 4
+HINT_FOLDS = 2         # two: each fold's n-gram fits half the rows (fits are most of the hints' cost)
 
 
 class StreamNet(nn.Module):
@@ -143,7 +147,7 @@ class RNNModel(Model):
     @classmethod
     def default_config(cls) -> dict:
         return {"hidden": 128, "layers": 1, "embed": 48, "site_embed": 32, "site_buckets": 4096,
-                "dt_embed": 8, "batch": 32, "bptt": 64, "lr": 3e-3, "clip": 1.0,
+                "dt_embed": 8, "batch": 128, "bptt": 64, "lr": 6e-3, "clip": 1.0,
                 "warmup": 256, "seed": 0, "threads": 2, "ngram_hints": True, "hint_embed": 32,
                 "ngram": {"sites": True, "topk": 3}, "cache_orders": [4, 8, 16]}
 
@@ -167,14 +171,34 @@ class RNNModel(Model):
         when the next allocation happens)."""
         return [] if self.task == "lifetime" else list(self.config["cache_orders"])
 
-    def _cache(self, data: TaskData) -> list:
-        """The in-run memory of every row, per cache order, as output class id + 1 (0: none)."""
+    def _memory_ngram(self):
+        """The n-gram whose contexts the in-run memory looks up (tokens with call sites)."""
         from .ngram import NGram
+        return NGram(self.task, self.vocab, {"sites": True, "orders": self._cache_orders()})
+
+    def _shared_contexts(self, data: TaskData) -> tuple:
+        """Context hashes of `data` (contexts()) for the hints' n-gram and for the in-run
+        memory: one rolling hash for both when they read the same symbols (tokens with call
+        sites, the default); None for the one that must hash its own."""
+        from .ngram import NGram
+        if not self.config["ngram_hints"]:
+            return None, None
+        hint = NGram(self.task, self.vocab, self.config["ngram"])
+        orders = set(hint.config["orders"])
+        same = hint._use_sites() and not hint.config["dt"]
+        if same:
+            orders |= set(self._cache_orders())
+        ctx = hint.contexts(data, sorted(orders))
+        return ctx, ctx if same and self._cache_orders() else None
+
+    def _cache(self, data: TaskData, contexts: dict | None = None) -> list:
+        """The in-run memory of every row, per cache order, as output class id + 1 (0: none);
+        `contexts`: the memory's contexts of `data` (_shared_contexts), if hashed already."""
         orders = self._cache_orders()
         if not orders:
             return []
-        ng = NGram(self.task, self.vocab, {"sites": True, "orders": orders})
-        recent = ng.recent_continuations(data, orders)
+        ng = self._memory_ngram()
+        recent = ng.recent_continuations(data, orders, contexts)
         out = []
         for m in orders:
             lab = recent[m]
@@ -182,11 +206,11 @@ class RNNModel(Model):
             out.append(np.where((lab >= 0) & (self.classes[i] == lab), i + 1, 0).astype(np.int64))
         return out
 
-    def _inputs(self, data: TaskData, hints=None, cache=None) -> list:
+    def _inputs(self, data: TaskData, hints=None, cache=None, contexts=None) -> list:
         """Per-row input ids: token, site bucket and dt of the previous row for shifted tasks
         (of the row itself for lifetime), then the n-gram hints for the row (`hints`: their
-        arrays, else computed with the model's n-gram), then the in-run memory (`cache`: its
-        arrays, else computed over `data`)."""
+        arrays, else computed with the model's n-gram, from `contexts` if given), then the
+        in-run memory (`cache`: its arrays, else computed over `data`)."""
         tok = self._token_ids(data.tokens.astype(np.int64))
         buckets = self.config["site_buckets"]
         site = np.where(data.sites == 0, 0, 1 + data.sites.astype(np.int64) % max(buckets - 1, 1))
@@ -197,16 +221,17 @@ class RNNModel(Model):
             tok, site, dt = (np.concatenate([[_BOS], a[:-1]]) for a in (tok, site, dt))
             tok[start], site[start], dt[start] = _BOS, 0, 0
         if hints is None:
-            hints = self._hints(data, self.ngram, np.arange(len(data))) if self.ngram else \
+            hints = self._hints(data, self.ngram, np.arange(len(data)), contexts) \
+                if self.ngram else \
                 [np.zeros(len(data), np.int64)] * 3
         if cache is None:
             cache = self._cache(data)
         return [tok, site, dt, *hints, *cache]
 
-    def _hints(self, data: TaskData, ngram, rows: np.ndarray) -> list:
+    def _hints(self, data: TaskData, ngram, rows: np.ndarray, contexts=None) -> list:
         """The n-gram's two best labels for `rows` (output class id + 1, 0: none or unknown)
         and its confidence bucket, as arrays over all rows of `data` (0 elsewhere)."""
-        labels, probs = ngram.predict_proba(data, rows, 2)
+        labels, probs = ngram.predict_proba(data, rows, 2, contexts)
         out = [np.zeros(len(data), np.int64) for _ in range(3)]
         for c in range(2):
             i = np.minimum(np.searchsorted(self.classes, labels[:, c]), len(self.classes) - 1)
@@ -214,26 +239,33 @@ class RNNModel(Model):
         out[2][rows] = np.searchsorted(CONF_BOUNDS, probs[:, 0], "right")
         return out
 
-    def _fit_hints(self, part: TaskData, keep: np.ndarray) -> list:
+    def _fit_hints(self, part: TaskData, keep: np.ndarray, runs: np.ndarray | None,
+                   contexts: dict) -> list:
         """Hints for the training rows in `keep` that do not come from an n-gram that learned
-        those very rows: rows are dealt into HINT_FOLDS folds by blocks of HINT_BLOCK (so that
-        every fold sees every phase of the program, as a model trained on another run has), and
-        each fold gets the predictions of an n-gram fitted on the other folds (cross-fitting).
-        The model keeps an n-gram fitted on all rows for prediction."""
+        those very rows (cross-fitting): with several training runs (`runs`: the run of every
+        row), each run gets the predictions of an n-gram fitted on the other runs, which is what
+        the model meets on a run it was not trained on; with one, rows are dealt into
+        HINT_FOLDS folds by blocks of HINT_BLOCK (so that every fold sees every phase of the
+        program) and each fold gets an n-gram fitted on the other folds. The model keeps an
+        n-gram fitted on all rows for prediction. `contexts`: the n-gram's contexts() of
+        `part`, hashed once for all the fits."""
         from .ngram import NGram
         n = len(part)
-        fold = (np.arange(n) // HINT_BLOCK) % HINT_FOLDS
+        if runs is not None and len(np.unique(runs)) > 1:
+            fold = np.unique(runs, return_inverse=True)[1]
+        else:
+            fold = (np.arange(n) // HINT_BLOCK) % HINT_FOLDS
         hints = [np.zeros(n, np.int64) for _ in range(3)]
-        for f in range(HINT_FOLDS):
+        for f in range(int(fold.max()) + 1 if n else 0):
             score = (fold == f) & keep
             if not score.any() or not ((fold != f) & (part.labels >= 0)).any():
                 continue
             ng = NGram(self.task, self.vocab, self.config["ngram"])
-            ng.fit(part, fold != f)
-            for h, new in zip(hints, self._hints(part, ng, np.flatnonzero(score))):
+            ng.fit(part, fold != f, contexts=contexts)
+            for h, new in zip(hints, self._hints(part, ng, np.flatnonzero(score), contexts)):
                 h[score] = new[score]
         self.ngram = NGram(self.task, self.vocab, self.config["ngram"])
-        self.ngram.fit(part, np.ones(n, bool))
+        self.ngram.fit(part, np.ones(n, bool), contexts=contexts)
         return hints
 
     def _net(self) -> "StreamNet":
@@ -247,10 +279,12 @@ class RNNModel(Model):
 
     def fit(self, data: TaskData, train: np.ndarray, epochs: int = 1, max_steps: int = 0,
             max_events: int = 0, progress: bool = True, checkpoint=None, resume: bool = False,
-            device: str = "cpu", **options) -> dict:
+            device: str = "cpu", runs: np.ndarray | None = None, **options) -> dict:
         """Trains on the rows where `train` is true (each stream's part must be a prefix, as
         every split makes). `max_events` > 0: the network steps through about that many of them
         (blocks spread over all, train.spread_rows), the n-gram of its hints learns from all.
+        `runs`: the training run (recording) of every row of `data`, for leave-one-run-out
+        hints (_fit_hints) when there are several.
         `max_steps` > 0 stops early; `checkpoint` (a path) gets the state every epoch and when
         stopping; with `resume`, training continues from it."""
         from ..train import spread_rows
@@ -272,8 +306,11 @@ class RNNModel(Model):
         self.ngram = None
         keep = spread_rows(np.ones(len(part), bool), max_events) if max_events else \
             np.ones(len(part), bool)
-        hints = self._fit_hints(part, keep) if c["ngram_hints"] else None
-        inputs = self._inputs(part, hints)
+        hint_ctx, memory_ctx = self._shared_contexts(part)
+        hints = self._fit_hints(part, keep, None if runs is None else runs[train], hint_ctx) \
+            if c["ngram_hints"] else None
+        inputs = self._inputs(part, hints, self._cache(part, memory_ctx))
+        del hint_ctx, memory_ctx
         lab = np.where(y >= 0, np.searchsorted(self.classes, np.maximum(y, 0)), -1)
         if max_events:
             inputs, lab = [a[keep] for a in inputs], lab[keep]
@@ -326,6 +363,56 @@ class RNNModel(Model):
         return training_summary(events * world, time.perf_counter() - t0, losses,
                                 rows=int(len(lab)), steps=int(stop), epochs=epochs)
 
+    def calibrate(self, val: TaskData, rows: np.ndarray, epochs: int = 2) -> dict:
+        """Fits how far the trained network trusts the offline n-gram's hints against its
+        in-run memory, on a validation run (heapcast.forecast.select): only the logit boosts
+        of the hinted labels (`boost`, per confidence bucket) and of the memory's labels
+        (`cache_boost`) learn, over the validation run's first rows up to the last of `rows`,
+        with everything else frozen. Returns the boosts and the validation loss before/after."""
+        c = self.config
+        names = ("boost.weight", "cache_boost")
+        chosen = {n: p for n, p in self.net.named_parameters() if n in names}
+        params = list(chosen.values())
+        if not params or not len(rows):
+            return {}
+        _setup_torch(c)
+        val = val.select(np.arange(len(val)) <= int(rows.max()))
+        inputs = self._inputs(val)
+        y = val.labels
+        i = np.minimum(np.searchsorted(self.classes, np.maximum(y, 0)), len(self.classes) - 1)
+        lab = np.where((y >= 0) & (self.classes[i] == y), i, -1)   # unseen labels: no loss
+        grid = _segments(len(lab), c["batch"])
+        tensors = [_gather(a, grid, "cpu") for a in (*inputs, lab)]
+        for p in self.net.parameters():
+            p.requires_grad_(False)
+        for p in params:
+            p.requires_grad_(True)
+        opt = torch.optim.Adam(params, lr=0.05)
+        losses = []
+        self.net.train()
+        for epoch in range(epochs):
+            state, total, count = None, 0.0, 0
+            for s in range(0, grid.shape[0], c["bptt"]):
+                *xs, lb = (t[s:s + c["bptt"]] for t in tensors)
+                if not bool((lb >= 0).any()):
+                    continue
+                logits, state = self.net(*xs, state=state)
+                state = _detach(state)
+                loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                   lb.reshape(-1), ignore_index=-1)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total, count = total + float(loss.detach()) * int((lb >= 0).sum()), \
+                    count + int((lb >= 0).sum())
+            losses.append(total / max(count, 1))
+        for p in self.net.parameters():
+            p.requires_grad_(True)
+        self.net.eval()
+        return {"rows": int((lab >= 0).sum()), "loss_first_epoch": losses[0],
+                "loss_last_epoch": losses[-1],
+                **{n: p.detach().numpy().round(3).tolist() for n, p in chosen.items()}}
+
     # ---- prediction ------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -337,13 +424,15 @@ class RNNModel(Model):
             return np.zeros((0, k), np.int64)
         # Rows long before the first scored one only warm up the state: skip them.
         first = max(0, int(rows.min()) - self.config["warmup"])
-        cache = self._cache(data)           # over everything: the memory of the whole run
+        hint_ctx, memory_ctx = self._shared_contexts(data)
+        cache = self._cache(data, memory_ctx)    # over everything: the memory of the whole run
         if first:
             data = data.select(np.arange(len(data)) >= first)
             rows = rows - first
             cache = [c[first:] for c in cache]
+            hint_ctx = {m: h[first:] for m, h in hint_ctx.items()} if hint_ctx else None
         n = len(data)
-        inputs = self._inputs(data, cache=cache)
+        inputs = self._inputs(data, cache=cache, contexts=hint_ctx)
         want = np.zeros(n, bool)
         want[rows] = True
         batch, warm = self.config["batch"], self.config["warmup"]
@@ -403,7 +492,9 @@ class LSTMModel(RNNModel):
 
 def _setup_torch(cfg: dict) -> None:
     torch.manual_seed(cfg["seed"])
-    torch.use_deterministic_algorithms(True)
+    # torch.use_deterministic_algorithms(True) without its import of torch._inductor (3 s of
+    # every `heapcast train`, 10 on a busy machine): only the flag matters here.
+    torch._C._set_deterministic_algorithms(True)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
 

@@ -91,4 +91,4 @@ class TransformerModel(RNNModel):
     @classmethod
     def default_config(cls) -> dict:
         return {**super().default_config(), "hidden": 128, "heads": 4, "layers": 2,
-                "memory": 128, "lr": 1e-3}
+                "memory": 128, "lr": 1e-3, "batch": 32}
