@@ -41,12 +41,7 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
     feats = load_features(list(traces), training.get("order", "thread"),
                           need_ranks=model.task == "free")
     data = make_task(feats, model.task, model.vocab)
-    tuned = overlap((training.get("validation") or {}).get("traces", []), feats.sources)
-    if tuned:
-        raise ModelError(f"{model_path}: its settings were chosen on {', '.join(tuned)} "
-                         f"(heapcast train --validate): score it on other recordings")
-    trained = overlap(training.get("traces", []), feats.sources)
-    test = _test_rows(model_path, protocol, data, training, feats.sources, trained)
+    test, trained = scored_rows(model_path, protocol, data, training, feats.sources)
     rows = np.flatnonzero(test)
     total = len(rows)
     if max_samples and total > max_samples:
@@ -63,6 +58,18 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
               "predict_events_per_s": len(rows) / max(seconds, 1e-9)}
     result.update(metrics(model, data.labels[rows], pred))
     return result
+
+
+def scored_rows(model_path, protocol: str, data, training: dict, sources: list):
+    """(mask of the rows `protocol` scores, the evaluated traces the model was trained on) for a
+    model (or a policy compiled from one) trained as `training` says; ModelError when the
+    protocol forbids scoring these traces with it (its training or validation runs)."""
+    tuned = overlap((training.get("validation") or {}).get("traces", []), sources)
+    if tuned:
+        raise ModelError(f"{model_path}: its settings were chosen on {', '.join(tuned)} "
+                         f"(heapcast train --validate): score it on other recordings")
+    trained = overlap(training.get("traces", []), sources)
+    return _test_rows(model_path, protocol, data, training, sources, trained), trained
 
 
 def overlap(trained: list, sources: list) -> list:

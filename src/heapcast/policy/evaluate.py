@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..forecast.dataset import load_features
-from ..forecast.evaluate import _overlap, _test_rows, metrics
+from ..forecast.evaluate import metrics, scored_rows
 from ..forecast.protocols import PROTOCOLS
 from ..forecast.tasks import DEFAULT_ORDER, make_task
 from .fileformat import read_spec
@@ -52,8 +52,7 @@ def evaluate_policy(policy_path, traces, protocol: str) -> dict:
     order = training.get("order", DEFAULT_ORDER[spec["task"]])
     feats = load_features(list(traces), order, need_ranks=spec["task"] == "free")
     data = make_task(feats, spec["task"], spec["vocab"])
-    overlap = _overlap(training.get("traces", []), feats.sources)
-    test = _test_rows(policy_path, protocol, data, training, feats.sources, overlap)
+    test, overlap = scored_rows(policy_path, protocol, data, training, feats.sources)
     rows = np.flatnonzero(test)
     t0 = time.perf_counter()
     # the network warms up as long before the first scored row as the source model's does
