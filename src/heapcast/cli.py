@@ -34,7 +34,7 @@ def _cmd_finalize(a) -> int:
 def _cmd_stats(a) -> int:
     from .stats import format_stats, stats
     from .trace.reader import load
-    d = stats(load(a.trace), top=a.top, plot=a.plot)
+    d = stats(load(a.trace), top=a.top, plot=a.plot, progress=sys.stderr.isatty())
     print(json.dumps(d, indent=2) if a.json else format_stats(d))
     if a.plot:
         print(f"heapcast: wrote {a.plot}", file=sys.stderr)

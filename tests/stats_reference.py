@@ -1,4 +1,4 @@
-"""`heapcast stats`: what a trace says about a program's heap, as a dict and as a text report.
+"""The whole-process `heapcast stats` before it streamed (kept as the reference the streaming pass must equal).
 
 Everything is vectorized over the events of one process at a time (numpy; the block matching is
 heap.match_trace), so tens of millions of events take seconds. Processes are separate heaps: peaks
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .heap import match_trace
-from .symbolize import UNKNOWN, Symbolizer
-from .trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
+from heapcast.heap import match_trace
+from heapcast.symbolize import UNKNOWN, Symbolizer
+from heapcast.trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
 
 PERCENTILES = (50, 90, 99)
 PLOT_POINTS = 2000   # per process: live-bytes series handed to the plot, peaks kept
