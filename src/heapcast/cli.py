@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .plot import PlotError
+from .report.page import ReportError
 from .trace.format import TraceError
 
 
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .lab.cli import add_parsers as add_lab_parsers
     add_forecast_parsers(sub)
     add_lab_parsers(sub)
+    from .report.cli import add_parsers as add_report_parsers
+    add_report_parsers(sub)
     return p
 
 
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `heapcast stats ... | head`
         sys.stderr.close()
         return 0
-    except (TraceError, UsageError, ValueError, OSError, PlotError) as e:
+    except (TraceError, UsageError, ValueError, OSError, PlotError, ReportError) as e:
         print(f"heapcast {a.verb}: error: {e}", file=sys.stderr)
         return 2
 

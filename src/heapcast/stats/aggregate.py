@@ -21,6 +21,7 @@ CHUNK = 1 << 20
 TIME_BUCKETS = 2000     # per process: memory-over-time points (each keeps its bucket's max)
 RANGE_BUCKETS = 200     # per process: coarse buckets for filtering by a time range
 NCLASS = 65
+LOC_RANGE_CELLS = 1 << 22   # per process: allocations per (coarse bucket, location) while this small
 
 
 def _sum_by(keys: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -86,7 +87,9 @@ class ProcessAggregate:
     loc_at_peak: np.ndarray | None = None
     # over time (report)
     series: dict | None = None
-    class_by_range: np.ndarray | None = None
+    class_by_range: np.ndarray | None = None     # allocations per (coarse bucket, size class)
+    loc_by_range: np.ndarray | None = None       # allocations per (coarse bucket, location id)
+    range_ts: np.ndarray | None = None           # ts of each coarse bucket's last event
 
 
 class ProcessPass:
@@ -126,9 +129,13 @@ class ProcessPass:
             nb = self.fine.n
             a.series = {"live_max": np.full(nb, np.iinfo(np.int64).min, np.int64),
                         "live_min": np.full(nb, np.iinfo(np.int64).max, np.int64),
-                        "ts": np.zeros(nb, np.uint64), "allocs": np.zeros(nb, np.int64),
+                        "ts": np.zeros(nb, np.uint64),     # of each bucket's first event
+                        "allocs": np.zeros(nb, np.int64),
                         "alloc_bytes": np.zeros(nb, np.uint64), "frees": np.zeros(nb, np.int64)}
             a.class_by_range = np.zeros((max(self.coarse.n, 1), NCLASS), np.int64)
+            a.range_ts = np.zeros(max(self.coarse.n, 1), np.uint64)
+            if max(self.coarse.n, 1) * nloc <= LOC_RANGE_CELLS:
+                a.loc_by_range = np.zeros((max(self.coarse.n, 1), nloc), np.int64)
 
     def _loc_arrays(self, need: int) -> None:
         """Grows the per-location arrays for location ids < need (ids beyond the table)."""
@@ -260,6 +267,9 @@ class ProcessPass:
             return
         a.leaked_blocks += sign * len(blocks)
         a.leaked_bytes += sign * int(blocks["size"].sum(dtype=np.uint64))
+        cls = size_classes(blocks["size"])
+        self.shared.leak_class_count += sign * np.bincount(cls, minlength=NCLASS)
+        self.shared.leak_class_bytes += sign * _sum_by(cls, blocks["size"], NCLASS).astype(np.int64)
         nl = len(a.loc_count)
         a.loc_leaked_count += sign * np.bincount(blocks["loc"], minlength=nl)
         a.loc_leaked_bytes += sign * _sum_by(blocks["loc"], blocks["size"], nl).astype(np.int64)
@@ -270,8 +280,8 @@ class ProcessPass:
         ids, starts = self.fine.segments(self.index, len(ev))
         s["live_max"][ids] = np.maximum(s["live_max"][ids], np.maximum.reduceat(live, starts))
         s["live_min"][ids] = np.minimum(s["live_min"][ids], np.minimum.reduceat(live, starts))
-        ends = np.r_[starts[1:], len(ev)] - 1
-        s["ts"][ids] = ev["ts"][ends]
+        new = s["ts"][ids] == 0
+        s["ts"][ids[new]] = ev["ts"][starts[new]]
         acq_b = (self.index + acq) // self.fine.width
         s["allocs"] += np.bincount(acq_b, minlength=self.fine.n)[:self.fine.n]
         s["alloc_bytes"] += _sum_by(acq_b, sizes, self.fine.n)[:self.fine.n]
@@ -281,6 +291,13 @@ class ProcessPass:
         nb = len(self.agg.class_by_range)
         self.agg.class_by_range += np.bincount(coarse * NCLASS + cls, minlength=nb * NCLASS)[
             :nb * NCLASS].reshape(nb, NCLASS)
+        ids, starts = self.coarse.segments(self.index, len(ev))
+        self.agg.range_ts[ids] = ev["ts"][np.r_[starts[1:], len(ev)] - 1]
+        lbr = self.agg.loc_by_range
+        if lbr is not None:
+            nl = lbr.shape[1]
+            locs = np.minimum(ev["loc"][acq].astype(np.int64), nl - 1)
+            lbr += np.bincount(coarse * nl + locs, minlength=nb * nl)[:nb * nl].reshape(nb, nl)
 
     def finish(self) -> ProcessAggregate:
         """Closes the pass: blocks still live are leaks (own) or inherited ones never released."""
@@ -307,6 +324,8 @@ class SharedAggregate:
         self.life_events = StreamingPercentiles(exact_limit)
         self.life_ns_by_class = np.zeros((NCLASS, 66), np.int64)
         self.life_events_by_class = np.zeros((NCLASS, 66), np.int64)
+        self.leak_class_count = np.zeros(NCLASS, np.int64)
+        self.leak_class_bytes = np.zeros(NCLASS, np.int64)
 
 
 def aggregate(trace, detail: bool = False, chunk: int = CHUNK, progress: bool = False,
