@@ -9,7 +9,7 @@ class NativeBuild(build_ext):
 
     def get_ext_filename(self, ext_name):
         if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec",
-                                  "libheapcast_drain")):
+                                  "libheapcast_drain", "libheapcast_stats")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -56,4 +56,12 @@ drain = Extension(
     extra_link_args=["-pthread"],
 )
 
-setup(ext_modules=[recorder, lab, codec, drain], cmdclass={"build_ext": NativeBuild})
+# The live-block map of `heapcast stats` and `heapcast report` (heapcast.stats.matching): a plain
+# shared library loaded with ctypes.
+stats = Extension(
+    "heapcast.libheapcast_stats",
+    sources=["native/stats/livemap.c"],
+    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
+)
+
+setup(ext_modules=[recorder, lab, codec, drain, stats], cmdclass={"build_ext": NativeBuild})

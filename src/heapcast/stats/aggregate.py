@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace.format import OPS
+from ..trace.format import FREE, OPS
 from .classes import size_classes
-from .matching import LiveMap, empty_blocks
+from .matching import LiveMap
 from .quantiles import StreamingPercentiles
 
 CHUNK = 1 << 20
@@ -95,7 +95,7 @@ class ProcessAggregate:
 class ProcessPass:
     """The pass over one process: feed it its events in seq order, chunk by chunk, then finish().
 
-    `inherited`: CARRY_DTYPE blocks live at the start (a forked child's); `forks`: {fork_seq: [child
+    `inherited`: matching.BLOCK_DTYPE blocks live at the start (a forked child's); `forks`: {fork_seq: [child
     pids]} of children to snapshot for; `detail`: also keep what the report needs (series over
     time, call sites at the peak, size classes by time range).
     """
@@ -189,7 +189,8 @@ class ProcessPass:
         self._loc_arrays(int(ev["loc"].max()) + 1)
 
         m = self.live.match(ev, self.index, self.ordinal)
-        acq = np.flatnonzero(m.acquires)
+        acquires = (ev["op"] < FREE) & (ev["addr"] != 0)     # heap.acquire_release_masks
+        acq = np.flatnonzero(acquires)
         sizes = ev["size"][acq]
         locs = ev["loc"][acq].astype(np.int64)
         nl = len(a.loc_count)
@@ -223,9 +224,10 @@ class ProcessPass:
         sh.class_bytes += _sum_by(cls, sizes, NCLASS)
         a.loc_count += np.bincount(locs, minlength=nl)
         a.loc_bytes += _sum_by(locs, sizes, nl)
-        first_locs, first_at = np.unique(locs, return_index=True)
-        unseen = a.loc_first_seq[first_locs] == np.iinfo(np.uint64).max
-        a.loc_first_seq[first_locs[unseen]] = ev["seq"][acq[first_at[unseen]]]
+        new = np.flatnonzero(a.loc_first_seq[locs] == np.iinfo(np.uint64).max)
+        if len(new):     # locations allocating for the first time (few after the first chunk)
+            first_locs, first_at = np.unique(locs[new], return_index=True)
+            a.loc_first_seq[first_locs] = ev["seq"][acq[new[first_at]]]
 
         # Lifetimes of the process's own blocks freed here (inherited ones began in the parent).
         own = m.released["loc"] >= 0
@@ -236,7 +238,7 @@ class ProcessPass:
         sh.life_ns.add(ns)
         sh.life_events.add(life_events)
         # Temporary: freed before any other allocation of the process (heaptrack's measure).
-        acq_before = self.ordinal + np.cumsum(m.acquires) - m.acquires
+        acq_before = self.ordinal + np.cumsum(acquires) - acquires
         temporary = acq_before[at] - src["ordinal"] == 1
         a.loc_temporary += np.bincount(src["loc"][temporary], minlength=nl)
         a.inherited_released += int(np.count_nonzero(~own))
@@ -253,7 +255,7 @@ class ProcessPass:
         self._leak(m.shadowed[m.shadowed["loc"] >= 0], 1)
         self._leak(m.revived[m.revived["loc"] >= 0], -1)
         a.unknown_frees += m.unknown_releases
-        a.double_acquires += m.double_acquires - len(m.revived)
+        a.double_acquires += m.double_acquires
 
         if self.detail:
             self._series(ev, m, acq, sizes, cls, live)
@@ -285,7 +287,7 @@ class ProcessPass:
         acq_b = (self.index + acq) // self.fine.width
         s["allocs"] += np.bincount(acq_b, minlength=self.fine.n)[:self.fine.n]
         s["alloc_bytes"] += _sum_by(acq_b, sizes, self.fine.n)[:self.fine.n]
-        rel_b = (self.index + np.flatnonzero(m.releases)) // self.fine.width
+        rel_b = (self.index + m.released_at) // self.fine.width
         s["frees"] += np.bincount(rel_b, minlength=self.fine.n)[:self.fine.n]
         coarse = (self.index + acq) // self.coarse.width
         nb = len(self.agg.class_by_range)

@@ -47,10 +47,7 @@ class StreamingPercentiles:
         self.max = max(self.max, int(values.max()))
         b = bucket_of(values.astype(np.uint64))
         self.count += np.bincount(b, minlength=len(self.count))
-        order = np.lexsort((values, b))
-        first = np.flatnonzero(np.r_[True, b[order][1:] != b[order][:-1]])
-        ub, lv = b[order][first], values[order][first]
-        self.least[ub] = np.minimum(self.least[ub], lv)
+        np.minimum.at(self.least, b, values)
         if self.parts is not None:
             self.parts.append(values)
             if self.n > self.exact_limit:
