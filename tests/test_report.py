@@ -134,3 +134,29 @@ def test_diff_and_cli(recorded, tmp_path, cli):
     assert same["this"] == same["other_summary"]
     bad = cli("report", tmp_path / "missing.trace")
     assert bad.returncode == 2 and "missing.trace" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_model_and_lab_sections(recorded, tmp_path, cli):
+    """--model (an n-gram trained on the first part, scored on the held-out rest) and --lab."""
+    d, _ = recorded
+    model = tmp_path / "ngram.safetensors"
+    done = cli("train", d / "churn.trace", "--model", "ngram", "--split", "time", "-o", model)
+    assert done.returncode == 0, done.stderr
+    from heapcast.report.forecast import model_section
+    from heapcast.report.sections import lab_section
+    trace = heapcast.load(d / "churn.trace")
+    sec = model_section(model, trace)
+    (r,) = sec["results"]
+    evaluated = json.loads(cli("evaluate", model, d / "churn.trace", "--protocol", "time",
+                               "--json").stdout)
+    assert (r["protocol"], r["events"]) == ("time", evaluated["events"])
+    assert r["top1"] == pytest.approx(evaluated["top1"]) and r["top5"] == pytest.approx(evaluated["top5"])
+    hits = [t for t in r["over_time"]["top1"] if t is not None]
+    assert len(hits) == min(100, r["events"]) and min(hits) <= r["top1"] <= max(hits)
+    lab = lab_section(trace)
+    assert {"first-fit", "best-fit", "buddy"} <= set(lab["policies"])
+    assert len(lab["series"]) == 2 and all(len(s["t"]) == len(s["live"]) for s in lab["series"])
+    done = cli("report", d / "churn.trace", "--model", model, "--lab", "-o", tmp_path / "m.html")
+    assert done.returncode == 0, done.stderr
+    html = (tmp_path / "m.html").read_text()
+    assert '"model":{"results"' in html and '"lab":{"policies"' in html

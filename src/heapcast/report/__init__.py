@@ -15,7 +15,8 @@ def report(trace, output=None, model=None, lab: bool = False, diff=None,
     """Writes the report of `trace` (a Trace or a path) to `output` (default: report.html beside
     the trace directory, named after it) and returns its path.
 
-    `model`: a forecasting model file (.safetensors) to score on the trace; `lab`: replay the
+    `model`: a forecasting model file (.safetensors), or a list of them, to score on the trace
+    (heapcast evaluate's metrics, over time, per class); `lab`: replay the
     trace through every allocator-lab policy; `diff`: another trace to compare with.
     """
     from ..trace.reader import load
@@ -29,7 +30,7 @@ def report(trace, output=None, model=None, lab: bool = False, diff=None,
         data["diff"] = diff_section(data, build(other, progress=progress), str(other.path))
     if lab:
         data["lab"] = lab_section(trace)
-    if model is not None:
+    if model:
         from .forecast import model_section
         data["model"] = model_section(model, trace)
     title = data["summary"]["program"] or str(trace.path)

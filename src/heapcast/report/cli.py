@@ -22,8 +22,9 @@ def add_parsers(sub) -> None:
     r.add_argument("trace", type=Path)
     r.add_argument("-o", "--output", type=Path, metavar="HTML",
                    help="the page to write (default: TRACE.report.html)")
-    r.add_argument("--model", type=Path, metavar="MODEL",
-                   help="also score this forecasting model (.safetensors) on the trace")
+    r.add_argument("--model", type=Path, metavar="MODEL", action="append",
+                   help="also score this forecasting model (.safetensors) on the trace; repeat "
+                        "it to compare models (e.g. the default model and the n-gram baseline)")
     r.add_argument("--lab", action="store_true",
                    help="also replay the trace through every allocator-lab policy")
     r.add_argument("--diff", type=Path, metavar="OTHER", help="compare with another trace")

@@ -11,11 +11,17 @@ def lab_section(trace) -> dict:
     """Every lab policy's footprint over time and the lab's table (heapcast simulate)."""
     from ..lab.replay import simulate
     d = simulate(trace, series=True)
+    raw = d.pop("series")
+    # Seconds since the trace began, as the memory chart has them (trace_clock: process starts).
+    starts = [p.start_ns for p in trace.processes if p.start_ns]
+    firsts = [int(s["ts"][0]) for s in raw if len(s["ts"])]
+    t0 = min(starts or firsts or [0])
     series = []
-    for s in d.pop("series"):
+    for s in raw:
         n = len(s["ts"])
         keep = np.linspace(0, n - 1, min(n, LAB_POINTS)).astype(np.int64) if n else np.zeros(0, np.int64)
-        series.append({"pid": s["pid"], "t": keep.tolist(),
+        t = (np.asarray(s["ts"], np.int64)[keep] - t0) / 1e9
+        series.append({"pid": s["pid"], "t": [round(v, 9) for v in t.tolist()],
                        "live": np.asarray(s["live"])[keep].tolist(),
                        "policies": {name: np.asarray(v["extent"])[keep].tolist()
                                     for name, v in s["policies"].items()}})

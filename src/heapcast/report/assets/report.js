@@ -74,7 +74,7 @@ function drawMemory() {
   D.processes.forEach((p, i) => {
     const c = COLORS[i % COLORS.length], sfx = many ? ` (pid ${p.pid})` : "";
     traces.push({ x: p.t, y: p.live_max, name: "live requested" + sfx, type: "scatter", mode: "lines",
-                  line: { shape: "hv", color: c, width: 1.6 }, hovertemplate: "%{x:.4f} s<br>live %{customdata}<extra></extra>",
+                  line: { shape: "hv", color: c, width: 1.6 }, fill: "tozeroy", fillcolor: c + "22", hovertemplate: "%{x:.4f} s<br>live %{customdata}<extra></extra>",
                   customdata: p.live_max.map(bytes) });
     if (p.rss.length) traces.push({ x: p.rss_t, y: p.rss, name: "RSS" + sfx, type: "scatter", mode: "lines",
                   line: { color: c, width: 1.2, dash: "dot" }, hovertemplate: "%{x:.4f} s<br>RSS %{customdata}<extra></extra>",
@@ -217,7 +217,7 @@ function drawSizes() {
       marker: { color: "#d9480f" }, customdata: classes.map(c => fmt(leak[c] || 0)), hovertemplate: "%{x} B<br>never freed %{customdata}<extra></extra>" },
   ], { height: 380, barmode: "overlay", margin: { l: 70, r: 10, t: 10, b: 90 }, legend: { orientation: "h", y: 1.1 },
        xaxis: { title: "size class (bytes requested)", tickangle: -40 },
-       yaxis: { title: SIZE_BYTES ? "bytes" : "blocks", type: "log", tickformat: ".2~s" } }, CONFIG);
+       yaxis: { title: SIZE_BYTES ? "bytes" : "blocks", type: "log", tickformat: ".2~s", dtick: 1 } }, CONFIG);
 }
 function drawLifetimes(key, div, unit) {
   const L = D.lifetimes[key];
@@ -255,10 +255,10 @@ function drawLab() {
   document.getElementById("lab-sec").hidden = false;
   const tr = [];
   L.series.forEach((s, i) => {
-    tr.push({ x: s.t, y: s.live, name: `live${L.series.length > 1 ? " pid " + s.pid : ""}`, type: "scatter", mode: "lines", line: { color: "#222", width: 1.5 } });
-    Object.entries(s.policies).forEach(([name, y], j) => tr.push({ x: s.t, y, name, type: "scatter", mode: "lines", line: { color: COLORS[j % COLORS.length], width: 1.2 } }));
+    tr.push({ x: s.t, y: s.live, name: "live requested", legendgroup: "live", showlegend: i === 0, type: "scatter", mode: "lines", line: { color: "#222", width: 1.5 } });
+    Object.entries(s.policies).forEach(([name, y], j) => tr.push({ x: s.t, y, name, legendgroup: name, showlegend: i === 0, type: "scatter", mode: "lines", line: { color: COLORS[j % COLORS.length], width: 1.2 } }));
   });
-  Plotly.newPlot("lab-chart", tr, { height: 420, margin: { l: 70, r: 10, t: 10, b: 45 }, xaxis: { title: "event" }, yaxis: { title: "footprint (bytes)", tickformat: ".3~s" }, legend: { orientation: "h", y: 1.1 } }, CONFIG);
+  Plotly.newPlot("lab-chart", tr, { height: 420, margin: { l: 70, r: 10, t: 10, b: 45 }, xaxis: { title: "seconds since the trace began" }, yaxis: { title: "footprint (bytes)", tickformat: ".3~s" }, legend: { orientation: "h", y: 1.1 } }, CONFIG);
   const t = document.getElementById("lab-table");
   t.append(el("tr", {}, ...["policy", "peak footprint", "fragmentation", "4 KiB pages at peak", "internal at peak", "external at peak", "events/s"].map(h => el("th", { class: h === "policy" ? "t" : "" }, h))));
   for (const [name, p] of Object.entries(L.policies))
@@ -277,7 +277,7 @@ function drawDiff() {
   const cls = F.size_classes;
   Plotly.newPlot("diff-sizes", [{ type: "bar", x: cls.map(c => classLabel(c.class)), y: cls.map(c => c.this), name: "this trace", marker: { color: "#2f6fdb" } },
     { type: "bar", x: cls.map(c => classLabel(c.class)), y: cls.map(c => c.other), name: "other", marker: { color: "#adb5bd" } }],
-    { height: 340, barmode: "group", margin: { l: 70, r: 10, t: 10, b: 90 }, yaxis: { type: "log", title: "allocations" }, xaxis: { tickangle: -40 }, legend: { orientation: "h", y: 1.1 } }, CONFIG);
+    { height: 340, barmode: "group", margin: { l: 70, r: 10, t: 10, b: 90 }, yaxis: { type: "log", title: "allocations", dtick: 1, tickformat: ".2~s" }, xaxis: { tickangle: -40 }, legend: { orientation: "h", y: 1.1 } }, CONFIG);
   const t = document.getElementById("diff-table");
   t.append(el("tr", {}, ...["function", "module", "Δ bytes allocated", "Δ allocations", "Δ never freed", "this: bytes", "other: bytes"].map(h => el("th", { class: h === "function" || h === "module" ? "t" : "" }, h))));
   for (const s of F.sites) t.append(el("tr", {}, el("td", { class: "t" }, s.function), el("td", { class: "t" }, s.module),
