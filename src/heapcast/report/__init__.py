@@ -24,15 +24,21 @@ def report(trace, output=None, model=None, lab: bool = False, diff=None,
     from .sections import diff_section, lab_section
     if not hasattr(trace, "processes"):
         trace = load(trace)
+    # Bad inputs fail before the long pass: the other trace and the model files are opened first.
+    other = diff if diff is None or hasattr(diff, "processes") else load(diff)
+    models = [] if not model else list(model) if isinstance(model, (list, tuple)) else [model]
+    if models:
+        from ..forecast.models import load_model
+        for path in models:
+            load_model(path)
     data = build(trace, progress=progress)
-    if diff is not None:
-        other = diff if hasattr(diff, "processes") else load(diff)
+    if other is not None:
         data["diff"] = diff_section(data, build(other, progress=progress), str(other.path))
     if lab:
         data["lab"] = lab_section(trace)
-    if model:
+    if models:
         from .forecast import model_section
-        data["model"] = model_section(model, trace)
+        data["model"] = model_section(models, trace)
     title = data["summary"]["program"] or str(trace.path)
     page = render(data, f"{title} — {trace.path}")
     out = Path(output) if output is not None else Path(str(trace.path).rstrip("/") + ".report.html")
