@@ -160,3 +160,21 @@ def test_model_and_lab_sections(recorded, tmp_path, cli):
     assert done.returncode == 0, done.stderr
     html = (tmp_path / "m.html").read_text()
     assert '"model":{"results"' in html and '"lab":{"policies"' in html
+
+
+def test_mapped_bytes_over_time_with_mmap():
+    """Recorded with --mmap: the memory chart's mmap'd bytes follow mmap, munmap and mremap."""
+    import numpy as np
+    from heapcast.trace.format import EVENT_DTYPE, OP
+    from heapcast.trace.model import Process, Trace
+    rows = [("mmap", 0x10000, 0, 12288, 0), ("malloc", 0x500, 0, 100, 0),
+            ("munmap", 0, 0x10000, 4096, 0), ("munmap", 0, 0x90000, 4096, 1),   # failed: no change
+            ("mremap", 0x20000, 0x11000, 16384, 8192), ("mmap", 0, 0, 4096, 0)]  # failed mmap
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (op, addr, old, size, arg) in enumerate(rows):
+        ev[i]["op"], ev[i]["addr"], ev[i]["old_addr"], ev[i]["size"], ev[i]["arg"] = OP[op], addr, old, size, arg
+    ev["seq"], ev["ts"] = np.arange(len(rows)), 10 ** 9 + np.arange(len(rows)) * 1000
+    p = Process(index=0, pid=7, _events=ev, event_count=len(ev), mmap_recorded=True, start_ns=10 ** 9)
+    d = build(Trace("mem://mmap", processes=[p]))
+    assert d["processes"][0]["mapped"] == [12288, 12288, 8192, 8192, 16384, 16384]
+    assert d["summary"]["ops"]["mremap"] == 1 and d["summary"]["peak_live_bytes"] == 100

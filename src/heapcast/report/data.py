@@ -37,6 +37,7 @@ def _process_series(p, a, t0) -> dict:
            "allocs": s["allocs"][used].tolist(), "frees": s["frees"][used].tolist(),
            "alloc_rate": [round(v, 1) for v in rate.tolist()],
            "rss_t": _seconds(rss_t, t0), "rss": np.asarray(rss).tolist(),
+           "mapped": s["mapped_max"][used].tolist() if "mapped_max" in s else None,
            "range_t": _seconds(a.range_ts, t0),
            "class_by_range": {str(c): a.class_by_range[:, c].tolist()
                               for c in np.flatnonzero(a.class_by_range.sum(0)).tolist()}}

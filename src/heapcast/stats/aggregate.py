@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace.format import FREE, OPS
+from ..trace.format import FREE, MMAP, MREMAP, MUNMAP, OPS
 from .classes import size_classes
 from .matching import LiveMap
 from .quantiles import StreamingPercentiles
@@ -132,6 +132,9 @@ class ProcessPass:
                         "ts": np.zeros(nb, np.uint64),     # of each bucket's first event
                         "allocs": np.zeros(nb, np.int64),
                         "alloc_bytes": np.zeros(nb, np.uint64), "frees": np.zeros(nb, np.int64)}
+            if p.mmap_recorded:      # bytes mapped by mmap/mremap and not unmapped (--mmap)
+                a.series["mapped_max"] = np.zeros(nb, np.int64)
+                self.mapped = 0
             a.class_by_range = np.zeros((max(self.coarse.n, 1), NCLASS), np.int64)
             a.range_ts = np.zeros(max(self.coarse.n, 1), np.uint64)
             if max(self.coarse.n, 1) * nloc <= LOC_RANGE_CELLS:
@@ -289,6 +292,14 @@ class ProcessPass:
         s["alloc_bytes"] += _sum_by(acq_b, sizes, self.fine.n)[:self.fine.n]
         rel_b = (self.index + m.released_at) // self.fine.width
         s["frees"] += np.bincount(rel_b, minlength=self.fine.n)[:self.fine.n]
+        if "mapped_max" in s:
+            op, size, arg = ev["op"], ev["size"].astype(np.int64), ev["arg"].astype(np.int64)
+            ok = ev["addr"] != 0
+            delta = (np.where((op == MMAP) & ok, size, 0) - np.where((op == MUNMAP) & (arg == 0), size, 0)
+                     + np.where((op == MREMAP) & ok, size - arg, 0))
+            mapped = np.cumsum(delta) + self.mapped
+            self.mapped = int(mapped[-1])
+            s["mapped_max"][ids] = np.maximum(s["mapped_max"][ids], np.maximum.reduceat(mapped, starts))
         coarse = (self.index + acq) // self.coarse.width
         nb = len(self.agg.class_by_range)
         self.agg.class_by_range += np.bincount(coarse * NCLASS + cls, minlength=nb * NCLASS)[

@@ -79,6 +79,9 @@ function drawMemory() {
     if (p.rss.length) traces.push({ x: p.rss_t, y: p.rss, name: "RSS" + sfx, type: "scatter", mode: "lines",
                   line: { color: c, width: 1.2, dash: "dot" }, hovertemplate: "%{x:.4f} s<br>RSS %{customdata}<extra></extra>",
                   customdata: p.rss.map(bytes) });
+    if (p.mapped) traces.push({ x: p.t, y: p.mapped, name: "mmap'd" + sfx, type: "scatter", mode: "lines",
+                  line: { shape: "hv", color: c, width: 1.2, dash: "dash" }, hovertemplate: "%{x:.4f} s<br>mmap'd %{customdata}<extra></extra>",
+                  customdata: p.mapped.map(bytes) });
     traces.push({ x: p.t, y: p.alloc_rate, name: "allocations/s" + sfx, type: "scatter", mode: "lines",
                   line: { color: c, width: 1 }, yaxis: "y2", opacity: 0.7, showlegend: !many || i === 0,
                   hovertemplate: "%{x:.4f} s<br>%{y:.3s} allocations/s<extra></extra>" });
