@@ -234,9 +234,10 @@ class ProcessPass:
 
         # Lifetimes of the process's own blocks freed here (inherited ones began in the parent).
         own = m.released["loc"] >= 0
-        src = m.released[own]
-        at = m.released_at[own]
-        ns = np.maximum(ev["ts"][at].astype(np.int64) - src["ts"].astype(np.int64), 0)
+        inherited = len(own) - int(np.count_nonzero(own))
+        src, at = (m.released, m.released_at) if not inherited else \
+            (m.released[own], m.released_at[own])            # (no copy in the usual case)
+        ns = np.maximum(ev["ts"][at].view(np.int64) - src["ts"].view(np.int64), 0)
         life_events = self.index + at - src["index"]
         sh.life_ns.add(ns)
         sh.life_events.add(life_events)
@@ -244,7 +245,7 @@ class ProcessPass:
         acq_before = self.ordinal + np.cumsum(acquires) - acquires
         temporary = acq_before[at] - src["ordinal"] == 1
         a.loc_temporary += np.bincount(src["loc"][temporary], minlength=nl)
-        a.inherited_released += int(np.count_nonzero(~own))
+        a.inherited_released += inherited
         if self.detail:
             scls = size_classes(src["size"])
             sh.life_ns_by_class += np.bincount(scls * 66 + size_classes(ns.astype(np.uint64)),

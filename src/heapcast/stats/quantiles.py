@@ -16,15 +16,16 @@ _NBUCKETS = (64 - SUB_BITS + 1) * _SUB
 
 
 def bucket_of(values: np.ndarray) -> np.ndarray:
-    """Histogram bucket of each value (uint64): exact below 2**SUB_BITS, then 1024 per octave."""
+    """Histogram bucket of each value (uint64): exact below 2**(SUB_BITS + 1), then 1024 per
+    octave: bucket = shift * 1024 + (value >> shift), shift = bit_length - SUB_BITS - 1."""
     v = np.asarray(values, np.uint64)
-    bits = np.zeros(len(v), np.int64)
-    big = v >= np.uint64(_SUB)
-    if big.any():
+    if len(v) and int(v.max()) >= 1 << 53:     # float64 would round the bit length: exact path
         from .classes import size_classes
-        bits[big] = size_classes(v[big]) - SUB_BITS - 1      # how far to shift down
-    shifted = (v >> bits.astype(np.uint64)).astype(np.int64)  # in [1024, 2048) when big
-    return np.where(big, bits * _SUB + shifted, v.astype(np.int64))
+        bits = np.maximum(size_classes(v) - SUB_BITS - 1, 0)
+    else:
+        bits = np.maximum(np.frexp(v.astype(np.float64))[1] - (SUB_BITS + 1), 0)
+    bits = bits.astype(np.uint64)
+    return ((bits << np.uint64(SUB_BITS)) + (v >> bits)).astype(np.int64)
 
 
 class StreamingPercentiles:
