@@ -178,3 +178,16 @@ def test_mapped_bytes_over_time_with_mmap():
     d = build(Trace("mem://mmap", processes=[p]))
     assert d["processes"][0]["mapped"] == [12288, 12288, 8192, 8192, 16384, 16384]
     assert d["summary"]["ops"]["mremap"] == 1 and d["summary"]["peak_live_bytes"] == 100
+
+
+def test_empty_trace_page_renders(tmp_path):
+    """A trace with no event (a program that never allocated) still gives a working page."""
+    import numpy as np
+    from heapcast.trace.format import EVENT_DTYPE
+    from heapcast.trace.model import Process, Trace
+    trace = Trace(tmp_path / "empty.trace",
+                  processes=[Process(index=0, pid=5, _events=np.zeros(0, EVENT_DTYPE))])
+    out = heapcast.report(trace, output=tmp_path / "empty.html")
+    dom, console, requests = open_page(out, tmp_path)
+    assert 'data-rendered="yes"' in dom and console == [] and requests == []
+    assert ">0<" in dom[dom.index('id="cards"'):dom.index('id="ops"')]
