@@ -31,10 +31,10 @@ def recorded(tmp_path_factory, build):
     return d, exe
 
 
-def chromium(page: Path, tmp: Path, *extra) -> subprocess.CompletedProcess:
+def chromium(page: Path, tmp: Path, *extra, fragment: str = "") -> subprocess.CompletedProcess:
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
-    args = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp / 'profile'}", *extra, page.as_uri()]
+    args = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp / 'profile'}", *extra, page.as_uri() + fragment]
     return subprocess.run(args, capture_output=True, text=True, timeout=120)
 
 
@@ -52,11 +52,11 @@ def console_messages(stderr: str) -> list:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line]
 
 
-def open_page(page: Path, tmp: Path) -> tuple[str, list, list]:
+def open_page(page: Path, tmp: Path, fragment: str = "") -> tuple[str, list, list]:
     """(DOM after the scripts ran, console messages, http(s) URLs the page requested)."""
     netlog = tmp / "net.json"
     done = chromium(page, tmp, "--enable-logging=stderr", "--v=0", f"--log-net-log={netlog}",
-                    "--net-log-capture-mode=Everything", "--dump-dom")
+                    "--net-log-capture-mode=Everything", "--dump-dom", fragment=fragment)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout, console_messages(done.stderr), page_requests(netlog)
 
@@ -97,6 +97,13 @@ def test_report_in_chromium(recorded, tmp_path):
     parent, child = s["per_process"]
     assert f">{child['forked_from']} (fork)<" in dom and f">{child['events']:,}<" in dom
 
+    # A time range (as a link carries it) filters the histogram, the flame graph and the table.
+    t_peak = s["peak_live"]["seconds"]
+    ranged, console, requests = open_page(out, tmp_path / "ranged", f"#range=0,{t_peak:.6f}")
+    assert console == [] and requests == []
+    assert "time range 0.0000" in ranged and "allocations (in range)" in ranged
+    assert "in the selected time range" in ranged
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "report.png"
     done = chromium(out, tmp_path, f"--screenshot={shot}")
@@ -116,6 +123,11 @@ def test_report_data_numbers_match_stats(recorded):
     assert data["flame"]["top_down"]["values"]["count"][0] == sum(r["count"] for r in data["sites"])
     assert data["flame"]["bottom_up"]["values"]["count"][0] == data["flame"]["top_down"]["values"]["count"][0]
     assert sum(sum(p["allocs"]) for p in data["processes"]) == sum(r["count"] for r in data["sites"])
+    # Filtering by time range: per location and coarse bucket, adding up to the same allocations.
+    for tree in data["flame"].values():
+        assert sum(sum(loc["counts"]) for loc in tree["ranged"]) == tree["values"]["count"][0]
+        for loc in tree["ranged"]:
+            assert all(tree["values"]["count"][n] >= sum(loc["counts"]) for n in loc["nodes"])
     # Bytes live at the peak, by call site, add up to the peak (in the process that reached it).
     assert data["flame"]["top_down"]["values"]["at_peak"][0] == s["peak_live_bytes"]
     peak = max(max(p["live_max"]) for p in data["processes"])

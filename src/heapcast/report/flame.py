@@ -22,6 +22,7 @@ class CallTree:
         self.symbolizer = symbolizer
         self.max_locations = max_locations
         self.trees = {False: {}, True: {}}      # inverted -> {path tuple: values}
+        self.ranged = []    # (pid, innermost-first path, allocations per coarse time bucket)
 
     def add(self, p, agg) -> None:
         """Adds process `p`'s per-location aggregates (stats.aggregate.ProcessAggregate)."""
@@ -45,10 +46,13 @@ class CallTree:
         for a, s in zip(addrs.tolist(), self.symbolizer.symbolize(p, addrs)):
             names[a] = (f"{s.function} ({s.module})" if s.function != UNKNOWN
                         else f"{a:#x} ({s.module})" if s.module != UNKNOWN else f"{a:#x}")
+        by_range = agg.loc_by_range
         for loc, frames in zip(keep, stacks):
             path = tuple(names[a] for a in frames) or ("unknown call site",)
             vals = [int(values[m][loc]) for m in METRICS]
             self._add_path(path, vals)
+            if by_range is not None and vals[1] and loc < by_range.shape[1]:
+                self.ranged.append((p.pid, path, by_range[:, loc].tolist()))
         if inherited:
             self._add_path(("inherited at fork",), [inherited, 0, 0, 0])
 
@@ -75,4 +79,9 @@ class CallTree:
             out["parents"].append(str(index.get(path[:-1], 0)))
             for i, m in enumerate(METRICS):
                 out["values"][m].append(tree[path][i])
+        # For filtering allocations by a time range: each location's nodes and counts per bucket.
+        out["ranged"] = [{"pid": pid, "nodes": [index[path[:d]] for d in range(1, len(path) + 1)],
+                          "counts": counts}
+                         for pid, innermost_first, counts in self.ranged
+                         for path in [innermost_first if inverted else innermost_first[::-1]]]
         return out

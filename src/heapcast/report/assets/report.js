@@ -123,6 +123,7 @@ function setRange(r) {
   document.getElementById("range").textContent = r ? `time range ${r[0].toFixed(4)} – ${r[1].toFixed(4)} s (double-click the chart to reset)` : "whole run";
   drawSizes();
   drawTable();
+  drawFlame();
 }
 
 // ---- call sites ----------------------------------------------------------------------------
@@ -130,7 +131,18 @@ const METRIC_NAMES = { at_peak: "bytes live at the peak", count: "allocations", 
 let METRIC = "at_peak", INVERTED = false;
 function drawFlame() {
   const t = INVERTED ? D.flame.bottom_up : D.flame.top_down;
-  const v = t.values[METRIC];
+  let v = t.values[METRIC];
+  const ranged = RANGE !== null && METRIC === "count" && t.ranged.length > 0;
+  if (ranged) {         // allocations made in the selected time range only
+    v = new Array(t.ids.length).fill(0);
+    const sel = Object.fromEntries(D.processes.map(p => [p.pid, inRange(p.range_t)]));
+    for (const loc of t.ranged) {
+      const s = sel[loc.pid], c = loc.counts.reduce((a, x, i) => a + (s[i] ? x : 0), 0);
+      if (!c) continue;
+      v[0] += c;
+      for (const n of loc.nodes) v[n] += c;
+    }
+  }
   const keep = v.map((x, i) => x > 0 || i === 0);
   const pick = a => a.filter((_, i) => keep[i]);
   const fmt = METRIC === "at_peak" || METRIC === "leaked_bytes" ? bytes : num;
@@ -145,7 +157,7 @@ function drawFlame() {
     root: { color: "#eef2f8" }, pathbar: { visible: true },
   }], { height: Math.max(220, Math.min(600, 70 * levels + 40)), margin: { l: 4, r: 4, t: 4, b: 4 } }, CONFIG);
   document.getElementById("flame-title").textContent =
-    `${METRIC_NAMES[METRIC]}, ${INVERTED ? "inverted (allocating function at the top, its callers below)" : "callers at the top, allocating call sites below"}; click a box to zoom in`;
+    `${METRIC_NAMES[METRIC]}${ranged ? " in the selected time range" : ""}, ${INVERTED ? "inverted (allocating function at the top, its callers below)" : "callers at the top, allocating call sites below"}; click a box to zoom in`;
 }
 function flameControls() {
   const box = document.getElementById("flame-controls");
@@ -302,4 +314,11 @@ drawLifetimes("events", "life-events", "events");
 drawModel();
 drawLab();
 drawDiff();
+// A link can carry a time range: report.html#range=START,END (seconds).
+const linked = location.hash.match(/^#range=([0-9.e+-]+),([0-9.e+-]+)$/);
+if (linked) {
+  const r = [+linked[1], +linked[2]];
+  Plotly.relayout("mem", { "xaxis.range": r });
+  setRange(r);
+}
 document.body.dataset.rendered = "yes";
