@@ -9,7 +9,8 @@ class NativeBuild(build_ext):
 
     def get_ext_filename(self, ext_name):
         if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec",
-                                  "libheapcast_drain", "libheapcast_policy")):
+                                  "libheapcast_drain", "libheapcast_policy",
+                                  "libheapcast_stats")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -72,4 +73,13 @@ policy = Extension(
     libraries=["m"],
 )
 
-setup(ext_modules=[recorder, lab, codec, drain, policy], cmdclass={"build_ext": NativeBuild})
+# The live-block map of `heapcast stats` and `heapcast report` (heapcast.stats.matching): a plain
+# shared library loaded with ctypes.
+stats = Extension(
+    "heapcast.libheapcast_stats",
+    sources=["native/stats/livemap.c"],
+    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
+)
+
+setup(ext_modules=[recorder, lab, codec, drain, policy, stats],
+      cmdclass={"build_ext": NativeBuild})

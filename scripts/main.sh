@@ -6,6 +6,7 @@
 #   evaluate it on the held-out rest, next to the n-gram baseline
 #   compile  the model into a native policy and evaluate it through the C runtime
 #   simulate replay it through every allocation policy of the lab (table and footprint plot)
+#   report   one self-contained interactive HTML page of it all: results/report.html
 # Results go to results/ (HEAPCAST_OUT to change).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,4 +35,8 @@ if .venv/bin/python -c 'import torch' 2>/dev/null; then
 fi
 echo "== simulate" >&2
 "$hc" simulate "$trace" --plot "$out/simulate.png"
-echo "main: results in $out/ (stats.png, simulate.png, models)" >&2
+echo "== report" >&2
+models=()
+[ -f "$out/gru.safetensors" ] && models+=(--model "$out/gru.safetensors" --model "$out/ngram.safetensors")
+"$hc" report "$trace" ${models[@]+"${models[@]}"} --lab -o "$out/report.html"
+echo "main: results in $out/ (stats.png, simulate.png, models); open $out/report.html in a browser" >&2

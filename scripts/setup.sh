@@ -8,6 +8,8 @@ need_apt=()
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
+# chromium: the report's tests open the page in a real headless browser.
+command -v chromium >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ] && [ -z "${HEAPCAST_NO_APT:-}" ] && command -v apt-get >/dev/null; then
   echo "setup: installing ${need_apt[*]} with apt-get" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .plot import PlotError
+from .report.page import ReportError
 from .trace.format import TraceError
 
 
@@ -36,7 +37,7 @@ def _cmd_finalize(a) -> int:
 def _cmd_stats(a) -> int:
     from .stats import format_stats, stats
     from .trace.reader import load
-    d = stats(load(a.trace), top=a.top, plot=a.plot)
+    d = stats(load(a.trace), top=a.top, plot=a.plot, progress=sys.stderr.isatty())
     print(json.dumps(d, indent=2) if a.json else format_stats(d))
     if a.plot:
         print(f"heapcast: wrote {a.plot}", file=sys.stderr)
@@ -130,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_forecast_parsers(sub)
     add_lab_parsers(sub)
     add_policy_parsers(sub)
+    from .report.cli import add_parsers as add_report_parsers
+    add_report_parsers(sub)
     return p
 
 
@@ -145,7 +148,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `heapcast stats ... | head`
         sys.stderr.close()
         return 0
-    except (TraceError, UsageError, ValueError, OSError, PlotError) as e:
+    except (TraceError, UsageError, ValueError, OSError, PlotError, ReportError) as e:
         print(f"heapcast {a.verb}: error: {e}", file=sys.stderr)
         return 2
 

@@ -1,4 +1,4 @@
-"""`heapcast stats`: what a trace says about a program's heap, as a dict and as a text report.
+"""The whole-process `heapcast stats` before it streamed (kept as the reference the streaming pass must equal).
 
 Everything is vectorized over the events of one process at a time (numpy; the block matching is
 heap.match_trace), so tens of millions of events take seconds. Processes are separate heaps: peaks
@@ -10,33 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .heap import match_trace
-from .symbolize import UNKNOWN, Symbolizer
-from .trace.model import PY_FRAME_TAG, is_python_frame
-from .trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
+from heapcast.heap import match_trace
+from heapcast.stats.classes import size_classes
+from heapcast.stats.summary import _larger, rss_peak as _rss_peak
+from heapcast.symbolize import UNKNOWN, Symbolizer
+from heapcast.trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
 
 PERCENTILES = (50, 90, 99)
 PLOT_POINTS = 2000   # per process: live-bytes series handed to the plot, peaks kept
-
-
-def size_classes(sizes: np.ndarray) -> np.ndarray:
-    """The article's size class of each size: `size.bit_length()` (0 for 0, 64 for >= 2**63).
-
-    Exact for all uint64: frexp's exponent is the bit length, except that converting sizes >= 2**53
-    to float64 may round them up to the next power of 2; those few are counted bit by bit.
-    """
-    x = np.asarray(sizes, np.uint64)
-    n = np.frexp(x.astype(np.float64))[1].astype(np.int64)
-    big = x >= np.uint64(1 << 53)
-    if big.any():
-        xb = x[big]
-        nb = np.zeros(len(xb), np.int64)
-        for shift in (32, 16, 8, 4, 2, 1):
-            hi = xb >= np.uint64(1 << shift)
-            nb[hi] += shift
-            xb[hi] >>= np.uint64(shift)
-        n[big] = nb + xb.astype(np.int64)   # xb is now 1
-    return n
 
 
 def _percentiles(values: np.ndarray) -> dict:
@@ -155,27 +136,6 @@ def _live_peak(ev, live, initial: int, offset: int, start_s: float, seconds) -> 
         return {"bytes": int(live[i]), "seconds": seconds(ev["ts"][i]), "event_index": offset + i,
                 "seq": int(ev["seq"][i])}
     return {"bytes": initial, "seconds": start_s, "event_index": offset, "seq": 0}
-
-
-def _rss_peak(p, seconds) -> dict:
-    """The largest RSS sample of a process and when, or VmHWM at exit when that is larger (its
-    time is then unknown: seconds and seq are None)."""
-    peak = {"bytes": 0, "seconds": None, "seq": None, "source": None}
-    if len(p.rss):
-        j = int(np.argmax(p.rss["rss"]))
-        peak = {"bytes": int(p.rss["rss"][j]), "seconds": seconds(p.rss["ts"][j]),
-                "seq": int(p.rss["seq"][j]), "source": "sample"}
-    if p.peak_rss_bytes > peak["bytes"]:
-        peak = {"bytes": int(p.peak_rss_bytes), "seconds": None, "seq": None, "source": "vmhwm"}
-    return peak
-
-
-def _larger(best: dict, candidate: dict, pid: int) -> dict:
-    """The trace-wide peak so far: `candidate` (of process `pid`) if it has more bytes."""
-    if candidate["bytes"] <= best["bytes"]:
-        return best
-    return {"bytes": candidate["bytes"], "pid": pid} | {k: v for k, v in candidate.items()
-                                                        if k != "bytes"}
 
 
 def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
@@ -308,97 +268,3 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
         from .plot import draw_stats
         draw_stats(series, result, plot)
     return result
-
-
-# ---- text report -----------------------------------------------------------------------------
-
-def _human(n: int) -> str:
-    """Bytes in binary units: 1536 -> '1.5 KiB'."""
-    v = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{int(v)} B" if unit == "B" else f"{v:.1f} {unit}"
-        v /= 1024
-    return f"{n} B"
-
-
-def _ns(n: int) -> str:
-    """A duration in the unit that keeps it short."""
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} ns"
-
-
-def _when(seconds: float) -> str:
-    """A time since the trace began: seconds, or a smaller unit when under 0.1 s."""
-    return f"{seconds:.3f} s" if seconds >= 0.1 else _ns(round(seconds * 1e9))
-
-
-def _table(headers: list, rows: list, indent: str = "  ") -> list:
-    """Aligned text rows: numbers (and headers over them) right-aligned, text left-aligned."""
-    cells = [[h for h in headers]] + [[c if isinstance(c, str) else f"{c:,}" for c in r] for r in rows]
-    numeric = [all(not isinstance(r[i], str) for r in rows) if rows else False
-               for i in range(len(headers))]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = []
-    for r in cells:
-        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)]
-        lines.append(indent + "  ".join(parts).rstrip())
-    return lines
-
-
-def _site_rows(sites: list) -> list:
-    return [[s["bytes"], s["count"], s["function"], f"{s['module']}:{s['offset']}", "python"]
-            if s.get("python") else
-            [s["bytes"], s["count"], s["function"], s["module"], f"{s['address']:#x}"]
-            for s in sites]
-
-
-def format_stats(d: dict) -> str:
-    """A readable text report of `stats()`'s dict."""
-    pl, pr = d["peak_live"], d["peak_rss"]
-    rss_when = (f"at {_when(pr['seconds'])} (pid {pr['pid']})" if pr.get("seconds") is not None
-                else f"(pid {pr['pid']}, VmHWM at exit)" if pr["bytes"] else "(no samples)")
-    out = [
-        f"trace       {d['trace']}",
-        f"events      {d['events']:,} in {d['processes']} process(es), {d['threads']} thread(s), "
-        f"over {_ns(d['duration_ns'])}",
-        f"peak live   {d['peak_live_bytes']:,} B ({_human(d['peak_live_bytes'])}) requested, "
-        f"at {_when(pl['seconds'])} (pid {pl['pid']}, event {pl['event_index']:,}, seq {pl['seq']:,})",
-        f"peak RSS    {d['peak_rss_bytes']:,} B ({_human(d['peak_rss_bytes'])}) {rss_when}",
-        f"never freed {d['leaked_blocks']:,} blocks, {d['leaked_bytes']:,} B",
-        f"problems    unknown frees {d['unknown_frees']:,}, double acquires "
-        f"{d['double_acquires']:,}, lost events {d['lost_events']:,}, "
-        f"truncated {'yes' if d['truncated'] else 'no'}",
-        "",
-        "events by op",
-        *_table(["op", "count"], [[k, v] for k, v in d["ops"].items()]),
-        "",
-        "size classes (requested size.bit_length())",
-        *_table(["class", "sizes", "blocks", "bytes"],
-                [[c["class"], f"{c['min_size']}..{c['max_size']}", c["count"], c["bytes"]]
-                 for c in d["size_classes"]]),
-        "",
-        f"lifetimes of {d['lifetimes']['freed_blocks']:,} freed blocks",
-        *_table(["", "p50", "p90", "p99", "max"],
-                [["ns"] + [d["lifetimes"]["ns"][k] for k in ("p50", "p90", "p99", "max")],
-                 ["events"] + [d["lifetimes"]["events"][k] for k in ("p50", "p90", "p99", "max")]]),
-    ]
-    for key, title in (("top_callsites_by_bytes", "by bytes"), ("top_callsites_by_count", "by count")):
-        out += ["", f"top call sites {title}",
-                *_table(["bytes", "count", "function", "module", "address"], _site_rows(d[key]))]
-    for key, title in (("top_program_lines_by_bytes", "by bytes"),
-                       ("top_program_lines_by_count", "by count")):
-        if d.get(key):
-            out += ["", f"top lines of the program's own Python code {title} (what called the "
-                        "library code that allocated)",
-                    *_table(["bytes", "count", "function", "line"],
-                            [r[:4] for r in _site_rows(d[key])])]
-    out += ["", "processes",
-            *_table(["pid", "ppid", "events", "threads", "peak live", "peak RSS", "leaked",
-                     "unknown frees", "exe"],
-                    [[str(p["pid"]), str(p["ppid"]), p["events"], p["threads"], p["peak_live_bytes"],
-                      p["peak_rss_bytes"], p["leaked_blocks"], p["unknown_frees"],
-                      p["exe"] or "?"] for p in d["per_process"]])]
-    return "\n".join(out) + "\n"

@@ -1,0 +1,63 @@
+"""The report's forecast section (--model): how well forecasting models predict this trace, where
+in the run they fail, per class and (lifetimes) as a confusion matrix.
+
+Everything is computed from one function's output, `predictions(model, trace)`: the true label and
+the model's top-5 of each scored event. Anything that yields that (a compiled policy's
+per-event predictions too) can feed `model_result`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MAX_ROWS = 300_000      # scored events per model (evenly spread over the scorable ones)
+TIME_BINS = 100
+
+
+def predictions(model_path, trace) -> tuple[object, np.ndarray, np.ndarray, str]:
+    """(model, true labels, top-5 predictions, protocol) of a forecasting model file on `trace`.
+
+    Scored rows follow heapcast evaluate's protocols: the held-out part ('time'/'article' split)
+    when the model was trained on this very recording, else the whole recording (cross-run)."""
+    from ..forecast.dataset import load_features
+    from ..forecast.evaluate import _overlap, _test_rows
+    from ..forecast.models import load_model
+    from ..forecast.tasks import make_task
+    model = load_model(model_path)
+    training = model.meta.get("training", {})
+    feats = load_features([str(trace.path)], training.get("order", "thread"),
+                          need_ranks=model.task == "free")
+    data = make_task(feats, model.task, model.vocab)
+    overlap = _overlap(training.get("traces", []), feats.sources)
+    split = training.get("split", "all")
+    protocol = split if overlap and split in ("time", "article") else "cross-run"
+    rows = np.flatnonzero(_test_rows(model_path, protocol, data, training, feats.sources, overlap))
+    if len(rows) > MAX_ROWS:
+        rows = rows[np.linspace(0, len(rows) - 1, MAX_ROWS).astype(np.int64)]
+    pred = model.predict(data, rows, 5) if len(rows) else np.zeros((0, 5), np.int64)
+    return model, data.labels[rows], pred, protocol
+
+
+def model_result(model, y: np.ndarray, pred: np.ndarray, protocol: str, path: str) -> dict:
+    """The section's numbers for one model: heapcast evaluate's metrics plus top-1 over time."""
+    from ..forecast.evaluate import metrics
+    from ..forecast.tasks import label_names
+    out = {"model": model.kind, "task": model.task, "vocab": model.vocab, "protocol": protocol,
+           "path": path, "events": int(len(y))}
+    out.update(metrics(model, y, pred))
+    hit = pred[:, 0] == y if len(y) else np.zeros(0, bool)
+    bins = np.array_split(np.arange(len(y)), min(TIME_BINS, max(len(y), 1)))
+    out["over_time"] = {"position": [float(b[0] / max(len(y), 1)) if len(b) else 0.0 for b in bins],
+                        "top1": [float(hit[b].mean()) if len(b) else None for b in bins]}
+    if "confusion" in out:
+        out["confusion_names"] = list(label_names(model.task, model.vocab))
+    return out
+
+
+def model_section(models, trace) -> dict:
+    """The forecast section for one or more model files."""
+    paths = models if isinstance(models, (list, tuple)) else [models]
+    results = []
+    for path in paths:
+        model, y, pred, protocol = predictions(path, trace)
+        results.append(model_result(model, y, pred, protocol, str(path)))
+    return {"results": results}

@@ -1,0 +1,55 @@
+"""The report's optional sections: the allocator lab (--lab), a second recording (--diff) and a
+forecasting model (--model)."""
+from __future__ import annotations
+
+import numpy as np
+
+LAB_POINTS = 1500
+
+
+def lab_section(trace) -> dict:
+    """Every lab policy's footprint over time and the lab's table (heapcast simulate)."""
+    from ..lab.replay import simulate
+    d = simulate(trace, series=True)
+    raw = d.pop("series")
+    # Seconds since the trace began, as the memory chart has them (trace_clock: process starts).
+    starts = [p.start_ns for p in trace.processes if p.start_ns]
+    firsts = [int(s["ts"][0]) for s in raw if len(s["ts"])]
+    t0 = min(starts or firsts or [0])
+    series = []
+    for s in raw:
+        n = len(s["ts"])
+        keep = np.linspace(0, n - 1, min(n, LAB_POINTS)).astype(np.int64) if n else np.zeros(0, np.int64)
+        t = (np.asarray(s["ts"], np.int64)[keep] - t0) / 1e9
+        series.append({"pid": s["pid"], "t": [round(v, 9) for v in t.tolist()],
+                       "live": np.asarray(s["live"])[keep].tolist(),
+                       "policies": {name: np.asarray(v["extent"])[keep].tolist()
+                                    for name, v in s["policies"].items()}})
+    return {"policies": d["policies"], "series": series, "peak_live_bytes": d["peak_live_bytes"]}
+
+
+def diff_section(this: dict, other: dict, other_path: str, top: int = 40) -> dict:
+    """What changed from `other` (another report data dict) to `this`: the summary's peaks, the
+    size classes and the call sites (matched by module and offset) that changed most."""
+    keys = ("events", "peak_live_bytes", "peak_rss_bytes", "leaked_bytes", "leaked_blocks",
+            "duration_ns", "temporary")
+    a, b = this["summary"], other["summary"]
+    theirs = {(s["module"], s["offset"]): s for s in other["sites"]}
+    ours = {(s["module"], s["offset"]): s for s in this["sites"]}
+    rows = []
+    for key in set(ours) | set(theirs):
+        s, o = ours.get(key), theirs.get(key)
+        ref = s or o
+        rows.append({"function": ref["function"], "module": ref["module"],
+                     "bytes": s["bytes"] if s else 0, "other_bytes": o["bytes"] if o else 0,
+                     "d_bytes": (s["bytes"] if s else 0) - (o["bytes"] if o else 0),
+                     "d_count": (s["count"] if s else 0) - (o["count"] if o else 0),
+                     "d_leaked_bytes": (s["leaked_bytes"] if s else 0) - (o["leaked_bytes"] if o else 0)})
+    rows.sort(key=lambda r: (-abs(r["d_bytes"]), -abs(r["d_count"]), r["function"]))
+    ca = {c["class"]: c["count"] for c in this["size_classes"]}
+    cb = {c["class"]: c["count"] for c in other["size_classes"]}
+    return {"other": other_path, "this": {k: a[k] for k in keys},
+            "other_summary": {k: b[k] for k in keys},
+            "size_classes": [{"class": c, "this": ca.get(c, 0), "other": cb.get(c, 0)}
+                             for c in sorted(set(ca) | set(cb))],
+            "sites": rows[:top]}

@@ -1,0 +1,205 @@
+"""heapcast report: the page of a real recording, opened in headless Chromium (Debian's package,
+installed by scripts/setup.sh): it renders, logs nothing to the console, draws its charts and flame
+graph with the trace's numbers, loads nothing over the network, and leaves a screenshot in
+test-artifacts/report.png."""
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import heapcast
+from heapcast.report.data import build
+from heapcast.report.sections import diff_section
+
+ARTIFACTS = Path(os.environ.get("HEAPCAST_TEST_ARTIFACTS", Path(__file__).parent.parent / "test-artifacts"))
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--window-size=1400,2600", "--virtual-time-budget=8000"]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, build):
+    """churn.c recorded with 8-frame stacks: a parent and its forked child."""
+    d = tmp_path_factory.mktemp("report")
+    exe = build("churn")
+    assert heapcast.record([str(exe)], output=d / "churn.trace", stacks=8).exit_code == 0
+    return d, exe
+
+
+def chromium(page: Path, tmp: Path, *extra, fragment: str = "") -> subprocess.CompletedProcess:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
+    args = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp / 'profile'}", *extra, page.as_uri() + fragment]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def page_requests(netlog: Path) -> list:
+    """http(s) URLs the page asked for (the browser's own requests have no origin)."""
+    d = json.loads(netlog.read_text())
+    types = {v: k for k, v in d["constants"]["logEventTypes"].items()}
+    return [e["params"]["url"] for e in d["events"]
+            if types.get(e["type"]) == "URL_REQUEST_START_JOB"
+            and e.get("params", {}).get("initiator") != "not an origin"
+            and re.match(r"https?://", e["params"].get("url", ""))]
+
+
+def console_messages(stderr: str) -> list:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+def open_page(page: Path, tmp: Path, fragment: str = "") -> tuple[str, list, list]:
+    """(DOM after the scripts ran, console messages, http(s) URLs the page requested)."""
+    netlog = tmp / "net.json"
+    done = chromium(page, tmp, "--enable-logging=stderr", "--v=0", f"--log-net-log={netlog}",
+                    "--net-log-capture-mode=Everything", "--dump-dom", fragment=fragment)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, console_messages(done.stderr), page_requests(netlog)
+
+
+def test_detectors_see_console_errors_and_requests(tmp_path):
+    """The checks below are not vacuous: a page that logs an error and loads an image over http
+    is caught by both."""
+    probe = tmp_path / "probe.html"
+    probe.write_text('<html><body><img src="http://127.0.0.1:9/probe.png">'
+                     '<script>console.error("probe failed")</script></body></html>')
+    _, console, requests = open_page(probe, tmp_path)
+    assert any("probe failed" in line for line in console)
+    assert requests == ["http://127.0.0.1:9/probe.png"]
+
+
+def test_report_in_chromium(recorded, tmp_path):
+    d, exe = recorded
+    out = heapcast.report(d / "churn.trace", output=tmp_path / "report.html")
+    assert out == tmp_path / "report.html" and oct(out.stat().st_mode & 0o777) == "0o600"
+    assert "<script src" not in out.read_text()                        # everything inlined
+    s = heapcast.stats(d / "churn.trace")
+
+    dom, console, requests = open_page(out, tmp_path)
+    assert console == []
+    assert requests == []
+    assert 'data-rendered="yes"' in dom
+    # Every chart was drawn by plotly (an SVG in its div), the flame graph as an icicle.
+    for div in ("mem", "flame", "sizes", "life-ns", "life-events"):
+        m = re.search(rf'<div id="{div}"[^>]*>(.*?)</div>\s*(<p|<div class="controls"|</section|<div id=)', dom, re.S)
+        assert m and "main-svg" in m.group(1), div
+    assert "iciclelayer" in dom
+    # The trace's numbers: the summary cards, the table, the flame graph's labels.
+    cards = dom[dom.index('id="cards"'):dom.index('id="ops"')]
+    assert f">{s['events']:,}<" in cards
+    assert f"{s['processes']} process(es)" in cards
+    assert f">{s['ops']['posix_memalign']:,}<" in dom
+    assert f"main ({exe.name})" in dom                                 # a symbolized frame
+    parent, child = s["per_process"]
+    assert f">{child['forked_from']} (fork)<" in dom and f">{child['events']:,}<" in dom
+
+    # A time range (as a link carries it) filters the histogram, the flame graph and the table.
+    t_peak = s["peak_live"]["seconds"]
+    ranged, console, requests = open_page(out, tmp_path / "ranged", f"#range=0,{t_peak:.6f}")
+    assert console == [] and requests == []
+    assert "time range 0.0000" in ranged and "allocations (in range)" in ranged
+    assert "in the selected time range" in ranged
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    done = chromium(out, tmp_path, f"--screenshot={shot}")
+    assert done.returncode == 0 and shot.stat().st_size > 10_000
+
+
+def test_report_data_numbers_match_stats(recorded):
+    d, _ = recorded
+    trace = heapcast.load(d / "churn.trace")
+    data = build(trace, chunk=999)
+    s = heapcast.stats(trace)
+    for k in ("events", "peak_live_bytes", "peak_rss_bytes", "leaked_bytes", "ops", "lifetimes"):
+        assert data["summary"][k] == s[k], k
+    assert sum(c["count"] for c in data["size_classes"]) == sum(c["count"] for c in s["size_classes"])
+    assert sum(r["count"] for r in data["sites"]) == sum(c["count"] for c in s["size_classes"])
+    # The flame graph's root holds every allocation; the allocations of the time buckets too.
+    assert data["flame"]["top_down"]["values"]["count"][0] == sum(r["count"] for r in data["sites"])
+    assert data["flame"]["bottom_up"]["values"]["count"][0] == data["flame"]["top_down"]["values"]["count"][0]
+    assert sum(sum(p["allocs"]) for p in data["processes"]) == sum(r["count"] for r in data["sites"])
+    # Filtering by time range: per location and coarse bucket, adding up to the same allocations.
+    for tree in data["flame"].values():
+        assert sum(sum(loc["counts"]) for loc in tree["ranged"]) == tree["values"]["count"][0]
+        for loc in tree["ranged"]:
+            assert all(tree["values"]["count"][n] >= sum(loc["counts"]) for n in loc["nodes"])
+    # Bytes live at the peak, by call site, add up to the peak (in the process that reached it).
+    assert data["flame"]["top_down"]["values"]["at_peak"][0] == s["peak_live_bytes"]
+    peak = max(max(p["live_max"]) for p in data["processes"])
+    assert peak == s["peak_live_bytes"]
+
+
+def test_diff_and_cli(recorded, tmp_path, cli):
+    d, _ = recorded
+    done = cli("report", d / "churn.trace", "--diff", d / "churn.trace", "-o", tmp_path / "r.html")
+    assert done.returncode == 0, done.stderr
+    assert "wrote" in done.stderr and (tmp_path / "r.html").stat().st_size > 1_000_000
+    trace = heapcast.load(d / "churn.trace")
+    a = build(trace)
+    same = diff_section(a, a, "x")
+    assert all(r["d_bytes"] == 0 and r["d_count"] == 0 for r in same["sites"])
+    assert same["this"] == same["other_summary"]
+    bad = cli("report", tmp_path / "missing.trace")
+    assert bad.returncode == 2 and "missing.trace" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_model_and_lab_sections(recorded, tmp_path, cli):
+    """--model (an n-gram trained on the first part, scored on the held-out rest) and --lab."""
+    d, _ = recorded
+    model = tmp_path / "ngram.safetensors"
+    done = cli("train", d / "churn.trace", "--model", "ngram", "--split", "time", "-o", model)
+    assert done.returncode == 0, done.stderr
+    from heapcast.report.forecast import model_section
+    from heapcast.report.sections import lab_section
+    trace = heapcast.load(d / "churn.trace")
+    sec = model_section(model, trace)
+    (r,) = sec["results"]
+    evaluated = json.loads(cli("evaluate", model, d / "churn.trace", "--protocol", "time",
+                               "--json").stdout)
+    assert (r["protocol"], r["events"]) == ("time", evaluated["events"])
+    assert r["top1"] == pytest.approx(evaluated["top1"]) and r["top5"] == pytest.approx(evaluated["top5"])
+    hits = [t for t in r["over_time"]["top1"] if t is not None]
+    assert len(hits) == min(100, r["events"]) and min(hits) <= r["top1"] <= max(hits)
+    lab = lab_section(trace)
+    assert {"first-fit", "best-fit", "buddy"} <= set(lab["policies"])
+    assert len(lab["series"]) == 2 and all(len(s["t"]) == len(s["live"]) for s in lab["series"])
+    done = cli("report", d / "churn.trace", "--model", model, "--lab", "-o", tmp_path / "m.html")
+    assert done.returncode == 0, done.stderr
+    html = (tmp_path / "m.html").read_text()
+    assert '"model":{"results"' in html and '"lab":{"policies"' in html
+
+
+def test_mapped_bytes_over_time_with_mmap():
+    """Recorded with --mmap: the memory chart's mmap'd bytes follow mmap, munmap and mremap."""
+    import numpy as np
+    from heapcast.trace.format import EVENT_DTYPE, OP
+    from heapcast.trace.model import Process, Trace
+    rows = [("mmap", 0x10000, 0, 12288, 0), ("malloc", 0x500, 0, 100, 0),
+            ("munmap", 0, 0x10000, 4096, 0), ("munmap", 0, 0x90000, 4096, 1),   # failed: no change
+            ("mremap", 0x20000, 0x11000, 16384, 8192), ("mmap", 0, 0, 4096, 0)]  # failed mmap
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (op, addr, old, size, arg) in enumerate(rows):
+        ev[i]["op"], ev[i]["addr"], ev[i]["old_addr"], ev[i]["size"], ev[i]["arg"] = OP[op], addr, old, size, arg
+    ev["seq"], ev["ts"] = np.arange(len(rows)), 10 ** 9 + np.arange(len(rows)) * 1000
+    p = Process(index=0, pid=7, _events=ev, event_count=len(ev), mmap_recorded=True, start_ns=10 ** 9)
+    d = build(Trace("mem://mmap", processes=[p]))
+    assert d["processes"][0]["mapped"] == [12288, 12288, 8192, 8192, 16384, 16384]
+    assert d["summary"]["ops"]["mremap"] == 1 and d["summary"]["peak_live_bytes"] == 100
+
+
+def test_empty_trace_page_renders(tmp_path):
+    """A trace with no event (a program that never allocated) still gives a working page."""
+    import numpy as np
+    from heapcast.trace.format import EVENT_DTYPE
+    from heapcast.trace.model import Process, Trace
+    trace = Trace(tmp_path / "empty.trace",
+                  processes=[Process(index=0, pid=5, _events=np.zeros(0, EVENT_DTYPE))])
+    out = heapcast.report(trace, output=tmp_path / "empty.html")
+    dom, console, requests = open_page(out, tmp_path)
+    assert 'data-rendered="yes"' in dom and console == [] and requests == []
+    assert ">0<" in dom[dom.index('id="cards"'):dom.index('id="ops"')]
