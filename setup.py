@@ -1,5 +1,9 @@
 """Builds heapcast's native code: plain shared libraries (the recorder, for LD_PRELOAD; the lab's
 replay kernels and the trace encoder, loaded with ctypes), not Python extension modules."""
+import glob
+import os
+import sys
+
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
@@ -9,7 +13,7 @@ class NativeBuild(build_ext):
 
     def get_ext_filename(self, ext_name):
         if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec",
-                                  "libheapcast_drain")):
+                                  "libheapcast_drain", "libheapcast_alloc")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -56,4 +60,32 @@ drain = Extension(
     extra_link_args=["-pthread"],
 )
 
-setup(ext_modules=[recorder, lab, codec, drain], cmdclass={"build_ext": NativeBuild})
+
+# heapcast's allocator (`heapcast run`): mimalloc's first-class heaps, one per lifetime group, fed
+# by the policy runtime (native/policy, compiled in). Needs Debian's libmimalloc-dev; without it
+# the rest installs and `heapcast run` says what is missing.
+def _find_header(name):
+    dirs = [d for d in os.environ.get("CPATH", "").split(":") if d] + ["/usr/local/include", "/usr/include"]
+    return any(os.path.exists(os.path.join(d, name)) for d in dirs)
+
+
+native_exts = [recorder, lab, codec, drain]
+if _find_header("mimalloc.h"):
+    policy_sources = sorted(glob.glob("native/policy/*.c"))
+    native_exts.append(Extension(
+        "heapcast.libheapcast_alloc",
+        sources=[f"native/alloc/{name}.c" for name in ("alloc", "classify", "oracle", "stats")]
+        + policy_sources,
+        depends=["native/alloc/alloc.h", "native/policy/heapcast_policy.h"],
+        define_macros=[("HC_HAVE_POLICY_RUNTIME", "1")] if policy_sources else [],
+        extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",
+                            "-ftls-model=initial-exec", "-pthread", "-Wall", "-Wextra",
+                            "-Wno-unused-parameter", "-Wno-frame-address"],
+        extra_link_args=["-pthread", "-ldl"],
+        libraries=["mimalloc"],
+    ))
+else:
+    print("heapcast: mimalloc.h not found (Debian: apt-get install libmimalloc-dev): heapcast's "
+          "allocator (`heapcast run`) is not built; everything else is", file=sys.stderr)
+
+setup(ext_modules=native_exts, cmdclass={"build_ext": NativeBuild})

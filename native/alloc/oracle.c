@@ -1,0 +1,122 @@
+/* --policy oracle:TRACE: the true lifetime class of every allocation, taken from a recording of
+ * the very same run, so that a real process shows what clairvoyant placement is worth.
+ *
+ * `heapcast run` writes the classes into a small file (src/heapcast/alloc/oracle.py):
+ *   "HCORACL1", u32 version (1), u32 sections, then per section u64 argv hash (FNV-1a 64 of
+ *   /proc/self/cmdline: the arguments, each ending in a NUL), u64 offset, u64 count; then the
+ *   class bytes (0-5) of each section's allocations in the recording's order.
+ * A process finds its section by its command line (an exec'd program is matched again); the n-th
+ * allocation it makes gets the n-th class. A forked child, whose allocations the recording holds
+ * in a process of its own that nothing here can tell apart, and allocations past the recording's
+ * count get the default class. The file is mapped read-only; nothing here calls malloc. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "alloc.h"
+
+#define MAGIC "HCORACL1"
+#define HEADER 16
+#define SECTION 24
+
+static const uint8_t *classes;     /* this process's section, or NULL */
+static uint64_t count;
+static _Atomic uint64_t next;
+
+static uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* FNV-1a 64 of this process's command line. */
+static int cmdline_hash(uint64_t *out) {
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+        for (ssize_t i = 0; i < n; i++) {
+            h ^= (uint8_t)buf[i];
+            h *= 0x100000001b3ULL;
+        }
+    close(fd);
+    *out = h;
+    return n < 0 ? -1 : 0;
+}
+
+int ha_oracle_init(const char *path, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot open the oracle file: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < HEADER) {
+        snprintf(err, errlen, "%s: offset 0: expected an oracle file header (%d bytes), the file "
+                 "has %lld", path, HEADER, (long long)st.st_size);
+        close(fd);
+        return -1;
+    }
+    size_t size = (size_t)st.st_size;
+    const uint8_t *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "%s: cannot map the oracle file: %s", path, strerror(errno));
+        return -1;
+    }
+    const char *why = NULL;
+    uint64_t at = 0, bad_at = 0;
+    uint32_t nsec = rd32(m + 12);
+    if (memcmp(m, MAGIC, 8) != 0)
+        why = "magic \"HCORACL1\"";
+    else if (rd32(m + 8) != 1)
+        why = "version 1", bad_at = 8;
+    else if ((uint64_t)HEADER + (uint64_t)nsec * SECTION > size)
+        why = "section table within the file", bad_at = 12;
+    uint64_t me = 0;
+    int have_me = cmdline_hash(&me) == 0;
+    for (uint32_t i = 0; !why && i < nsec; i++) {
+        const uint8_t *s = m + HEADER + (size_t)i * SECTION;
+        uint64_t off = rd64(s + 8), n = rd64(s + 16);
+        if (off > size || n > size - off) {
+            why = "section classes within the file";
+            bad_at = HEADER + (uint64_t)i * SECTION + 8;
+            break;
+        }
+        for (uint64_t j = 0; j < n; j++)
+            if (m[off + j] >= HA_CLASSES) {
+                why = "a lifetime class 0-5";
+                bad_at = off + j;
+                break;
+            }
+        if (!why && have_me && rd64(s) == me && !classes) {
+            classes = m + off;
+            count = n;
+            at = off;
+        }
+    }
+    (void)at;
+    if (why) {
+        snprintf(err, errlen, "%s: offset %llu: expected %s", path, (unsigned long long)bad_at, why);
+        classes = NULL;
+        munmap((void *)m, size);
+        return -1;
+    }
+    return 0;
+}
+
+int ha_oracle_next(void) {
+    if (!classes)
+        return HA_DEFAULT;
+    uint64_t n = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
+    return n < count ? classes[n] : HA_DEFAULT;
+}
+
+void ha_oracle_after_fork(void) {
+    classes = NULL;
+}
