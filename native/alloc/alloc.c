@@ -9,9 +9,12 @@
  * its new class only when mimalloc has to move it anyway.
  *
  * Class heaps die with their thread: mimalloc deletes a thread's heaps (their pages move to the
- * backing heap) when the thread ends, and a later allocation on that thread (a TLS destructor's)
- * gets a new default heap. So a thread's heaps are valid while mimalloc's default heap is the one
- * they were made beside; a changed default heap means: make new ones. */
+ * backing heap) in its thread-specific-data destructor. Ours, created right after mimalloc's (so
+ * that glibc runs it next), marks the thread's heaps gone, and an allocation after that (another
+ * destructor's) makes new ones, which mimalloc will tear down again in its next round. Keys
+ * created between mimalloc's and ours (none, unless a library's constructor made one before
+ * ours ran) would see deleted heaps. mimalloc reuses the memory of a thread's heaps, so their
+ * addresses cannot tell a live heap from a deleted one. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <link.h>
@@ -40,12 +43,19 @@ static const char *log_path;
 static uintptr_t recorder_lo, recorder_hi;
 
 typedef struct {
-    mi_heap_t *backing;             /* mimalloc's default heap when these heaps were made */
+    int live;                       /* heap[] are this thread's current heaps */
+    int making;                     /* making them (pthread_setspecific may allocate) */
     mi_heap_t *heap[HA_HEAPS];
     ha_thread_stats *stats;
 } thread_heaps;
 
 static __thread thread_heaps th __attribute__((tls_model("initial-exec")));
+static pthread_key_t heaps_key;
+static int heaps_key_ok;
+
+static void heaps_gone(void *unused) {
+    th.live = 0;
+}
 
 void ha_message(const char *fmt, ...) {
     char buf[512];
@@ -150,11 +160,16 @@ static mi_heap_t *heap_of(int cls) {
     int h = ha_heap_of[cls];
     if (h == 0)
         return NULL;
-    mi_heap_t *def = mi_heap_get_default();
-    if (HA_UNLIKELY(th.backing != def)) {
-        th.backing = def;
+    if (HA_UNLIKELY(!th.live)) {
+        if (th.making)
+            return NULL;
+        th.making = 1;
         for (int i = 1; i < HA_HEAPS; i++)
             th.heap[i] = mi_heap_new();   /* NULL if out of memory: the default heap serves */
+        th.live = 1;
+        if (heaps_key_ok)
+            pthread_setspecific(heaps_key, (void *)1);   /* our destructor runs at thread end */
+        th.making = 0;
     }
     return th.heap[h];
 }
@@ -189,14 +204,30 @@ static inline void account(int cls, size_t size) {
     }
 }
 
+/* glibc aligns every block to 16 bytes; mimalloc's 8-byte size class does not. */
+#define MIN_SIZE 16
+
+/* mimalloc 2.0.9 serves an aligned request whose size is a multiple of the alignment from the
+ * plain size class, assuming its blocks are aligned, which they are not in a segment's first
+ * page; an odd size takes its general aligned path instead. */
+static void *aligned_in(mi_heap_t *h, size_t size, size_t align) {
+    void *p = h ? mi_heap_malloc_aligned(h, size, align) : mi_malloc_aligned(size, align);
+    if (HA_UNLIKELY(p && ((uintptr_t)p & (align - 1)))) {
+        mi_free(p);
+        p = h ? mi_heap_malloc_aligned(h, size | 1, align) : mi_malloc_aligned(size | 1, align);
+    }
+    return p;
+}
+
 static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint32_t site) {
     mi_heap_t *h = cls == HA_DEFAULT && ha_heap_of[HA_DEFAULT] == 0 ? NULL : heap_of(cls);
     void *p;
-    if (align) {
-        if (h)
-            p = zero ? mi_heap_zalloc_aligned(h, size, align) : mi_heap_malloc_aligned(h, size, align);
-        else
-            p = zero ? mi_zalloc_aligned(size, align) : mi_malloc_aligned(size, align);
+    if (size < MIN_SIZE)
+        size = MIN_SIZE;
+    if (align > MIN_SIZE) {
+        p = aligned_in(h, size, align);
+        if (p && zero)
+            memset(p, 0, size);
     } else if (h) {
         p = zero ? mi_heap_zalloc(h, size) : mi_heap_malloc(h, size);
     } else {
@@ -280,7 +311,8 @@ static void *realloc_at(uintptr_t ra, void *p, size_t size) {
     if (ha_mode == HA_MODE_POLICY)
         ha_sample_free(p);
     mi_heap_t *h = cls == HA_DEFAULT && ha_heap_of[HA_DEFAULT] == 0 ? NULL : heap_of(cls);
-    void *q = h ? mi_heap_realloc(h, p, size) : mi_realloc(p, size);
+    size_t want = size < MIN_SIZE ? MIN_SIZE : size;
+    void *q = h ? mi_heap_realloc(h, p, want) : mi_realloc(p, want);
     if (HA_UNLIKELY(!q)) {
         errno = ENOMEM;
         return NULL;
@@ -373,6 +405,8 @@ static void after_fork_child(void) {
 }
 
 __attribute__((constructor)) static void alloc_load(void) {
+    mi_thread_init();    /* mimalloc's destructor key first, then ours: glibc runs them in order */
+    heaps_key_ok = pthread_key_create(&heaps_key, heaps_gone) == 0;
     ready();
     dl_iterate_phdr(find_recorder_image, NULL);
     pthread_atfork(NULL, NULL, after_fork_child);

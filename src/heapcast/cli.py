@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .lab.cli import add_parsers as add_lab_parsers
     add_forecast_parsers(sub)
     add_lab_parsers(sub)
+    from .alloc.cli import add_parsers as add_alloc_parsers
+    add_alloc_parsers(sub)
     return p
 
 
