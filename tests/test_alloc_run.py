@@ -171,3 +171,18 @@ def test_lifetime_placement_holds_less_rss_than_glibc_on_a_fragmenting_pattern(f
     assert glibc > 1.8 * live_kb
     assert oracle < 0.75 * glibc, (glibc, none, oracle)
     assert oracle < 0.95 * none, (glibc, none, oracle)
+
+
+def test_record_runs_under_the_allocator(frag_trace, cli, tmp_path):
+    """`heapcast record` inside `heapcast run`: the recorder's hooks call the allocator, which
+    still sees the program's call sites and, with the oracle, its classes."""
+    prog, trace = frag_trace
+    log, again = tmp_path / "run.json", tmp_path / "again.trace"
+    done = cli("run", "--policy", f"oracle:{trace}", "--log", log, "--",
+               *[sys.executable, "-m", "heapcast"], "record", "-o", again, "--", prog)
+    assert done.returncode == 0, done.stderr
+    got = {r["class"]: r["allocations"] for r in json.loads(log.read_text())["classes"]}
+    assert got[2] == 48000
+    first, = heapcast.load(trace).processes
+    second, = heapcast.load(again).processes
+    assert abs(len(second.events) - len(first.events)) <= 16

@@ -3,7 +3,8 @@
  *
  * `heapcast run` writes the classes into a small file (src/heapcast/alloc/oracle.py):
  *   "HCORACL1", u32 version (1), u32 sections, then per section u64 argv hash (FNV-1a 64 of
- *   /proc/self/cmdline: the arguments, each ending in a NUL), u64 offset, u64 count; then the
+ *   /proc/self/cmdline: the arguments, each ending in a NUL, the first without its directory),
+ *   u64 offset, u64 count; then the
  *   class bytes (0-5) of each section's allocations in the recording's order.
  * A process finds its section by its command line (an exec'd program is matched again); the n-th
  * allocation it makes gets the n-th class. A forked child, whose allocations the recording holds
@@ -31,19 +32,36 @@ static _Atomic uint64_t next;
 static uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
-/* FNV-1a 64 of this process's command line. */
+/* FNV-1a 64 of this process's command line, its first argument reduced to the file name (a
+ * program run as ./prog or /path/to/prog is the same program). */
 static int cmdline_hash(uint64_t *out) {
     int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
-    uint64_t h = 0xcbf29ce484222325ULL;
-    char buf[4096];
+    char buf[8192];
+    size_t len = 0;
     ssize_t n;
-    while ((n = read(fd, buf, sizeof buf)) > 0)
-        for (ssize_t i = 0; i < n; i++) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    int first = 1;
+    while ((n = read(fd, buf + len, sizeof buf - len)) > 0) {
+        len += (size_t)n;
+        size_t start = 0;
+        if (first) {                     /* skip argv[0]'s directories once it is complete */
+            char *nul = memchr(buf, 0, len);
+            if (!nul && len < sizeof buf)
+                continue;
+            size_t end = nul ? (size_t)(nul - buf) : len;
+            for (size_t i = 0; i < end; i++)
+                if (buf[i] == '/')
+                    start = i + 1;
+            first = 0;
+        }
+        for (size_t i = start; i < len; i++) {
             h ^= (uint8_t)buf[i];
             h *= 0x100000001b3ULL;
         }
+        len = 0;
+    }
     close(fd);
     *out = h;
     return n < 0 ? -1 : 0;

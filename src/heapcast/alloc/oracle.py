@@ -14,9 +14,11 @@ VERSION = 1
 
 
 def argv_hash(argv) -> int:
-    """FNV-1a 64 of a command line as /proc/PID/cmdline holds it (each argument NUL-ended)."""
+    """FNV-1a 64 of a command line as /proc/PID/cmdline holds it (each argument NUL-ended), the
+    program's directory left out (./prog and /path/to/prog are the same program)."""
+    args = [os.path.basename(argv[0]), *argv[1:]] if argv else []
     h = 0xcbf29ce484222325
-    for byte in b"".join(os.fsencode(a) + b"\0" for a in argv):
+    for byte in b"".join(os.fsencode(a) + b"\0" for a in args):
         h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
     return h
 
