@@ -121,14 +121,14 @@ def test_bad_policy_files_are_clear_errors_before_the_program_starts(cli, tmp_pa
 
 def test_corrupt_oracle_file_is_refused_with_offset(tmp_path):
     bad = tmp_path / "oracle.bin"
-    bad.write_bytes(b"HCORACL1" + (1).to_bytes(4, "little") + (1).to_bytes(4, "little")
-                    + (0).to_bytes(8, "little") + (40).to_bytes(8, "little") + (3).to_bytes(8, "little")
+    bad.write_bytes(b"HCORACL1" + (2).to_bytes(4, "little") + (1).to_bytes(4, "little")
+                    + bytes(16) + (48).to_bytes(8, "little") + (3).to_bytes(8, "little")
                     + bytes([0, 9, 1]))
     env = {**environment("none", check=False), "HEAPCAST_ALLOC_ORACLE": str(bad),
            "HEAPCAST_ALLOC_CHECK": "1"}
     done = subprocess.run(["true"], env={**os.environ, **env}, capture_output=True, text=True)
     assert done.returncode == 97
-    assert f"{bad}: offset 41: expected a lifetime class 0-5" in done.stderr
+    assert f"{bad}: offset 49: expected a lifetime class 0-5" in done.stderr
 
 
 @pytest.fixture(scope="module")

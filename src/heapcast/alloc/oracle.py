@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"HCORACL1"
-VERSION = 1
+VERSION = 2
 
 
 def argv_hash(argv) -> int:
@@ -36,24 +36,25 @@ def write_oracle(trace, path) -> Path:
     """Writes the oracle file of `trace` (a loaded Trace) at `path` (0600); returns the path.
 
     A command line that several processes share (a program that forks) keeps the first one's
-    classes: the allocator can match a process only by its command line."""
+    classes: the allocator matches a process by its command line, or by its program name where
+    only one section has that name (native/alloc/oracle.c)."""
     sections, seen = [], set()
     for proc in trace.processes:
         key = argv_hash(proc.argv)
         if key in seen:
             continue
         seen.add(key)
-        sections.append((key, allocation_classes(proc)))
+        sections.append((key, argv_hash(proc.argv[:1]), allocation_classes(proc)))
     path = Path(path)
-    offset = 16 + 24 * len(sections)
+    offset = 16 + 32 * len(sections)
     header = bytearray(MAGIC + struct.pack("<II", VERSION, len(sections)))
-    for key, cls in sections:
-        header += struct.pack("<QQQ", key, offset, len(cls))
+    for key, name, cls in sections:
+        header += struct.pack("<QQQQ", key, name, offset, len(cls))
         offset += len(cls)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(header)
-        for _, cls in sections:
+        for _, _, cls in sections:
             f.write(cls.tobytes())
     return path
 
