@@ -1,6 +1,5 @@
 """Builds heapcast's native code: plain shared libraries (the recorder, for LD_PRELOAD; the lab's
 replay kernels and the trace encoder, loaded with ctypes), not Python extension modules."""
-import glob
 import os
 import sys
 
@@ -13,7 +12,7 @@ class NativeBuild(build_ext):
 
     def get_ext_filename(self, ext_name):
         if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec",
-                                  "libheapcast_drain", "libheapcast_alloc")):
+                                  "libheapcast_drain", "libheapcast_policy", "libheapcast_alloc")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -60,6 +59,16 @@ drain = Extension(
     extra_link_args=["-pthread"],
 )
 
+# The policy runtime (heapcast.policy.native, and compiled into the recorder and the allocator):
+# no FMA contraction, so that every SIMD width computes the same bits (native/policy/rnn.c).
+policy = Extension(
+    "heapcast.libheapcast_policy",
+    sources=[f"native/policy/{name}.c" for name in ("policy", "rnn", "table", "modmap")],
+    depends=["native/policy/heapcast_policy.h", "native/policy/internal.h"],
+    extra_compile_args=["-std=gnu11", "-O3", "-fvisibility=hidden", "-ffp-contract=off", "-Wall",
+                        "-Wextra", "-Wno-psabi"],
+    libraries=["m"],
+)
 
 # heapcast's allocator (`heapcast run`): mimalloc's first-class heaps, one per lifetime group, fed
 # by the policy runtime (native/policy, compiled in). Needs Debian's libmimalloc-dev; without it
@@ -69,20 +78,19 @@ def _find_header(name):
     return any(os.path.exists(os.path.join(d, name)) for d in dirs)
 
 
-native_exts = [recorder, lab, codec, drain]
+native_exts = [recorder, lab, codec, drain, policy]
 if _find_header("mimalloc.h"):
-    policy_sources = sorted(glob.glob("native/policy/*.c"))
     native_exts.append(Extension(
         "heapcast.libheapcast_alloc",
         sources=[f"native/alloc/{name}.c" for name in ("alloc", "classify", "oracle", "stats")]
-        + policy_sources,
-        depends=["native/alloc/alloc.h", "native/policy/heapcast_policy.h"],
-        define_macros=[("HC_HAVE_POLICY_RUNTIME", "1")] if policy_sources else [],
+        + policy.sources,
+        depends=["native/alloc/alloc.h", "native/alloc/exports.map", *policy.depends],
+        define_macros=[("HC_HAVE_POLICY_RUNTIME", "1")],
         extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",
-                            "-ftls-model=initial-exec", "-pthread", "-Wall", "-Wextra",
-                            "-Wno-unused-parameter", "-Wno-frame-address"],
-        extra_link_args=["-pthread", "-ldl"],
-        libraries=["mimalloc"],
+                            "-ftls-model=initial-exec", "-ffp-contract=off", "-pthread", "-Wall",
+                            "-Wextra", "-Wno-unused-parameter", "-Wno-frame-address", "-Wno-psabi"],
+        extra_link_args=["-pthread", "-ldl", "-Wl,--version-script=native/alloc/exports.map"],
+        libraries=["mimalloc", "m"],
     ))
 else:
     print("heapcast: mimalloc.h not found (Debian: apt-get install libmimalloc-dev): heapcast's "

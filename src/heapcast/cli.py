@@ -110,8 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .forecast.cli import add_parsers as add_forecast_parsers
     from .lab.cli import add_parsers as add_lab_parsers
+    from .policy.cli import add_parsers as add_policy_parsers
     add_forecast_parsers(sub)
     add_lab_parsers(sub)
+    add_policy_parsers(sub)
     from .alloc.cli import add_parsers as add_alloc_parsers
     add_alloc_parsers(sub)
     return p

@@ -1,0 +1,154 @@
+/* heapcast policy runtime: what its source files share (not part of the public API). */
+#ifndef HEAPCAST_POLICY_INTERNAL_H
+#define HEAPCAST_POLICY_INTERNAL_H
+
+#include "heapcast_policy.h"
+
+#define HC_EXPORT __attribute__((visibility("default")))
+
+/* Integer settings of a policy: the tensor "cfg" (int32), indexed by these. The Python compiler
+ * (heapcast.policy.compile) writes them in this order. */
+enum {
+    CFG_ABI, CFG_KIND, CFG_TASK, CFG_VOCAB, CFG_N_LABELS, CFG_SHIFT,
+    /* rnn */
+    CFG_HIDDEN, CFG_N_OUT, CFG_N_IN_TOKENS, CFG_SITE_BUCKETS, CFG_N_DT, CFG_HINTS, CFG_N_CACHE,
+    CFG_INT8, CFG_NG_ORDERS, CFG_NG_SITES, CFG_NG_DT, CFG_NG_TOPK, CFG_NG_CLASSES,
+    /* table */
+    CFG_TAB_CTX, CFG_TAB_BITS,
+    CFG_COUNT
+};
+
+enum { VOCAB_SEED64 = 0, VOCAB_RICH = 1 };
+
+#define HC_MAX_ORDERS 16
+#define HC_MAX_HIST 64
+#define HC_MAX_CACHE 8
+#define HC_N_CONF 8                 /* confidence buckets of the n-gram hint (CONF_BOUNDS + 1) */
+
+/* A tensor of the file, as the safetensors header described it. */
+struct hc_tensor {
+    const char *name;
+    uint32_t name_len;
+    int dtype;                      /* DT_* */
+    int ndim;
+    uint64_t shape[4];
+    const void *data;
+    uint64_t nbytes;
+};
+enum { DT_F32, DT_F64, DT_I8, DT_U8, DT_I16, DT_U16, DT_I32, DT_U32, DT_I64, DT_U64, DT_OTHER };
+
+struct hc_ngram_order {             /* one order of the n-gram that gives the network its hints */
+    int m;
+    uint64_t n_entries, topk;
+    const uint64_t *ctx;            /* context hash of each entry */
+    const uint32_t *n, *d, *cnt;    /* count, distinct labels, label counts [entry][topk] */
+    const uint16_t *tok16;          /* label class ids [entry][topk] (n_classes = padding) */
+    const uint32_t *tok32;
+    const int32_t *slots;           /* open-addressing index: entry + 1, 0 empty */
+    uint32_t bits;
+};
+
+struct hc_policy {
+    void *map;                      /* the mapped file */
+    size_t map_len;
+    int32_t cfg[CFG_COUNT];
+    char model_hash[72];
+    struct hc_tensor tensors[128];
+    int n_tensors;
+    /* token maps */
+    const int32_t *tok_map;         /* vocabulary token -> network input id (rnn) */
+    uint32_t vocab_size;
+    const int32_t *class_of_label;  /* label -> output class id, -1 (rnn) */
+    const int64_t *classes;         /* output class id -> label */
+    /* rnn: input projections [rows][3H] (fp32), recurrent and head weights */
+    const float *p_tok, *p_site, *p_dt, *p_hint1, *p_hint2, *p_conf, *p_cache[HC_MAX_CACHE];
+    const float *whh_t, *bhh, *head_t, *bhead, *boost, *cache_boost;
+    const int8_t *q_hh, *q_head;    /* int8 weights [H][3H], [H][n_out] */
+    const float *q_hh_scale, *q_head_scale;
+    const int32_t *kept;            /* hidden units whose weights are kept (pruning) */
+    int n_kept;
+    int cache_orders[HC_MAX_CACHE];
+    struct hc_ngram_order ng[HC_MAX_ORDERS];
+    int n_ng, ng_max_order;
+    const int32_t *ng_to_hint;      /* n-gram class id -> output class id + 1 (0: none) */
+    const double *ng_base;          /* order-0 probabilities of the n-gram classes */
+    const int32_t *ng_base_order;   /* n-gram classes by decreasing base probability */
+    /* table */
+    const uint64_t *tab_keys;
+    const int16_t *tab_labels;      /* [slot][HC_TOPK] */
+    const float *tab_conf;
+    uint64_t tab_cap;
+    int16_t tab_default[HC_TOPK];
+    float tab_default_conf;
+};
+
+/* Per-stream state (mmap'd; hc_stream_open). */
+struct hc_stream {
+    const hc_policy *p;
+    size_t map_len;
+    uint64_t events;                /* events fed */
+    uint64_t last_ts;
+    uint32_t last_site;             /* of the last event fed */
+    /* symbol histories, newest first at index (head - 1) */
+    uint64_t hint_sym[HC_MAX_HIST], mem_sym[HC_MAX_HIST];
+    uint16_t tok_hist[HC_MAX_HIST];
+    uint32_t hist_len;              /* events in the histories (saturates at HC_MAX_HIST) */
+    uint32_t hist_head;
+    /* rnn */
+    float *h, *gi, *gh, *logits;
+    double *ng_acc;                 /* n-gram score accumulator (zero between uses) */
+    int32_t *ng_touched;
+    int32_t hint1, hint2, conf, cache[HC_MAX_CACHE];
+    uint64_t mem_ctx[HC_MAX_CACHE]; /* the in-run memory's contexts of the row to predict */
+    /* the in-run memory: per cache order, open addressing (ctx -> label) */
+    uint64_t *mem_keys[HC_MAX_CACHE];
+    int32_t *mem_vals[HC_MAX_CACHE];
+    uint64_t mem_cap, mem_used[HC_MAX_CACHE];
+    int8_t *hq;                     /* int8 hidden state of the int8 path */
+    int32_t *acc;                   /* integer accumulators of the int8 path */
+    int have_pred;
+    hc_prediction pred;
+};
+
+/* shared helpers */
+static inline uint64_t hc_mix64(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Pushes an event's symbols into the stream's histories. */
+static inline void hc_push_history(hc_stream *s, uint64_t hint_sym, uint64_t mem_sym,
+                                   uint16_t token) {
+    uint32_t i = s->hist_head;
+    s->hint_sym[i] = hint_sym;
+    s->mem_sym[i] = mem_sym;
+    s->tok_hist[i] = token;
+    s->hist_head = (i + 1) % HC_MAX_HIST;
+    if (s->hist_len < HC_MAX_HIST) s->hist_len++;
+}
+
+/* The i-th newest symbol of a history (i >= 1), or the padding before the stream's start. */
+#define HC_PAD 0xFFFFFFFFFFFFull
+static inline uint64_t hc_hist(const hc_stream *s, const uint64_t *hist, uint32_t i) {
+    return i <= s->hist_len ? hist[(s->hist_head + HC_MAX_HIST - i) % HC_MAX_HIST] : HC_PAD;
+}
+
+const struct hc_tensor *hc_find_tensor(const hc_policy *p, const char *name);
+void *hc_map_anon(size_t n);
+void hc_unmap(void *p, size_t n);
+uint32_t hc_slot_probe(const int32_t *slots, uint32_t bits, const uint64_t *keys, uint64_t key);
+
+/* rnn.c / table.c: kind-specific loading and stepping */
+int hc_rnn_load(hc_policy *p, char *err, size_t errlen);
+int hc_table_load(hc_policy *p, char *err, size_t errlen);
+size_t hc_rnn_stream_bytes(const hc_policy *p, uint64_t mem_cap);
+void hc_rnn_stream_init(hc_stream *s, char *mem);
+void hc_rnn_start(hc_stream *s);
+void hc_rnn_feed(hc_stream *s, uint32_t site, uint16_t token, int dt, uint64_t hint_sym,
+                 uint64_t mem_sym, int32_t label, int want_pred);
+void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
+                      int use_ctx, hc_prediction *out);
+uint64_t hc_table_ctx(const hc_stream *s, int k);
+
+#endif

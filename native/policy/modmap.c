@@ -1,0 +1,131 @@
+/* heapcast policy runtime: call-site keys of return addresses inside a running process.
+ *
+ * A key hashes the file name of the module that holds the code and the offset from the module's
+ * load base (hc_site_key), as heapcast.forecast.features.location_keys does for recorded traces,
+ * so that a policy trained on recordings recognises the call sites of a live run despite ASLR.
+ *
+ * The module map is built with dl_iterate_phdr into one of two static buffers and published with
+ * an atomic pointer; it is rebuilt only when an address falls outside every known module and the
+ * loader's add/remove counters moved. No malloc: safe inside an allocator or the recorder.
+ */
+#define _GNU_SOURCE
+#include <link.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define MAX_MODULES 1024
+
+struct module { uint64_t lo, hi, base; uint32_t key_crc; };
+struct modmap { int n; uint64_t adds, subs; struct module m[MAX_MODULES]; };
+
+static struct modmap maps[2];
+static struct modmap *current;
+static volatile int lock;
+static uint32_t exe_crc;
+static int exe_crc_ready;
+
+static uint32_t basename_crc(const char *path) {
+    const char *b = path;
+    for (const char *c = path; *c; c++)
+        if (*c == '/') b = c + 1;
+    return hc_crc32(0, b, strlen(b));
+}
+
+static int add_module(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct modmap *mm = arg;
+    (void)size;
+    mm->adds = info->dlpi_adds;
+    mm->subs = info->dlpi_subs;
+    uint64_t lo = ~0ull, hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        uint64_t a = info->dlpi_addr + ph->p_vaddr;
+        if (a < lo) lo = a;
+        if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
+    }
+    if (hi == 0 || mm->n >= MAX_MODULES) return 0;
+    const char *name = info->dlpi_name;
+    uint32_t crc;
+    if (!name || !name[0]) {          /* the main program: its file name, as the recorder keeps it */
+        if (!exe_crc_ready) {
+            char buf[4096];
+            ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+            buf[n > 0 ? n : 0] = 0;
+            exe_crc = basename_crc(buf);
+            exe_crc_ready = 1;
+        }
+        crc = exe_crc;
+    } else {
+        crc = basename_crc(name);
+    }
+    struct module *m = &mm->m[mm->n++];
+    m->lo = lo;
+    m->hi = hi;
+    m->base = info->dlpi_addr;
+    m->key_crc = crc;
+    return 0;
+}
+
+static int counters(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    uint64_t *c = arg;
+    c[0] = info->dlpi_adds;
+    c[1] = info->dlpi_subs;
+    return 1;
+}
+
+static void rebuild(void) {
+    if (__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
+    struct modmap *cur = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
+    uint64_t c[2] = {0, 0};
+    dl_iterate_phdr(counters, c);
+    if (!cur || c[0] != cur->adds || c[1] != cur->subs) {
+        struct modmap *next = cur == &maps[0] ? &maps[1] : &maps[0];
+        next->n = 0;
+        dl_iterate_phdr(add_module, next);
+        __atomic_store_n(&current, next, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
+}
+
+static const struct module *lookup(const struct modmap *mm, uint64_t a) {
+    if (!mm) return NULL;
+    for (int i = 0; i < mm->n; i++)
+        if (a >= mm->m[i].lo && a < mm->m[i].hi) return &mm->m[i];
+    return NULL;
+}
+
+/* A direct-mapped cache of recent answers, shared by all threads. An entry is checked by its tag
+ * (address ^ key), so that a torn entry read while another thread writes it is not believed. */
+#define CACHE_SLOTS 4096
+static struct { uint64_t tag; uint32_t key; } cache[CACHE_SLOTS];
+
+static uint32_t resolve(uintptr_t ra);
+
+HC_EXPORT uint32_t hc_site_of_address(uintptr_t ra) {
+    if (!ra) return 0;
+    uint64_t i = ((uint64_t)ra * 0x9E3779B97F4A7C15ull) >> (64 - 12);
+    uint32_t key = __atomic_load_n(&cache[i].key, __ATOMIC_RELAXED);
+    if ((__atomic_load_n(&cache[i].tag, __ATOMIC_RELAXED) ^ key) == (uint64_t)ra && key) return key;
+    key = resolve(ra);
+    if (key) {
+        __atomic_store_n(&cache[i].tag, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&cache[i].key, key, __ATOMIC_RELAXED);
+        __atomic_store_n(&cache[i].tag, (uint64_t)ra ^ key, __ATOMIC_RELEASE);
+    }
+    return key;
+}
+
+static uint32_t resolve(uintptr_t ra) {
+    uint64_t probe = (uint64_t)ra - 1;    /* a return address: the call is just before it */
+    const struct module *m = lookup(__atomic_load_n(&current, __ATOMIC_ACQUIRE), probe);
+    if (!m) {
+        rebuild();
+        m = lookup(__atomic_load_n(&current, __ATOMIC_ACQUIRE), probe);
+        if (!m) return 0;
+    }
+    return hc_site_key(m->key_crc, (uint64_t)ra - m->base);
+}

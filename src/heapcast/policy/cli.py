@@ -1,0 +1,70 @@
+"""The policy subcommands of `heapcast`: `compile`, and `evaluate` of a compiled POLICY.
+
+`add_parsers(subparsers)` adds `compile` and makes `evaluate` accept a POLICY as well as a model
+file (it must run after heapcast.forecast.cli.add_parsers, which defines `evaluate`).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .compile import COMPILE_KINDS
+
+
+def _cmd_compile(a) -> int:
+    if a.onnx:
+        from .onnx_export import export_onnx
+        out = export_onnx(a.model, a.output)
+        print(f"heapcast: exported the network's step to {out} (ONNX)", file=sys.stderr)
+        return 0
+    from .compile import compile_policy
+    spec = compile_policy(a.model, a.output, kind=a.kind, int8=a.int8, prune=a.prune,
+                          data=a.data, ctx=a.ctx, max_rows=a.max_rows, progress=not a.quiet)
+    if a.json:
+        print(json.dumps(spec, indent=2, default=str))
+    else:
+        what = spec.get("table") or spec.get("rnn")
+        print(f"heapcast: compiled {spec['model']['kind']} ({spec['task']}, {spec['vocab']}) into "
+              f"a {spec['kind']} policy {a.output} ({spec['bytes']:,} bytes; {what})",
+              file=sys.stderr)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    """Adds `compile` and extends `evaluate` to compiled policies."""
+    c = sub.add_parser("compile", help="compile a trained model into a native POLICY (or ONNX)")
+    c.add_argument("model", type=Path, metavar="MODEL")
+    c.add_argument("-o", "--output", type=Path, required=True, metavar="POLICY")
+    c.add_argument("--kind", choices=COMPILE_KINDS, default="rnn",
+                   help="rnn: the network itself (default GRU only); table: a distilled lookup "
+                        "(any model)")
+    c.add_argument("--int8", action="store_true", help="rnn: int8 weights")
+    c.add_argument("--prune", type=float, default=0.0, metavar="F",
+                   help="rnn: drop the fraction F of hidden units that carry the least weight")
+    c.add_argument("--data", type=Path, nargs="+", metavar="TRACE",
+                   help="table: traces to distil on (default: the model's training traces)")
+    c.add_argument("--ctx", type=int, default=2, metavar="K",
+                   help="table: tokens of context in the most specific key (default 2)")
+    c.add_argument("--max-rows", type=int, default=2_000_000,
+                   help="table: distil on at most N rows (default 2,000,000)")
+    c.add_argument("--onnx", action="store_true",
+                   help="export the network's step as ONNX instead (-o model.onnx)")
+    c.add_argument("--json", action="store_true", help="print the policy's spec as JSON")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=_cmd_compile)
+
+    e = sub.choices["evaluate"]
+    forecast_evaluate = e.get_default("func")
+
+    def _cmd_evaluate(a) -> int:
+        from .fileformat import is_policy
+        if not is_policy(a.model):
+            return forecast_evaluate(a)
+        from ..forecast.evaluate import format_result
+        from .evaluate import evaluate_policy
+        r = evaluate_policy(a.model, a.traces, a.protocol)
+        print(json.dumps(r, indent=2) if a.json else format_result(r))
+        return 0
+
+    e.set_defaults(func=_cmd_evaluate)

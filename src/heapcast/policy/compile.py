@@ -1,0 +1,339 @@
+"""`heapcast compile`: a trained forecasting model -> a POLICY the native runtime executes.
+
+- `rnn`: the default model's own network (a GRU with call-site buckets, time deltas, n-gram hints
+  and the in-run memory), rewritten for a step at a time: every embedding table is multiplied by
+  its slice of the GRU's input weights ahead of time (native/policy/rnn.c says why), the n-gram's
+  context tables get open-addressing indexes, and `--int8` / `--prune F` give smaller, faster
+  variants whose accuracy `heapcast evaluate POLICY` measures.
+- `table`: a distilled lookup for nanosecond budgets. The model predicts every row of some traces
+  (its training traces, or `--data`); per key (call site + token + the k tokens before, then
+  coarser keys) the table keeps the labels it predicted most often there and how often the top
+  one was predicted; unseen keys fall back to coarser ones, then to the model's commonest answer.
+  Any model kind compiles to a table.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..forecast.features import mix64
+from ..forecast.modelfile import ModelError
+from .fileformat import KINDS, TASK_IDS, VOCAB_IDS, PolicyError, cfg_array, write_policy
+from .native import TOPK, index_build
+
+COMPILE_KINDS = tuple(KINDS)
+_PAD_TOKEN = 0xFFFF
+_P = np.uint64(0x100000001B3)
+
+
+def _sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, prune: float = 0.0,
+                   data=None, ctx: int = 2, max_rows: int = 2_000_000,
+                   progress: bool = True) -> dict:
+    """Compiles the model file at `model_path` into a POLICY at `output`; returns its spec.
+
+    `kind`: "rnn" (the default GRU's network) or "table" (distilled on `data`: traces or
+    datasets, by default the model's training traces; `ctx` tokens of context in the most
+    specific key, `max_rows` rows at most). `int8` and `prune` (a fraction of hidden units to
+    drop) apply to rnn. PolicyError (a ValueError) names the file and why it cannot compile."""
+    from ..forecast.models import load_model
+    if kind not in KINDS:
+        raise PolicyError(f"unknown policy kind {kind!r} (known: {', '.join(KINDS)})")
+    if not 0.0 <= prune < 1.0:
+        raise PolicyError(f"--prune {prune}: expected a fraction of hidden units in [0, 1)")
+    if kind == "table" and (int8 or prune):
+        raise PolicyError("--int8 and --prune apply to --kind rnn (a table has no weights)")
+    model_path = Path(model_path)
+    model = load_model(model_path)
+    spec = {"kind": kind, "task": model.task, "vocab": model.vocab,
+            "vocab_version": model.meta.get("vocab_version"),
+            "model": {"path": str(model_path), "sha256": _sha256(model_path), "kind": model.kind,
+                      "config": model.config, "target": model.target},
+            "training": model.meta.get("training", {}),
+            "outputs": {"labels": int(model.n_labels), "topk": TOPK,
+                        "what": f"{model.task} labels of vocabulary {model.vocab} "
+                                f"(docs/vocabularies.md)"}}
+    if model.target != "true":
+        raise PolicyError(f"{model_path}: a model trained on the article's buggy target cannot "
+                          f"be compiled (its outputs are not the task's labels)")
+    if kind == "rnn":
+        tensors = _rnn_tensors(model, model_path, int8, prune, spec)
+    else:
+        tensors = _table_tensors(model, model_path, data, ctx, max_rows, progress, spec)
+    write_policy(output, tensors, spec)
+    spec["output"] = str(output)
+    spec["bytes"] = Path(output).stat().st_size
+    return spec
+
+
+# ---- rnn ------------------------------------------------------------------------------------
+
+def _rnn_tensors(model, path, int8: bool, prune: float, spec: dict) -> dict:
+    if model.kind != "gru":
+        raise PolicyError(f"{path}: a {model.kind!r} model; --kind rnn compiles the default GRU "
+                          f"(`heapcast train` without --model); use --kind table for any model")
+    c = model.config
+    if c.get("layers", 1) != 1:
+        raise PolicyError(f"{path}: config layers={c['layers']}: --kind rnn compiles one GRU layer")
+    sd = {k: v.detach().cpu().numpy().astype(np.float64) for k, v in model.net.state_dict().items()}
+    H = int(c["hidden"])
+    w_ih, b_ih = sd["rnn.weight_ih_l0"], sd["rnn.bias_ih_l0"]
+    w_hh, b_hh = sd["rnn.weight_hh_l0"], sd["rnn.bias_hh_l0"]
+    n_out = len(model.classes)
+    caches = model._cache_orders()
+    hints = bool(c["ngram_hints"]) and model.ngram is not None
+    # The input columns of W_ih, in the order StreamNet.forward concatenates its embeddings.
+    col = 0
+
+    def project(emb: np.ndarray) -> np.ndarray:
+        nonlocal col
+        w = w_ih[:, col:col + emb.shape[1]]
+        col += emb.shape[1]
+        return emb @ w.T
+
+    t = {}
+    t["p.tok"] = project(sd["tok.weight"]) + b_ih
+    site_buckets = c["site_buckets"] if c["site_embed"] else 0
+    if site_buckets:
+        t["p.site"] = project(sd["site.weight"])
+    if c["dt_embed"]:
+        t["p.dt"] = project(sd["dt.weight"])
+    if hints:       # hint1 and hint2 read the same embedding through consecutive columns
+        e = sd["hint.weight"].shape[1]
+        t["p.hint1"] = sd["hint.weight"] @ w_ih[:, col:col + e].T
+        t["p.hint2"] = sd["hint.weight"] @ w_ih[:, col + e:col + 2 * e].T
+        col += 2 * e
+        t["p.conf"] = project(sd["conf.weight"])
+        t["boost"] = sd["boost.weight"]
+    if caches:
+        e = sd["cache.0.weight"].shape[1]
+        for i in range(len(caches)):       # the orders' embeddings are summed: same columns
+            t[f"p.cache{i}"] = sd[f"cache.{i}.weight"] @ w_ih[:, col:col + e].T
+        col += e
+        t["cache_boost"] = sd["cache_boost"]
+    if col != w_ih.shape[1]:
+        raise PolicyError(f"{path}: the network reads {w_ih.shape[1]} input columns, the compiler "
+                          f"accounted for {col}: a model of another layout")
+    t = {k: v.astype(np.float32) for k, v in t.items()}
+    if caches:
+        t["cache_orders"] = np.array(caches, np.int32)
+    head_w, head_b = sd["head.weight"], sd["head.bias"]
+    # Pruning drops whole hidden units: the least used, by the weight they carry out.
+    kept = np.arange(H, dtype=np.int32)
+    if prune:
+        score = (w_hh ** 2).sum(0) + (head_w ** 2).sum(0)
+        drop = int(round(prune * H))
+        kept = np.sort(np.argsort(score, kind="stable")[drop:]).astype(np.int32)
+    t["kept"] = kept
+    t["b.hh"] = b_hh.astype(np.float32)
+    t["b.head"] = head_b.astype(np.float32)
+    if int8:
+        for name, w in (("hh", w_hh.T), ("head", head_w.T)):       # [H, outputs]
+            scale = np.abs(w).max(0) / 127.0
+            scale[scale == 0] = 1.0
+            t[f"q.{name}"] = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+            t[f"q.{name}_scale"] = scale.astype(np.float32)
+    else:
+        t["w.hh_t"] = np.ascontiguousarray(w_hh.T).astype(np.float32)
+        t["w.head_t"] = np.ascontiguousarray(head_w.T).astype(np.float32)
+    vocab_size = 64 if model.vocab == "seed64" else 1002
+    toks = np.arange(vocab_size)
+    i = np.minimum(np.searchsorted(model.input_tokens, toks), len(model.input_tokens) - 1)
+    t["tok_map"] = np.where(model.input_tokens[i] == toks, i + 2, 1).astype(np.int32)
+    t["classes"] = model.classes.astype(np.int64)
+    col_of = np.full(model.n_labels, -1, np.int32)
+    col_of[model.classes] = np.arange(n_out, dtype=np.int32)
+    t["class_of_label"] = col_of
+    ng = _ngram_tensors(model, t) if hints else {}
+    shift = model.task != "lifetime"
+    t["cfg"] = cfg_array(abi=1, kind=KINDS["rnn"], task=TASK_IDS[model.task],
+                         vocab=VOCAB_IDS[model.vocab], n_labels=model.n_labels, shift=shift,
+                         hidden=H, n_out=n_out, n_in_tokens=len(model.input_tokens) + 2,
+                         site_buckets=site_buckets, n_dt=64 if c["dt_embed"] else 0,
+                         hints=hints, n_cache=len(caches), int8=int8, **ng)
+    spec["inputs"] = {"token": "the event's token (previous event for next/free)",
+                      "site": f"call-site key hashed into {site_buckets} buckets",
+                      "dt": "bit_length of ns since the previous event",
+                      "ngram_hints": hints, "memory_orders": caches}
+    spec["rnn"] = {"cell": "gru", "hidden": H, "kept_units": int(len(kept)), "int8": int8,
+                   "prune": prune}
+    return t
+
+
+def _ngram_tensors(model, t: dict) -> dict:
+    """The hint n-gram's tables with their indexes (into `t`); returns its cfg settings."""
+    ng = model.ngram
+    orders = sorted(int(m) for m in ng.tables)
+    t["ng.orders"] = np.array(orders, np.int32)
+    for m in orders:
+        tab = ng.tables[m]
+        E = len(tab["ctx"])
+        t[f"ng{m}.ctx"] = tab["ctx"].astype(np.uint64)
+        t[f"ng{m}.n"] = tab["n"].astype(np.uint32)
+        t[f"ng{m}.d"] = tab["d"].astype(np.uint32)
+        t[f"ng{m}.cnt"] = tab["cnt"].astype(np.uint32)
+        tok = tab["tok"]
+        t[f"ng{m}.tok"] = tok.astype(np.uint16 if tok.dtype == np.uint16 else np.uint32)
+        bits = max(4, (2 * E).bit_length())
+        t[f"ng{m}.slots"] = index_build(t[f"ng{m}.ctx"], bits)
+    labels = ng.classes
+    i = np.minimum(np.searchsorted(model.classes, labels), len(model.classes) - 1)
+    t["ng.to_hint"] = np.where(model.classes[i] == labels, i + 1, 0).astype(np.int32)
+    base = ng.unigram / max(ng.unigram.sum(), 1)
+    t["ng.base"] = base.astype(np.float64)
+    t["ng.base_order"] = np.lexsort((np.arange(len(base)), -base)).astype(np.int32)
+    return {"ng_orders": len(orders), "ng_sites": ng._use_sites(), "ng_dt": bool(ng.config["dt"]),
+            "ng_topk": t[f"ng{orders[0]}.cnt"].shape[1] if orders else 1,
+            "ng_classes": len(labels)}
+
+
+# ---- table ----------------------------------------------------------------------------------
+
+def table_key(level: int, site: np.ndarray, token: np.ndarray, ctx) -> np.ndarray:
+    """The table's key of each row at `level` (native/policy/table.c computes the same)."""
+    x = (np.uint64(level) << np.uint64(56)) ^ (site.astype(np.uint64) << np.uint64(16)) \
+        ^ token.astype(np.uint64)
+    k = mix64(mix64(x) ^ np.asarray(ctx, np.uint64))
+    k[k == 0] = 1
+    return k
+
+
+def context_hash(tokens: np.ndarray, pos: np.ndarray, k: int) -> np.ndarray:
+    """Hash of the k tokens before each row (newest first, padding before a stream's start), as
+    native/policy/policy.c hc_table_ctx computes it from a stream's history."""
+    h = np.zeros(len(tokens), np.uint64)
+    tok = tokens.astype(np.uint64)
+    for i in range(1, k + 1):
+        ok = pos >= i
+        t = np.where(ok, tok[np.where(ok, np.arange(len(tok)) - i, 0)], np.uint64(_PAD_TOKEN))
+        h = h * _P + t + np.uint64(1)
+    return mix64(h)
+
+
+def table_inputs(data, k: int) -> tuple:
+    """(site, token, ctx) of every row's table key: of the row itself for lifetime, of the row
+    before it for next and free (nothing before a stream's start)."""
+    pos = data.position_in_stream()
+    site, tok = data.sites.astype(np.uint32), data.tokens.astype(np.uint32)
+    if data.shift:
+        prev = np.arange(len(data)) - 1
+        first = pos == 0
+        site = np.where(first, 0, site[np.maximum(prev, 0)]).astype(np.uint32)
+        tok = np.where(first, _PAD_TOKEN, tok[np.maximum(prev, 0)]).astype(np.uint32)
+    ctx = context_hash(data.tokens, pos, k) if k else np.zeros(len(data), np.uint64)
+    return site, tok, ctx
+
+
+def _votes(keys: np.ndarray, labels: np.ndarray):
+    """Per distinct key: its top labels by vote (best first, -1 padding) and the top share."""
+    order = np.lexsort((labels, keys))
+    k, lab = keys[order], labels[order]
+    pair_start = np.ones(len(k), bool)
+    pair_start[1:] = (k[1:] != k[:-1]) | (lab[1:] != lab[:-1])
+    ps = np.flatnonzero(pair_start)
+    pk, pl = k[ps], lab[ps]
+    pc = np.diff(np.append(ps, len(k)))
+    # per key: pairs sorted by count desc, label asc
+    o = np.lexsort((pl, -pc, pk))
+    pk, pl, pc = pk[o], pl[o], pc[o]
+    key_start = np.ones(len(pk), bool)
+    key_start[1:] = pk[1:] != pk[:-1]
+    ks = np.flatnonzero(key_start)
+    rank = np.arange(len(pk)) - np.repeat(ks, np.diff(np.append(ks, len(pk))))
+    keys_u = pk[ks]
+    top = np.full((len(ks), TOPK), -1, np.int16)
+    sel = rank < TOPK
+    top[np.cumsum(key_start)[sel] - 1, rank[sel]] = pl[sel]
+    total = np.add.reduceat(pc, ks)
+    conf = (pc[ks] / total).astype(np.float32)
+    return keys_u, top, conf
+
+
+def _table_tensors(model, path, data, k: int, max_rows: int, progress: bool, spec: dict) -> dict:
+    from ..forecast.dataset import load_features
+    from ..forecast.tasks import DEFAULT_ORDER, make_task
+    from ..forecast.train import spread_rows
+    if not 0 <= k <= 32:
+        raise PolicyError(f"--ctx {k}: expected 0..32 tokens of context")
+    training = model.meta.get("training", {})
+    if not data:
+        data = [t.get("path") for t in training.get("traces", [])]
+        missing = [d for d in data if not d or not Path(d).exists()]
+        if not data or missing:
+            raise PolicyError(f"{path}: --kind table distils the model's predictions on traces; "
+                              f"its training traces ({', '.join(map(str, missing)) or 'none'}) "
+                              f"are not here: give some with --data TRACE...")
+    order = training.get("order", DEFAULT_ORDER[model.task])
+    feats = load_features(list(data), order, need_ranks=model.task == "free")
+    td = make_task(feats, model.task, model.vocab)
+    rows = np.flatnonzero(td.labels >= 0)
+    if max_rows and len(rows) > max_rows:
+        rows = np.flatnonzero(spread_rows(td.labels >= 0, max_rows) & (td.labels >= 0))
+    if not len(rows):
+        raise PolicyError(f"{path}: the traces given have no rows of task {model.task!r} to "
+                          f"distil the table from")
+    pred = model.predict(td, rows, k=1)[:, 0]
+    ok = pred >= 0
+    rows, pred = rows[ok], pred[ok]
+    site, tok, ctx = table_inputs(td, k)
+    site, tok, ctx = site[rows], tok[rows], ctx[rows]
+    zero = np.zeros(len(rows), np.uint64)
+    levels = []
+    if k:
+        levels.append((3, table_key(3, site, tok, ctx), table_key(2, site, tok, zero)))
+    levels.append((2, table_key(2, site, tok, zero), table_key(1, site, tok * 0, zero)))
+    levels.append((1, table_key(1, site, tok * 0, zero), None))
+    levels.append((0, table_key(0, site * 0, tok, zero), None))
+    answers = {}
+    for level, keys, _ in levels:
+        answers[level] = _votes(keys, pred)
+    entries = []
+    for level, keys, parent_keys in levels:
+        ku, top, conf = answers[level]
+        keep = np.ones(len(ku), bool)
+        if parent_keys is not None:
+            # an entry that says what its coarser key says is left out: the lookup falls
+            # through to that key and answers the same top label
+            pku, ptop, _ = answers[level - 1]
+            first_row = np.unique(keys, return_index=True)[1]
+            pk = parent_keys[first_row]
+            pi = np.searchsorted(pku, pk)
+            keep = ptop[pi, 0] != top[:, 0]
+        entries.append((ku[keep], top[keep], conf[keep]))
+    keys = np.concatenate([e[0] for e in entries])
+    labels = np.concatenate([e[1] for e in entries])
+    conf = np.concatenate([e[2] for e in entries])
+    keys, first = np.unique(keys, return_index=True)     # a cross-level collision keeps one
+    labels, conf = labels[first], conf[first]
+    bits = max(4, (2 * len(keys)).bit_length())
+    slots = index_build(keys, bits)
+    filled = slots > 0
+    tab_keys = np.zeros(1 << bits, np.uint64)
+    tab_labels = np.full((1 << bits, TOPK), -1, np.int16)
+    tab_conf = np.zeros(1 << bits, np.float32)
+    tab_keys[filled] = keys[slots[filled] - 1]
+    tab_labels[filled] = labels[slots[filled] - 1]
+    tab_conf[filled] = conf[slots[filled] - 1]
+    _, default, dconf = _votes(np.zeros(len(pred), np.uint64), pred)
+    t = {"tab.keys": tab_keys, "tab.labels": tab_labels, "tab.conf": tab_conf,
+         "tab.default": default[0], "tab.default_conf": dconf[:1],
+         "cfg": cfg_array(abi=1, kind=KINDS["table"], task=TASK_IDS[model.task],
+                          vocab=VOCAB_IDS[model.vocab], n_labels=model.n_labels,
+                          shift=model.task != "lifetime", tab_ctx=k, tab_bits=bits)}
+    spec["inputs"] = {"site": "call-site key", "token": "the event's token (previous event for "
+                      "next/free)", "context_tokens": k}
+    spec["table"] = {"entries": int(len(keys)), "slots": 1 << bits, "context": k,
+                     "distilled_rows": int(len(rows)), "distilled_from": [str(d) for d in data],
+                     "per_level": {str(lv): int(len(e[0])) for (lv, _, _), e in
+                                   zip(levels, entries)}}
+    return t

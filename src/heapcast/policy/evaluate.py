@@ -1,0 +1,67 @@
+"""`heapcast evaluate POLICY TRACE...`: a compiled policy scored through the native runtime.
+
+The rows, protocols and metrics are those of `heapcast evaluate MODEL` (heapcast.forecast.
+evaluate); what differs is how predictions are made: every stream runs through the C runtime
+from its first event, one event at a time, exactly as a program's own run feeds it
+(`heapcast record --policy`), the in-run memory reading each row's label once the row happened.
+"""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..forecast.dataset import load_features
+from ..forecast.evaluate import _overlap, _test_rows, metrics
+from ..forecast.protocols import PROTOCOLS
+from ..forecast.tasks import DEFAULT_ORDER, make_task
+from .fileformat import read_spec
+from .native import Policy, events_of
+
+
+def predict_streams(policy: Policy, data, want: np.ndarray, memory_log2: int = 22) -> np.ndarray:
+    """Top-5 labels (int64 [rows, 5]) of every row of TaskData `data` where `want` is true, each
+    stream run through `policy` from its start (other rows: -1)."""
+    out = np.full((len(data), 5), -1, np.int64)
+    events = events_of(data.tokens, data.sites, data.ts)
+    labels = data.labels.astype(np.int32)
+    for s in range(len(data.offsets) - 1):
+        a, b = int(data.offsets[s]), int(data.offsets[s + 1])
+        if a == b or not want[a:b].any():
+            continue
+        pred = policy.run(events[a:b], labels[a:b], want[a:b], memory_log2)
+        sel = want[a:b]
+        out[a:b][sel] = pred["label"][sel]
+    return out
+
+
+def evaluate_policy(policy_path, traces, protocol: str) -> dict:
+    """Scores the POLICY at `policy_path` on `traces` under `protocol` (as heapcast.forecast.
+    evaluate.evaluate does for a model file); returns the metrics as a JSON-able dict."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
+    spec = read_spec(policy_path)
+    policy = Policy(policy_path)
+    training = spec.get("training", {})
+    order = training.get("order", DEFAULT_ORDER[spec["task"]])
+    feats = load_features(list(traces), order, need_ranks=spec["task"] == "free")
+    data = make_task(feats, spec["task"], spec["vocab"])
+    overlap = _overlap(training.get("traces", []), feats.sources)
+    test = _test_rows(policy_path, protocol, data, training, feats.sources, overlap)
+    rows = np.flatnonzero(test)
+    t0 = time.perf_counter()
+    pred = predict_streams(policy, data, test)[rows]
+    seconds = time.perf_counter() - t0
+    kind = spec["kind"] + ("-int8" if spec.get("rnn", {}).get("int8") else "") + \
+        (f"-prune{spec['rnn']['prune']:g}" if spec.get("rnn", {}).get("prune") else "")
+    result = {"protocol": protocol, "task": spec["task"], "model": f"policy:{kind}",
+              "vocab": spec["vocab"], "target": "true", "model_path": str(policy_path),
+              "source_model": spec["model"]["path"], "source_sha256": spec["model"]["sha256"],
+              "traces": [s["path"] for s in feats.sources], "events": int(len(rows)),
+              "events_available": int(len(rows)), "sampled": False,
+              "trained_on_these_traces": bool(overlap), "predict_seconds": seconds,
+              "predict_events_per_s": len(rows) / max(seconds, 1e-9), "runtime": "native"}
+    result.update(metrics(SimpleNamespace(task=spec["task"], vocab=spec["vocab"],
+                                          target="true"), data.labels[rows], pred))
+    return result

@@ -1,0 +1,119 @@
+"""ctypes binding of the policy runtime (native/policy/, built as heapcast/libheapcast_policy.so).
+
+`Policy(path)` loads a POLICY through the native loader (which checks it and names the file and
+the field that is wrong); `Policy.run(...)` runs one event stream through it in C and returns the
+prediction made at every row asked for. The tests and `heapcast evaluate POLICY` use it; programs
+use the same C code through the recorder (`heapcast record --policy`) and the allocator.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from .fileformat import PolicyError
+
+LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_policy.so"
+TOPK = 5
+#: hc_event of native/policy/heapcast_policy.h.
+EVENT = np.dtype([("site", "<u4"), ("op", "<u2"), ("token", "<u2"), ("size", "<u8"),
+                  ("ts", "<u8"), ("free_null", "u1"), ("free_unknown", "u1"), ("pad", "u1", 6)])
+#: hc_prediction.
+PREDICTION = np.dtype([("label", "<i4", TOPK), ("conf", "<f4"), ("level", "<u4")])
+assert EVENT.itemsize == 32 and PREDICTION.itemsize == 28
+
+_lib = None
+
+
+def library() -> ctypes.CDLL:
+    """The runtime library, loaded once."""
+    global _lib
+    if _lib is None:
+        if not LIBRARY.exists():
+            raise PolicyError(f"{LIBRARY}: the policy runtime is not built (pip install .)")
+        lib = ctypes.CDLL(str(LIBRARY))
+        vp, cp = ctypes.c_void_p, ctypes.c_char_p
+        lib.hc_policy_open.restype = vp
+        lib.hc_policy_open.argtypes = [cp, cp, ctypes.c_size_t]
+        lib.hc_policy_close.argtypes = [vp]
+        for name in ("hc_policy_kind", "hc_policy_task", "hc_policy_labels"):
+            getattr(lib, name).argtypes = [vp]
+        lib.hc_run.argtypes = [vp, vp, vp, vp, ctypes.c_uint64, vp, ctypes.c_int]
+        lib.hc_index_build.argtypes = [vp, ctypes.c_uint64, ctypes.c_uint32, vp]
+        lib.hc_table_key.restype = ctypes.c_uint64
+        lib.hc_table_key.argtypes = [ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32,
+                                     ctypes.c_uint64]
+        lib.hc_site_key.restype = ctypes.c_uint32
+        lib.hc_site_key.argtypes = [ctypes.c_uint32, ctypes.c_uint64]
+        lib.hc_rich_token.restype = ctypes.c_uint16
+        lib.hc_rich_token.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int]
+        _lib = lib
+    return _lib
+
+
+def index_build(keys: np.ndarray, bits: int) -> np.ndarray:
+    """The open-addressing index (int32[1 << bits]: entry + 1, 0 empty) of distinct uint64
+    `keys`, as the runtime probes it."""
+    keys = np.ascontiguousarray(keys, np.uint64)
+    slots = np.zeros(1 << bits, np.int32)
+    rc = library().hc_index_build(keys.ctypes.data, len(keys), bits, slots.ctypes.data)
+    if rc == -2:
+        raise ValueError("duplicate keys in an index")
+    if rc != 0:
+        raise ValueError(f"{len(keys)} keys do not fit an index of 2^{bits} slots")
+    return slots
+
+
+class Policy:
+    """A POLICY loaded by the native runtime."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        err = ctypes.create_string_buffer(1024)
+        lib = library()
+        self._h = lib.hc_policy_open(str(self.path).encode(), err, len(err))
+        if not self._h:
+            raise PolicyError(err.value.decode(errors="replace"))
+        self.kind = {1: "table", 2: "rnn"}[lib.hc_policy_kind(self._h)]
+        self.task = ("next", "free", "lifetime")[lib.hc_policy_task(self._h)]
+        self.n_labels = lib.hc_policy_labels(self._h)
+
+    def close(self) -> None:
+        if self._h:
+            library().hc_policy_close(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def run(self, events: np.ndarray, labels: np.ndarray, want: np.ndarray,
+            memory_log2: int = 22) -> np.ndarray:
+        """Runs one stream from its start: the PREDICTION at every row where `want` is true (rows
+        elsewhere are zero). `labels` are the rows' true labels (-1: none), which the in-run
+        memory reads once a row has happened."""
+        n = len(events)
+        events = np.ascontiguousarray(events, EVENT)
+        labels = np.ascontiguousarray(labels, np.int32)
+        want = np.ascontiguousarray(want, np.uint8)
+        out = np.zeros(n, PREDICTION)
+        if n and library().hc_run(self._h, events.ctypes.data, labels.ctypes.data,
+                                  want.ctypes.data, n, out.ctypes.data, memory_log2) != 0:
+            raise MemoryError("the policy runtime could not map a stream's state")
+        return out
+
+
+def events_of(tokens: np.ndarray, sites: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """EVENT rows from per-row tokens (already in the policy's vocabulary), call-site keys and
+    CLOCK_MONOTONIC times."""
+    ev = np.zeros(len(tokens), EVENT)
+    ev["token"] = tokens
+    ev["site"] = sites
+    ev["ts"] = ts
+    return ev
