@@ -186,3 +186,42 @@ def test_record_runs_under_the_allocator(frag_trace, cli, tmp_path):
     first, = heapcast.load(trace).processes
     second, = heapcast.load(again).processes
     assert abs(len(second.events) - len(first.events)) <= 16
+
+
+@pytest.fixture(scope="module")
+def frag_policy(frag_trace, tmp_path_factory):
+    """A table POLICY compiled from an n-gram lifetime model of the fragmenting program."""
+    _, trace = frag_trace
+    d = tmp_path_factory.mktemp("policy")
+    for step in (["train", trace, "-o", d / "m", "--task", "lifetime", "--model", "ngram"],
+                 ["compile", d / "m", "--kind", "table", "-o", d / "p"]):
+        done = subprocess.run([sys.executable, "-m", "heapcast", *map(str, step)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    return d / "p"
+
+
+def test_learned_policy_places_by_lifetime_and_beats_glibc(frag_trace, frag_policy, cli, untraced, tmp_path):
+    prog, _ = frag_trace
+    log = tmp_path / "run.json"
+    done = cli("run", "--policy", frag_policy, "--log", log, "--", prog)
+    assert done.returncode == 0, done.stderr
+    got = {r["class"]: r for r in json.loads(log.read_text())["classes"]}
+    assert got[2]["allocations"] == 48000 and got[5]["allocations"] >= 48000
+    assert got[2]["mispredicted"] == 0
+    glibc = min(peak_kb(untraced([prog]).stdout) for _ in range(2))
+    learned = min(peak_kb(under_alloc([prog], policy=str(frag_policy)).stdout) for _ in range(2))
+    assert learned < 0.75 * glibc, (glibc, learned)
+
+
+def test_mispredicted_site_is_detected_and_reclassified(frag_trace, frag_policy, cli, tmp_path):
+    """Trained where short_block's blocks die within a round, run where half of them are never
+    freed: sampled blocks outlive their class, and the site moves to a longer class."""
+    prog, _ = frag_trace
+    log = tmp_path / "run.json"
+    done = cli("run", "--policy", frag_policy, "--log", log, "--", prog, "keep")
+    assert done.returncode == 0, done.stderr
+    rows = {r["class"]: r for r in json.loads(log.read_text())["classes"]}
+    assert rows[2]["mispredicted"] >= 4 and rows[2]["reclassified_sites"] == 1
+    # after the reclassification the site's blocks go to a longer class
+    assert sum(rows[c]["allocations"] for c in (3, 4, 5)) > 48000 + 1000
