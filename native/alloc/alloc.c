@@ -256,7 +256,7 @@ static inline int too_large(size_t size) {
 
 static inline void tick(void) {
     if (ha_mode == HA_MODE_POLICY)
-        atomic_fetch_add_explicit(&ha_clock, 1, memory_order_relaxed);
+        ha_tick();
 }
 
 EXPORT void *malloc(size_t size) {

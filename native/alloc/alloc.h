@@ -32,8 +32,23 @@ int ha_classify_init(const char *policy_path, char *err, size_t errlen);
  * receives the call-site key (0 if unknown) for misprediction tracking. */
 int ha_classify(uintptr_t ra, size_t size, int op, uint32_t *site_out);
 /* Misprediction tracking (policy mode): every event advances the lifetime clock; a sample of
- * placed blocks is watched until it is freed or outlives its class. */
+ * placed blocks is watched until it is freed or outlives its class. The clock counts the heap
+ * events of the process: each thread counts its own and adds them to the shared count every
+ * CLOCK_BATCH events, so the hot path does no atomic operation; a thread reads the shared count
+ * plus its own pending events, which may miss other threads' pending ones (an age is never
+ * overestimated: a block is never judged to outlive its class wrongly). */
+#define HA_CLOCK_BATCH 256
 extern _Atomic uint64_t ha_clock;
+extern __thread uint32_t ha_clock_pending;
+static inline void ha_tick(void) {
+    if (HA_UNLIKELY(++ha_clock_pending == HA_CLOCK_BATCH)) {
+        atomic_fetch_add_explicit(&ha_clock, HA_CLOCK_BATCH, memory_order_relaxed);
+        ha_clock_pending = 0;
+    }
+}
+static inline uint64_t ha_now(void) {
+    return atomic_load_explicit(&ha_clock, memory_order_relaxed) + ha_clock_pending;
+}
 void ha_sample_alloc(void *p, uint32_t site, int cls);
 void ha_sample_free(void *p);
 /* The class a site's blocks are given after mispredictions, or -1. */

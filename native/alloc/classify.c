@@ -28,6 +28,7 @@
 #define RECLASSIFY_AFTER 4
 
 _Atomic uint64_t ha_clock;
+__thread uint32_t ha_clock_pending __attribute__((tls_model("initial-exec")));
 
 #ifdef HC_HAVE_POLICY_RUNTIME
 static hc_policy *policy;
@@ -120,7 +121,7 @@ int ha_classify(uintptr_t ra, size_t size, int op, uint32_t *site_out) {
         cache_epoch = e;
     }
     uint32_t key = size_key(size, op);
-    centry *c = &cache[(ra ^ (ra >> 9) ^ key * 0x9E3779B1u) & (CACHE - 1)];
+    centry *c = &cache[((ra ^ ((uint64_t)key << 40)) * 0x9E3779B97F4A7C15ULL) >> 56];   /* CACHE = 256 */
     if (HA_LIKELY(c->ra == ra && c->key == key)) {
         *site_out = c->site;
         return c->cls;
@@ -199,9 +200,9 @@ void ha_sample_alloc(void *p, uint32_t site, int cls) {
     uintptr_t old = atomic_load_explicit(&s->addr, memory_order_acquire);
     if (old == 1 || !atomic_compare_exchange_strong(&s->addr, &old, 1))
         return;
-    uint64_t now = atomic_load_explicit(&ha_clock, memory_order_relaxed);
+    uint64_t now = ha_now();
     if (old > 1)                         /* evicting a block still live: did it outlive? */
-        observe(s->site, s->cls, now - s->birth);
+        observe(s->site, s->cls, now > s->birth ? now - s->birth : 0);
     s->birth = now;
     s->site = site;
     s->cls = cls;
@@ -215,7 +216,7 @@ void ha_sample_free(void *p) {
         return;
     if (!atomic_compare_exchange_strong(&s->addr, &want, 1))
         return;
-    uint64_t now = atomic_load_explicit(&ha_clock, memory_order_relaxed);
-    observe(s->site, s->cls, now - s->birth);
+    uint64_t now = ha_now();
+    observe(s->site, s->cls, now > s->birth ? now - s->birth : 0);
     atomic_store_explicit(&s->addr, 0, memory_order_release);
 }

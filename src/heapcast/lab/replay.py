@@ -219,14 +219,14 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
 
 def kernel_policies(names: list) -> list:
     """The replay kernels that `names` need: the classic policies asked for, and for the lifetime
-    policies, segregation layered over each fit plus every classic policy (the candidates of the
-    clairvoyant choice)."""
+    oracle, segregation layered over each fit plus every classic policy (the candidates of the
+    clairvoyant choice); for the learned one, segregation over best-fit."""
     kernels = [n for n in names if n in CLASSIC]
-    if "oracle-lifetime" in names or "learned-lifetime" in names:
+    if "oracle-lifetime" in names:
         kernels += [n for n in CLASSIC if n not in kernels]
         kernels += [f"oracle-lifetime@{fit}" for fit in LAYERED_FITS]
     if "learned-lifetime" in names:
-        kernels += [f"learned-lifetime@{fit}" for fit in LAYERED_FITS]
+        kernels.append("learned-lifetime@best-fit")
     return kernels
 
 
@@ -235,20 +235,17 @@ def clairvoyant(pol: dict, names: list) -> dict:
     clairvoyant allocator can choose for the trace: lifetime segregation layered over first-,
     next- or best-fit, or a classic policy as it is (one lifetime group), whichever has the
     smallest peak footprint, so it is never worse than the best classic policy. Its
-    `placement` says which. `learned-lifetime` is the segregation over the same fit as the
-    oracle's best layered kernel, fed predicted classes."""
+    `placement` says which. `learned-lifetime` is the segregation over best-fit (a learned
+    allocator cannot know beforehand which placement this trace favours), fed predicted classes."""
     out = {n: pol[n] for n in names if n in CLASSIC}
-    if "oracle-lifetime" not in names and "learned-lifetime" not in names:
-        return out
-    layered = {fit: pol[f"oracle-lifetime@{fit}"] for fit in LAYERED_FITS}
-    fit = min(layered, key=lambda f: layered[f]["peak_footprint_bytes"])
-    candidates = {f"lifetime over {f}": layered[f] for f in LAYERED_FITS}
-    candidates.update({n: pol[n] for n in CLASSIC})
-    best = min(candidates, key=lambda c: candidates[c]["peak_footprint_bytes"])
     if "oracle-lifetime" in names:
+        candidates = {f"lifetime over {f}": pol[f"oracle-lifetime@{f}"] for f in LAYERED_FITS}
+        candidates.update({n: pol[n] for n in CLASSIC})
+        best = min(candidates, key=lambda c: candidates[c]["peak_footprint_bytes"])
         out["oracle-lifetime"] = {**candidates[best], "placement": best}
     if "learned-lifetime" in names:
-        out["learned-lifetime"] = {**pol[f"learned-lifetime@{fit}"], "placement": f"lifetime over {fit}"}
+        out["learned-lifetime"] = {**pol["learned-lifetime@best-fit"],
+                                   "placement": "lifetime over best-fit"}
     return out
 
 
