@@ -4,6 +4,7 @@
 #   stats    what its heap did (text, and a plot: live bytes and RSS over time, size classes)
 #   train    a forecasting model (the default stateful GRU) on the first part of each thread
 #   evaluate it on the held-out rest, next to the n-gram baseline
+#   compile  the model into a native policy and evaluate it through the C runtime
 #   simulate replay it through every allocation policy of the lab (table and footprint plot)
 # Results go to results/ (HEAPCAST_OUT to change).
 set -euo pipefail
@@ -27,6 +28,9 @@ if .venv/bin/python -c 'import torch' 2>/dev/null; then
   echo "== the n-gram baseline, same protocol" >&2
   "$hc" train "$trace" --model ngram --split time --max-events 3000000 -o "$out/ngram.safetensors"
   "$hc" evaluate "$out/ngram.safetensors" "$trace" --protocol time
+  echo "== compile the model into a native policy; evaluate it through the C runtime" >&2
+  "$hc" compile "$out/gru.safetensors" -o "$out/gru.policy"
+  "$hc" evaluate "$out/gru.policy" "$trace" --protocol time
 fi
 echo "== simulate" >&2
 "$hc" simulate "$trace" --plot "$out/simulate.png"

@@ -82,8 +82,10 @@ const char *hc_policy_model_hash(const hc_policy *p);   /* hex SHA-256 of the so
 
 /* ---- streams -------------------------------------------------------------------------------- */
 
-/* A new stream (mmap'd state, freed by hc_stream_close). NULL if out of memory. */
+/* A new stream (mmap'd state, freed by hc_stream_close). NULL if out of memory. The in-run
+ * memory of an rnn policy has 2^20 slots per order (hc_stream_open2: 2^memory_log2, 0 default). */
 hc_stream *hc_stream_open(const hc_policy *p);
+hc_stream *hc_stream_open2(const hc_policy *p, int memory_log2);
 void hc_stream_close(hc_stream *s);
 void hc_stream_reset(hc_stream *s);             /* back to the start of a stream */
 
@@ -99,6 +101,15 @@ void hc_stream_predict(hc_stream *s, hc_prediction *out);
  * table and rnn kinds). For a table policy `s` may be NULL (no context). */
 void hc_predict_alloc(const hc_policy *p, hc_stream *s, const hc_event *ev, hc_prediction *out);
 
+/* Runs one whole stream of n events from its start: out[j] is the prediction for row j (made
+ * from the rows before it for next/free, at row j for lifetime) where want[j] is nonzero;
+ * labels[j] is row j's true label (-1 none), which the in-run memory reads once row j happened.
+ * Rows before warm_from feed only the histories and the in-run memory: an rnn's network starts
+ * there from rest (0: the whole stream, as a program's run does). 0, or -1 if the stream's state
+ * could not be mapped. (heapcast evaluate POLICY uses it.) */
+int hc_run(const hc_policy *p, const hc_event *ev, const int32_t *labels, const uint8_t *want,
+           uint64_t n, hc_prediction *out, int memory_log2, uint64_t warm_from);
+
 /* ---- keys and tokens (shared with the trace tools: heapcast.forecast.features/vocab) --------- */
 
 /* The rich vocabulary's token of an event: op kind * 125 + fine size class; frees of NULL and of
@@ -113,6 +124,11 @@ uint16_t hc_event_token(const hc_policy *p, const hc_event *ev);
  * zlib's) and the offset from the module's load base. 0 means unknown. */
 uint32_t hc_site_key(uint32_t module_name_crc32, uint64_t offset);
 uint32_t hc_crc32(uint32_t crc, const void *data, size_t n);   /* zlib's crc32 */
+/* The key of a table policy's level (docs/policy-format.md), for tools that build tables. */
+uint64_t hc_table_key(int level, uint32_t site, uint32_t token, uint64_t ctx);
+/* The open-addressing index of n distinct keys into slots[1 << bits] (zeroed): what the
+ * compiler stores; 0, -1 (too many keys) or -2 (a duplicate). */
+int hc_index_build(const uint64_t *keys, uint64_t n, uint32_t bits, int32_t *slots);
 
 /* Resolves a return address of this process to its call-site key, using a module map built with
  * dl_iterate_phdr (rebuilt when a module was loaded or unloaded since). Async-signal-unsafe but

@@ -63,7 +63,7 @@ struct hc_policy {
     /* rnn: input projections [rows][3H] (fp32), recurrent and head weights */
     const float *p_tok, *p_site, *p_dt, *p_hint1, *p_hint2, *p_conf, *p_cache[HC_MAX_CACHE];
     const float *whh_t, *bhh, *head_t, *bhead, *boost, *cache_boost;
-    const int8_t *q_hh, *q_head;    /* int8 weights [H][3H], [H][n_out] */
+    const int8_t *q_hh, *q_head;    /* int8 weights by pairs of kept units [pairs][n][2] */
     const float *q_hh_scale, *q_head_scale;
     const int32_t *kept;            /* hidden units whose weights are kept (pruning) */
     int n_kept;
@@ -87,6 +87,7 @@ struct hc_stream {
     const hc_policy *p;
     size_t map_len;
     uint64_t events;                /* events fed */
+    uint64_t skip_until;            /* rnn: rows before it only feed the histories (hc_run) */
     uint64_t last_ts;
     uint32_t last_site;             /* of the last event fed */
     /* symbol histories, newest first at index (head - 1) */
@@ -104,7 +105,7 @@ struct hc_stream {
     uint64_t *mem_keys[HC_MAX_CACHE];
     int32_t *mem_vals[HC_MAX_CACHE];
     uint64_t mem_cap, mem_used[HC_MAX_CACHE];
-    int8_t *hq;                     /* int8 hidden state of the int8 path */
+    int16_t *hp;                    /* int8 path: the kept units' quantized state, by pairs */
     int32_t *acc;                   /* integer accumulators of the int8 path */
     int have_pred;
     hc_prediction pred;

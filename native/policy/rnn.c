@@ -17,6 +17,7 @@
  *   the compiler built; only the labels the contexts name are touched, never all classes.
  */
 #define _GNU_SOURCE
+#include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -100,9 +101,12 @@ int hc_rnn_load(hc_policy *p, char *err, size_t errlen) {
     NEED(p->bhh, "b.hh", DT_F32, 1, (uint64_t)G, 0);
     NEED(p->bhead, "b.head", DT_F32, 1, (uint64_t)n_out, 0);
     if (c[CFG_INT8]) {
-        NEED(p->q_hh, "q.hh", DT_I8, 2, (uint64_t)H, (uint64_t)G);
+        /* by pairs of kept units: [pairs, outputs * 2] */
+        const struct hc_tensor *kt = hc_find_tensor(p, "kept");
+        uint64_t pairs = kt && kt->ndim == 1 ? (kt->shape[0] + 1) / 2 : 0;
+        NEED(p->q_hh, "q.hh", DT_I8, 2, pairs, 2 * (uint64_t)G);
         NEED(p->q_hh_scale, "q.hh_scale", DT_F32, 1, (uint64_t)G, 0);
-        NEED(p->q_head, "q.head", DT_I8, 2, (uint64_t)H, (uint64_t)n_out);
+        NEED(p->q_head, "q.head", DT_I8, 2, pairs, 2 * (uint64_t)n_out);
         NEED(p->q_head_scale, "q.head_scale", DT_F32, 1, (uint64_t)n_out, 0);
     } else {
         NEED(p->whh_t, "w.hh_t", DT_F32, 2, (uint64_t)H, (uint64_t)G);
@@ -190,7 +194,7 @@ static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
 size_t hc_rnn_stream_bytes(const hc_policy *p, uint64_t mem_cap) {
     const int32_t *c = p->cfg;
     size_t H = (size_t)c[CFG_HIDDEN], n_out = (size_t)c[CFG_N_OUT];
-    size_t n = up64(H * 4) + 2 * up64(3 * H * 4) + up64(n_out * 4) + up64(H);
+    size_t n = up64(H * 4) + 2 * up64(3 * H * 4) + up64(n_out * 4) + up64((H + 1) * 2);
     n += up64((3 * H > n_out ? 3 * H : n_out) * 4);
     n += up64((size_t)(c[CFG_HINTS] ? c[CFG_NG_CLASSES] : 0) * 8) + up64(HC_MAX_ORDERS * 64 * 4);
     if (c[CFG_SHIFT]) n += (size_t)c[CFG_N_CACHE] * (up64(mem_cap * 8) + up64(mem_cap * 4));
@@ -205,7 +209,7 @@ void hc_rnn_stream_init(hc_stream *s, char *mem) {
     TAKE(s->gi, float, 3 * H);
     TAKE(s->gh, float, 3 * H);
     TAKE(s->logits, float, n_out);
-    TAKE(s->hq, int8_t, H);
+    TAKE(s->hp, int16_t, H + 1);
     TAKE(s->acc, int32_t, 3 * H > n_out ? 3 * H : n_out);
     TAKE(s->ng_acc, double, (size_t)(c[CFG_HINTS] ? c[CFG_NG_CLASSES] : 0));
     TAKE(s->ng_touched, int32_t, (size_t)HC_MAX_ORDERS * 64);
@@ -261,30 +265,61 @@ static void matvec_t(float *restrict y, const float *restrict wt, const float *r
     }
 }
 
-/* acc[0:n) += sum over kept units j of hq[j] * q[j][0:n), in exact integer arithmetic. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-static void matvec_q(int32_t *restrict acc, const int8_t *restrict q, const int8_t *restrict hq,
-                     const int32_t *kept, int nk, int n) {
+/* acc[0:n) += sum over pairs k of kept units of hq[2k] * q[k][i][0] + hq[2k+1] * q[k][i][1]:
+ * the int8 weights are stored by pairs of kept units (q[k][i][2]), so that AVX2's vpmaddwd
+ * multiplies and adds two units at once. Exact integer arithmetic: the AVX2 and the portable
+ * code give the same result. */
+static void matvec_q_portable(int32_t *restrict acc, const int8_t *restrict q,
+                              const int16_t *restrict hp, int npairs, int n) {
+    for (int k = 0; k < npairs; k++) {
+        const int8_t *w = q + (size_t)k * (size_t)n * 2;
+        int32_t a0 = hp[2 * k], a1 = hp[2 * k + 1];
+        for (int i = 0; i < n; i++) acc[i] += a0 * w[2 * i] + a1 * w[2 * i + 1];
+    }
+}
+
+__attribute__((target("avx2")))
+static void matvec_q_avx2(int32_t *restrict acc, const int8_t *restrict q,
+                          const int16_t *restrict hp, int npairs, int n) {
     int i = 0;
-    for (; i + 8 * BLK <= n; i += 8 * BLK) {
-        v8i sum[BLK];
-        memcpy(sum, acc + i, sizeof sum);
-        for (int k = 0; k < nk; k++) {
-            int j = kept[k];
-            const int8_t *w = q + (size_t)j * (size_t)n + i;
-            int32_t v = hq[j];
-            v8i a = {v, v, v, v, v, v, v, v};
-            for (int b = 0; b < BLK; b++) {
-                v8b x;
-                memcpy(&x, w + 8 * b, sizeof x);
-                sum[b] += a * __builtin_convertvector(x, v8i);
-            }
+    for (; i + 32 <= n; i += 32) {
+        __m256i s0 = _mm256_loadu_si256((const __m256i *)(acc + i));
+        __m256i s1 = _mm256_loadu_si256((const __m256i *)(acc + i + 8));
+        __m256i s2 = _mm256_loadu_si256((const __m256i *)(acc + i + 16));
+        __m256i s3 = _mm256_loadu_si256((const __m256i *)(acc + i + 24));
+        for (int k = 0; k < npairs; k++) {
+            const int8_t *w = q + ((size_t)k * (size_t)n + (size_t)i) * 2;
+            __m256i a = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)hp[2 * k] |
+                                                    ((uint32_t)(uint16_t)hp[2 * k + 1] << 16)));
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w)), a));
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16))), a));
+            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 32))), a));
+            s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 48))), a));
         }
-        memcpy(acc + i, sum, sizeof sum);
+        _mm256_storeu_si256((__m256i *)(acc + i), s0);
+        _mm256_storeu_si256((__m256i *)(acc + i + 8), s1);
+        _mm256_storeu_si256((__m256i *)(acc + i + 16), s2);
+        _mm256_storeu_si256((__m256i *)(acc + i + 24), s3);
     }
     for (; i < n; i++)
-        for (int k = 0; k < nk; k++)
-            acc[i] += (int32_t)hq[kept[k]] * (int32_t)q[(size_t)kept[k] * (size_t)n + i];
+        for (int k = 0; k < npairs; k++) {
+            const int8_t *w = q + ((size_t)k * (size_t)n + (size_t)i) * 2;
+            acc[i] += (int32_t)hp[2 * k] * w[0] + (int32_t)hp[2 * k + 1] * w[1];
+        }
+}
+
+static void matvec_q(int32_t *acc, const int8_t *q, const int16_t *hp, int npairs, int n) {
+    static int avx2 = -1;
+    if (avx2 < 0) {
+        __builtin_cpu_init();
+        avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    if (avx2) matvec_q_avx2(acc, q, hp, npairs, n);
+    else matvec_q_portable(acc, q, hp, npairs, n);
 }
 
 /* y = bias + W^T h, fp32 or int8 (acc: scratch of n int32). */
@@ -293,7 +328,7 @@ static void product(const hc_stream *s, float *y, const float *bias, const float
     const hc_policy *p = s->p;
     if (q) {
         memset(acc, 0, (size_t)n * sizeof *acc);
-        matvec_q(acc, q, s->hq, p->kept, p->n_kept, n);
+        matvec_q(acc, q, s->hp, (p->n_kept + 1) / 2, n);
         for (int i = 0; i < n; i++) y[i] = bias[i] + (float)acc[i] * (qscale[i] * hscale);
     } else {
         memcpy(y, bias, (size_t)n * sizeof *y);
@@ -309,7 +344,9 @@ static float quantize_h(hc_stream *s, int H) {
         if (a > mx) mx = a;
     }
     float scale = mx > 0 ? mx / 127.0f : 1.0f;
-    for (int j = 0; j < H; j++) s->hq[j] = (int8_t)lrintf(s->h[j] / scale);
+    const hc_policy *p = s->p;
+    for (int k = 0; k < p->n_kept; k++) s->hp[k] = (int16_t)lrintf(s->h[p->kept[k]] / scale);
+    if (p->n_kept & 1) s->hp[p->n_kept] = 0;
     return scale;
 }
 
@@ -540,6 +577,12 @@ void hc_rnn_feed(hc_stream *s, uint32_t site, uint16_t token, int dt, uint64_t h
     const int32_t *c = p->cfg;
     if (c[CFG_SHIFT] && c[CFG_N_CACHE] && label >= 0) memory_store(s, label);
     hc_push_history(s, hint_sym, mem_sym, token);
+    if (s->events + (uint64_t)c[CFG_SHIFT] < s->skip_until) {
+        /* fast-forward (hc_run's warm-up): histories and memory only, the network stays at rest */
+        if (c[CFG_SHIFT] && c[CFG_N_CACHE]) memory_contexts(s);
+        s->have_pred = 0;
+        return;
+    }
     /* inputs: this event; hints and memory: of the row to predict (the next one, or this one
      * for lifetime, whose history now ends with this event) */
     prepare_row(s);

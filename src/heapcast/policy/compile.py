@@ -139,9 +139,15 @@ def _rnn_tensors(model, path, int8: bool, prune: float, spec: dict) -> dict:
     t["b.head"] = head_b.astype(np.float32)
     if int8:
         for name, w in (("hh", w_hh.T), ("head", head_w.T)):       # [H, outputs]
+            w = w[kept]
             scale = np.abs(w).max(0) / 127.0
             scale[scale == 0] = 1.0
-            t[f"q.{name}"] = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+            q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+            if len(q) % 2:
+                q = np.concatenate([q, np.zeros((1, q.shape[1]), np.int8)])
+            # by pairs of kept units, interleaved per output: [pairs, outputs * 2]
+            t[f"q.{name}"] = np.ascontiguousarray(
+                q.reshape(-1, 2, q.shape[1]).transpose(0, 2, 1)).reshape(len(q) // 2, -1)
             t[f"q.{name}_scale"] = scale.astype(np.float32)
     else:
         t["w.hh_t"] = np.ascontiguousarray(w_hh.T).astype(np.float32)

@@ -20,9 +20,13 @@ from .fileformat import read_spec
 from .native import Policy, events_of
 
 
-def predict_streams(policy: Policy, data, want: np.ndarray, memory_log2: int = 22) -> np.ndarray:
+def predict_streams(policy: Policy, data, want: np.ndarray, memory_log2: int = 22,
+                    warmup: int | None = None) -> np.ndarray:
     """Top-5 labels (int64 [rows, 5]) of every row of TaskData `data` where `want` is true, each
-    stream run through `policy` from its start (other rows: -1)."""
+    stream run through `policy` from its start (other rows: -1). With `warmup` = W, the network
+    of an rnn starts W rows before a stream's first wanted row, as the model's own prediction
+    does (its n-gram histories and in-run memory still see the whole stream); None: the whole
+    stream, as a program's run feeds it."""
     out = np.full((len(data), 5), -1, np.int64)
     events = events_of(data.tokens, data.sites, data.ts)
     labels = data.labels.astype(np.int32)
@@ -30,7 +34,8 @@ def predict_streams(policy: Policy, data, want: np.ndarray, memory_log2: int = 2
         a, b = int(data.offsets[s]), int(data.offsets[s + 1])
         if a == b or not want[a:b].any():
             continue
-        pred = policy.run(events[a:b], labels[a:b], want[a:b], memory_log2)
+        warm = 0 if warmup is None else max(0, int(np.argmax(want[a:b])) - warmup)
+        pred = policy.run(events[a:b], labels[a:b], want[a:b], memory_log2, warm)
         sel = want[a:b]
         out[a:b][sel] = pred["label"][sel]
     return out
@@ -51,7 +56,9 @@ def evaluate_policy(policy_path, traces, protocol: str) -> dict:
     test = _test_rows(policy_path, protocol, data, training, feats.sources, overlap)
     rows = np.flatnonzero(test)
     t0 = time.perf_counter()
-    pred = predict_streams(policy, data, test)[rows]
+    # the network warms up as long before the first scored row as the source model's does
+    warmup = spec["model"]["config"].get("warmup")
+    pred = predict_streams(policy, data, test, warmup=warmup)[rows]
     seconds = time.perf_counter() - t0
     kind = spec["kind"] + ("-int8" if spec.get("rnn", {}).get("int8") else "") + \
         (f"-prune{spec['rnn']['prune']:g}" if spec.get("rnn", {}).get("prune") else "")

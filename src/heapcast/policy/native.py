@@ -39,7 +39,7 @@ def library() -> ctypes.CDLL:
         lib.hc_policy_close.argtypes = [vp]
         for name in ("hc_policy_kind", "hc_policy_task", "hc_policy_labels"):
             getattr(lib, name).argtypes = [vp]
-        lib.hc_run.argtypes = [vp, vp, vp, vp, ctypes.c_uint64, vp, ctypes.c_int]
+        lib.hc_run.argtypes = [vp, vp, vp, vp, ctypes.c_uint64, vp, ctypes.c_int, ctypes.c_uint64]
         lib.hc_index_build.argtypes = [vp, ctypes.c_uint64, ctypes.c_uint32, vp]
         lib.hc_table_key.restype = ctypes.c_uint64
         lib.hc_table_key.argtypes = [ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32,
@@ -94,17 +94,19 @@ class Policy:
         self.close()
 
     def run(self, events: np.ndarray, labels: np.ndarray, want: np.ndarray,
-            memory_log2: int = 22) -> np.ndarray:
+            memory_log2: int = 22, warm_from: int = 0) -> np.ndarray:
         """Runs one stream from its start: the PREDICTION at every row where `want` is true (rows
         elsewhere are zero). `labels` are the rows' true labels (-1: none), which the in-run
-        memory reads once a row has happened."""
+        memory reads once a row has happened. Rows before `warm_from` only feed the histories
+        and the memory (an rnn's network starts from rest there)."""
         n = len(events)
         events = np.ascontiguousarray(events, EVENT)
         labels = np.ascontiguousarray(labels, np.int32)
         want = np.ascontiguousarray(want, np.uint8)
         out = np.zeros(n, PREDICTION)
         if n and library().hc_run(self._h, events.ctypes.data, labels.ctypes.data,
-                                  want.ctypes.data, n, out.ctypes.data, memory_log2) != 0:
+                                  want.ctypes.data, n, out.ctypes.data, memory_log2,
+                                  warm_from) != 0:
             raise MemoryError("the policy runtime could not map a stream's state")
         return out
 

@@ -1,0 +1,212 @@
+"""Compiled policies (heapcast compile, native/policy): the native runtime against the models it
+was compiled from, on real recordings; keys and tokens against the trace tools; determinism;
+damaged and mismatched POLICY files."""
+import ctypes
+import json
+import threading
+import zlib
+
+import numpy as np
+import pytest
+
+import heapcast
+from heapcast.cli import main
+from heapcast.forecast.dataset import load_features
+from heapcast.forecast.evaluate import evaluate
+from heapcast.forecast.features import mix64
+from heapcast.forecast.models import load_model
+from heapcast.forecast.tasks import make_task
+from heapcast.forecast.train import train
+from heapcast.forecast.vocab import fine_size_class
+from heapcast.policy import PolicyError, compile_policy
+from heapcast.policy.compile import context_hash, table_key
+from heapcast.policy.evaluate import evaluate_policy, predict_streams
+from heapcast.policy.fileformat import cfg_array, write_policy
+from heapcast.policy.native import Policy, library
+
+torch = pytest.importorskip("torch")
+TINY = {"hidden": 32, "batch": 8, "bptt": 32, "lr": 0.01, "threads": 1, "embed": 16,
+        "site_embed": 8, "site_buckets": 64, "warmup": 32}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, build):
+    """Two recordings of tests/programs/forecast_work.c with different inputs."""
+    d = tmp_path_factory.mktemp("policy")
+    exe = build("forecast_work")
+    out = {"dir": d}
+    for name, n, seed in (("a", 3000, 1), ("b", 2000, 2)):
+        r = heapcast.record([exe, str(n), str(seed)], output=d / name, progress=False)
+        assert r.exit_code == 0
+        out[name] = d / name
+    return out
+
+
+@pytest.fixture(scope="module")
+def gru(runs):
+    """The default model (GRU, n-gram hints, in-run memory) trained on run a, tiny."""
+    path = runs["dir"] / "gru.safetensors"
+    train([runs["a"]], path, model="gru", task="next", config=TINY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rnn_policy(runs, gru):
+    path = runs["dir"] / "gru.policy"
+    compile_policy(gru, path, kind="rnn", progress=False)
+    return path
+
+
+def test_rnn_policy_predicts_what_the_model_predicts(runs, gru, rnn_policy):
+    offline = evaluate(gru, [runs["b"]], "cross-run")
+    native = evaluate_policy(rnn_policy, [runs["b"]], "cross-run")
+    assert native["events"] == offline["events"] > 10000
+    assert abs(native["top1"] - offline["top1"]) <= 0.001, (native["top1"], offline["top1"])
+    assert native["model"] == "policy:rnn" and native["runtime"] == "native"
+    # Row by row too: the same top label almost everywhere (the model's batched prediction
+    # restarts its state between segments; the runtime runs each stream from its start).
+    model = load_model(gru)
+    data = make_task(load_features([runs["b"]], "thread"), "next", "rich")
+    rows = np.flatnonzero(data.labels >= 0)
+    want = np.zeros(len(data), bool)
+    want[rows] = True
+    same = model.predict(data, rows, 1)[:, 0] == predict_streams(Policy(rnn_policy), data, want)[rows, 0]
+    assert same.mean() >= 0.99
+
+
+def test_int8_and_pruned_variants_report_their_own_accuracy(runs, gru, rnn_policy, tmp_path):
+    fp32 = evaluate_policy(rnn_policy, [runs["b"]], "cross-run")["top1"]
+    for name, opts in (("int8", {"int8": True}), ("prune", {"prune": 0.25}),
+                       ("both", {"int8": True, "prune": 0.5})):
+        spec = compile_policy(gru, tmp_path / f"{name}.policy", kind="rnn", **opts)
+        assert spec["rnn"]["kept_units"] == TINY["hidden"] - round(opts.get("prune", 0) * 32)
+        r = evaluate_policy(tmp_path / f"{name}.policy", [runs["b"]], "cross-run")
+        assert r["model"].startswith("policy:rnn-") and 0.0 < r["top1"] <= 1.0
+        if name == "int8":
+            assert abs(r["top1"] - fp32) < 0.05       # int8 weights lose little here
+    assert (tmp_path / "int8.policy").stat().st_size < rnn_policy.stat().st_size
+
+
+def test_table_policy_for_lifetimes(runs, tmp_path):
+    life = tmp_path / "life.safetensors"
+    train([runs["a"]], life, model="ngram", task="lifetime")
+    majority = tmp_path / "maj.safetensors"
+    train([runs["a"]], majority, model="majority", task="lifetime")
+    spec = compile_policy(life, tmp_path / "life.table", kind="table", ctx=4)
+    assert spec["table"]["entries"] > 0 and spec["table"]["distilled_from"] == [str(runs["a"])]
+    r = evaluate_policy(tmp_path / "life.table", [runs["b"]], "cross-run")
+    base = evaluate(majority, [runs["b"]], "cross-run")["top1"]
+    assert r["model"] == "policy:table" and r["events"] > 1000
+    assert r["top1"] > base + 0.05, (r["top1"], base)
+    assert len(r["confusion"]) == 6
+
+
+def test_keys_and_tokens_match_the_trace_tools():
+    lib = library()
+    rng = np.random.default_rng(1)
+    sizes = np.concatenate([np.arange(70), rng.integers(0, 1 << 40, 500)]).astype(np.uint64)
+    for op in (0, 1, 2, 3, 4):
+        native = [lib.hc_rich_token(op, int(s), 0, 0) for s in sizes]
+        assert native == (op * 125 + fine_size_class(sizes)).tolist()
+    assert lib.hc_rich_token(4, 0, 1, 0) == 1000 and lib.hc_rich_token(4, 64, 0, 1) == 1001
+    crc, offs = 0x1234ABCD, rng.integers(0, 1 << 30, 100).astype(np.uint64)
+    k = mix64((np.uint64(crc) << np.uint64(40)) ^ offs)
+    folded = ((k >> np.uint64(32)) ^ k).astype(np.uint32)
+    assert [lib.hc_site_key(crc, int(o)) for o in offs] == folded.tolist()
+    site = rng.integers(0, 1 << 32, 200).astype(np.uint32)
+    tok = rng.integers(0, 1002, 200).astype(np.uint32)
+    ctx = rng.integers(0, 1 << 63, 200).astype(np.uint64)
+    for level in (0, 1, 2, 3):
+        assert [lib.hc_table_key(level, int(s), int(t), int(c)) for s, t, c in
+                zip(site, tok, ctx)] == table_key(level, site, tok, ctx).tolist()
+    # the context of the first rows of a stream is padded
+    h = context_hash(np.array([5, 6, 7], np.uint16), np.array([0, 1, 2]), 2)
+    assert h[0] != h[1] != h[2]
+
+
+def test_call_sites_of_this_process_resolve_as_recorded_keys():
+    lib = library()
+    lib.hc_site_of_address.restype = ctypes.c_uint32
+    lib.hc_site_of_address.argtypes = [ctypes.c_uint64]
+    libc = ctypes.CDLL("libc.so.6")
+    addr = ctypes.cast(libc.malloc, ctypes.c_void_p).value
+    base = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].endswith("/libc.so.6") and int(parts[2], 16) == 0:
+                base = int(parts[0].split("-")[0], 16)
+                break
+    assert base is not None
+    ra = addr + 5
+    want = lib.hc_site_key(zlib.crc32(b"libc.so.6"), ra - base)
+    assert lib.hc_site_of_address(ra) == want != 0
+    assert lib.hc_site_of_address(ra) == want          # cached
+    assert lib.hc_site_of_address(8) == 0              # in no module
+
+
+def test_predictions_are_deterministic_across_runs_and_threads(runs, rnn_policy):
+    data = make_task(load_features([runs["b"], runs["a"]], "thread"), "next", "rich")
+    want = data.labels >= 0
+    first = predict_streams(Policy(rnn_policy), data, want)
+    assert np.array_equal(first, predict_streams(Policy(rnn_policy), data, want))
+    # four threads running the streams at once (ctypes releases the GIL)
+    policy = Policy(rnn_policy)
+    results = [None] * 4
+
+    def work(i):
+        results[i] = predict_streams(policy, data, want)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(np.array_equal(first, r) for r in results)
+
+
+def test_damaged_and_mismatched_policies_are_refused(runs, gru, rnn_policy, tmp_path):
+    blob = rnn_policy.read_bytes()
+    cut = tmp_path / "cut.policy"
+    cut.write_bytes(blob[:len(blob) // 2])
+    with pytest.raises(PolicyError, match=r"cut\.policy.*(exceeds|data offsets)"):
+        Policy(cut)
+    flipped = tmp_path / "flipped.policy"
+    flipped.write_bytes(blob[:-100] + bytes([blob[-100] ^ 0xFF]) + blob[-99:])
+    with pytest.raises(PolicyError, match=r"flipped\.policy: tensor data is corrupt \(CRC-32"):
+        Policy(flipped)
+    with pytest.raises(PolicyError, match=r"gru\.safetensors: no heapcast_kind"):
+        Policy(gru)
+    bad_abi = tmp_path / "abi.policy"
+    write_policy(bad_abi, {"cfg": cfg_array(abi=7, kind=1)}, {"kind": "table"})
+    with pytest.raises(PolicyError, match=r"abi\.policy: cfg\[abi\] is 7"):
+        Policy(bad_abi)
+    missing = tmp_path / "missing.policy"
+    write_policy(missing, {"cfg": cfg_array(abi=1, kind=1, task=2, n_labels=6, tab_bits=4)},
+                 {"kind": "table"})
+    with pytest.raises(PolicyError, match=r"missing\.policy: tensor tab\.keys: expected "
+                                          r"uint64\[16\]"):
+        Policy(missing)
+    with pytest.raises(PolicyError, match="not a regular file|is a directory"):
+        Policy(tmp_path)
+    # the command line says so in one line, exit status 2
+    assert main(["evaluate", str(flipped), str(runs["b"]), "--protocol", "cross-run"]) == 2
+
+
+def test_compile_refuses_what_it_cannot_compile(runs, tmp_path, capsys):
+    ngram = tmp_path / "ng.safetensors"
+    train([runs["a"]], ngram, model="ngram", task="next")
+    with pytest.raises(PolicyError, match=r"ng\.safetensors: a 'ngram' model; --kind rnn"):
+        compile_policy(ngram, tmp_path / "x.policy", kind="rnn")
+    with pytest.raises(PolicyError, match="--prune 1.5"):
+        compile_policy(ngram, tmp_path / "x.policy", kind="rnn", prune=1.5)
+    with pytest.raises(PolicyError, match="--int8 and --prune apply to --kind rnn"):
+        compile_policy(ngram, tmp_path / "x.policy", kind="table", int8=True)
+    # a table needs traces: the training traces are found from the model's metadata
+    assert main(["compile", str(ngram), "--kind", "table", "-o", str(tmp_path / "t.policy"),
+                 "--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["kind"] == "table" and spec["model"]["kind"] == "ngram"
+    assert len(spec["model"]["sha256"]) == 64
+    assert main(["evaluate", str(tmp_path / "t.policy"), str(runs["b"]), "--protocol",
+                 "cross-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "policy:table"
