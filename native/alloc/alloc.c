@@ -219,8 +219,21 @@ static void *aligned_in(mi_heap_t *h, size_t size, size_t align) {
     return p;
 }
 
+/* What every allocation does with its result: errno as glibc sets it, the --log counts, and in
+ * policy mode a sample of the placed blocks watched for mispredictions. */
+static inline void *placed(void *p, int cls, size_t size, uint32_t site) {
+    if (HA_UNLIKELY(!p)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    account(cls, size);
+    if (ha_mode == HA_MODE_POLICY && cls != HA_DEFAULT)
+        ha_sample_alloc(p, site, cls);
+    return p;
+}
+
 static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint32_t site) {
-    mi_heap_t *h = cls == HA_DEFAULT && ha_heap_of[HA_DEFAULT] == 0 ? NULL : heap_of(cls);
+    mi_heap_t *h = heap_of(cls);
     void *p;
     if (size < MIN_SIZE)
         size = MIN_SIZE;
@@ -233,14 +246,7 @@ static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint3
     } else {
         p = zero ? mi_zalloc(size) : mi_malloc(size);
     }
-    if (HA_UNLIKELY(!p)) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    account(cls, size);
-    if (ha_mode == HA_MODE_POLICY && cls != HA_DEFAULT)
-        ha_sample_alloc(p, site, cls);
-    return p;
+    return placed(p, cls, size, site);
 }
 
 #define CALLER() ((uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0)))
@@ -310,17 +316,9 @@ static void *realloc_at(uintptr_t ra, void *p, size_t size) {
     tick();
     if (ha_mode == HA_MODE_POLICY)
         ha_sample_free(p);
-    mi_heap_t *h = cls == HA_DEFAULT && ha_heap_of[HA_DEFAULT] == 0 ? NULL : heap_of(cls);
+    mi_heap_t *h = heap_of(cls);
     size_t want = size < MIN_SIZE ? MIN_SIZE : size;
-    void *q = h ? mi_heap_realloc(h, p, want) : mi_realloc(p, want);
-    if (HA_UNLIKELY(!q)) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    account(cls, size);
-    if (ha_mode == HA_MODE_POLICY && cls != HA_DEFAULT)
-        ha_sample_alloc(q, site, cls);
-    return q;
+    return placed(h ? mi_heap_realloc(h, p, want) : mi_realloc(p, want), cls, size, site);
 }
 
 EXPORT void *realloc(void *p, size_t size) {
