@@ -22,10 +22,14 @@ class NativeBuild(build_ext):
 
 recorder = Extension(
     "heapcast.libheapcast_recorder",
-    sources=["native/recorder/recorder.c"],
+    sources=["native/recorder/recorder.c", "native/recorder/policy_hook.c",
+             *[f"native/policy/{name}.c" for name in ("policy", "rnn", "table", "modmap")]],
+    depends=["native/recorder/raw_format.h", "native/recorder/policy_hook.h",
+             "native/policy/heapcast_policy.h", "native/policy/internal.h"],
     extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",
+                        "-ffp-contract=off", "-Wno-psabi",
                         "-ftls-model=initial-exec", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-    extra_link_args=["-pthread", "-ldl"],
+    extra_link_args=["-pthread", "-ldl", "-lm"],
 )
 
 # The allocator lab's replay kernels: a plain shared library loaded with ctypes (heapcast.lab.native).

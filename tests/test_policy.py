@@ -92,8 +92,9 @@ def test_table_policy_for_lifetimes(runs, tmp_path):
     train([runs["a"]], life, model="ngram", task="lifetime")
     majority = tmp_path / "maj.safetensors"
     train([runs["a"]], majority, model="majority", task="lifetime")
-    spec = compile_policy(life, tmp_path / "life.table", kind="table", ctx=4)
+    spec = compile_policy(life, tmp_path / "life.table", kind="table", ctx=(8, 2))
     assert spec["table"]["entries"] > 0 and spec["table"]["distilled_from"] == [str(runs["a"])]
+    assert spec["table"]["context"] == [8, 2] and "context 8" in spec["table"]["per_level"]
     r = evaluate_policy(tmp_path / "life.table", [runs["b"]], "cross-run")
     base = evaluate(majority, [runs["b"]], "cross-run")["top1"]
     assert r["model"] == "policy:table" and r["events"] > 1000
@@ -116,7 +117,7 @@ def test_keys_and_tokens_match_the_trace_tools():
     site = rng.integers(0, 1 << 32, 200).astype(np.uint32)
     tok = rng.integers(0, 1002, 200).astype(np.uint32)
     ctx = rng.integers(0, 1 << 63, 200).astype(np.uint64)
-    for level in (0, 1, 2, 3):
+    for level in (0, 1, 2, 104):
         assert [lib.hc_table_key(level, int(s), int(t), int(c)) for s, t, c in
                 zip(site, tok, ctx)] == table_key(level, site, tok, ctx).tolist()
     # the context of the first rows of a stream is padded

@@ -65,7 +65,8 @@ typedef struct {
 typedef struct {
     int32_t label[HC_TOPK];
     float conf;
-    uint32_t level;       /* table: which key level answered (0 fallback ... 3 most specific) */
+    uint32_t level;       /* table: which key answered: 0 the default, 1 token, 2 call site,
+                             3 (site, token), 4.. with context, longest highest */
 } hc_prediction;
 
 /* ---- loading -------------------------------------------------------------------------------- */
@@ -93,6 +94,9 @@ void hc_stream_reset(hc_stream *s);             /* back to the start of a stream
  * it; for `lifetime`, call hc_predict_alloc instead at each allocation. `label` is the true
  * label of this event when known (-1 otherwise): the in-run memory learns from it. */
 void hc_stream_feed(hc_stream *s, const hc_event *ev, int32_t label);
+/* The same, computing the next prediction only if predict_next (an rnn's state still steps):
+ * for callers that predict every N events. */
+void hc_stream_feed_ex(hc_stream *s, const hc_event *ev, int32_t label, int predict_next);
 
 /* The prediction for the next event of the stream (next/free tasks). */
 void hc_stream_predict(hc_stream *s, hc_prediction *out);
@@ -124,7 +128,8 @@ uint16_t hc_event_token(const hc_policy *p, const hc_event *ev);
  * zlib's) and the offset from the module's load base. 0 means unknown. */
 uint32_t hc_site_key(uint32_t module_name_crc32, uint64_t offset);
 uint32_t hc_crc32(uint32_t crc, const void *data, size_t n);   /* zlib's crc32 */
-/* The key of a table policy's level (docs/policy-format.md), for tools that build tables. */
+/* The key of a table policy's level (0 token, 1 site, 2 site+token, 100+K with a context of K
+ * tokens; docs/policy-format.md), for tools that build tables. */
 uint64_t hc_table_key(int level, uint32_t site, uint32_t token, uint64_t ctx);
 /* The open-addressing index of n distinct keys into slots[1 << bits] (zeroed): what the
  * compiler stores; 0, -1 (too many keys) or -2 (a duplicate). */

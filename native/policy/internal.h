@@ -23,6 +23,7 @@ enum { VOCAB_SEED64 = 0, VOCAB_RICH = 1 };
 #define HC_MAX_ORDERS 16
 #define HC_MAX_HIST 64
 #define HC_MAX_CACHE 8
+#define HC_MAX_CTX 8                /* context lengths of a table */
 #define HC_N_CONF 8                 /* confidence buckets of the n-gram hint (CONF_BOUNDS + 1) */
 
 /* A tensor of the file, as the safetensors header described it. */
@@ -74,6 +75,7 @@ struct hc_policy {
     const double *ng_base;          /* order-0 probabilities of the n-gram classes */
     const int32_t *ng_base_order;   /* n-gram classes by decreasing base probability */
     /* table */
+    int tab_ctx_lens[HC_MAX_CTX];   /* descending */
     const uint64_t *tab_keys;
     const int16_t *tab_labels;      /* [slot][HC_TOPK] */
     const float *tab_conf;
@@ -150,6 +152,6 @@ void hc_rnn_feed(hc_stream *s, uint32_t site, uint16_t token, int dt, uint64_t h
                  uint64_t mem_sym, int32_t label, int want_pred);
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out);
-uint64_t hc_table_ctx(const hc_stream *s, int k);
+void hc_table_ctx(const hc_stream *s, const int *lens, int n, uint64_t *out);
 
 #endif

@@ -469,16 +469,19 @@ HC_EXPORT void hc_stream_reset(hc_stream *s) {
     if (s->p->cfg[CFG_KIND] == HC_KIND_RNN) hc_rnn_start(s);
 }
 
-uint64_t hc_table_ctx(const hc_stream *s, int k) {
-    /* the last k tokens of the stream (newest first), hashed; padding before the start */
+void hc_table_ctx(const hc_stream *s, const int *lens, int n, uint64_t *out) {
+    /* hashes of the last lens[i] tokens (newest first; padding before the stream's start): one
+     * rolling hash, read off at each length (lens descending) */
     uint64_t h = 0;
-    for (int i = 1; i <= k; i++) {
+    int maxk = n ? lens[0] : 0;
+    for (int i = 1; i <= maxk; i++) {
         uint64_t t = (uint32_t)i <= s->hist_len
                          ? s->tok_hist[(s->hist_head + HC_MAX_HIST - (uint32_t)i) % HC_MAX_HIST]
                          : 0xFFFF;
         h = h * 0x100000001B3ull + t + 1;
+        for (int j = 0; j < n; j++)
+            if (lens[j] == i) out[j] = hc_mix64(h);
     }
-    return hc_mix64(h);
 }
 
 static inline int dt_bucket(hc_stream *s, uint64_t ts) {
@@ -516,6 +519,10 @@ static void feed(hc_stream *s, const hc_event *ev, int32_t label, int want_pred)
 
 HC_EXPORT void hc_stream_feed(hc_stream *s, const hc_event *ev, int32_t label) {
     feed(s, ev, label, s->p->cfg[CFG_SHIFT]);
+}
+
+HC_EXPORT void hc_stream_feed_ex(hc_stream *s, const hc_event *ev, int32_t label, int predict_next) {
+    feed(s, ev, label, predict_next && s->p->cfg[CFG_SHIFT]);
 }
 
 HC_EXPORT void hc_stream_predict(hc_stream *s, hc_prediction *out) {

@@ -2,11 +2,9 @@
  *
  * The compiler ran the model over traces and stored, per key, the labels it predicted most often
  * there (top-k, and the share of the top one). Keys, most specific first (docs/policy-format.md):
- *   level 3: (call site, token, hash of the k tokens before the row)   when compiled with k > 0
- *   level 2: (call site, token)
- *   level 1: (call site)
- *   level 0: (token)
- * and a default when no key is known. A lookup is a hash and a short linear probe per level in
+ *   (call site, token, hash of the K tokens before the row) for each K of tab.ctx_lens, longest
+ *   first (a back-off over context lengths, as an n-gram's), then
+ *   (call site, token), (call site), (token), and a default when no key is known. A lookup is a hash and a short linear probe per level in
  * one open-addressing array of 64-bit keys, whose slot index is also the row of the label table.
  */
 #include <stdio.h>
@@ -14,6 +12,9 @@
 #include "internal.h"
 
 /* The key of a level (heapcast.policy.compile.table_key computes the same in numpy). */
+/* The key level of a context of K tokens. */
+#define CTX_LEVEL(k) (100 + (k))
+
 static inline uint64_t table_key(int level, uint32_t site, uint32_t token, uint64_t ctx) {
     uint64_t k = hc_mix64(hc_mix64(((uint64_t)level << 56) ^ ((uint64_t)site << 16) ^ token) ^ ctx);
     return k ? k : 1;
@@ -29,9 +30,26 @@ int hc_table_load(hc_policy *p, char *err, size_t errlen) {
         snprintf(err, errlen, "cfg[tab_bits] is %d: expected 1..31", bits);
         return -1;
     }
-    if (p->cfg[CFG_TAB_CTX] < 0 || p->cfg[CFG_TAB_CTX] > 32) {
-        snprintf(err, errlen, "cfg[tab_ctx] is %d: expected 0..32 tokens", p->cfg[CFG_TAB_CTX]);
+    int nctx = p->cfg[CFG_TAB_CTX];
+    if (nctx < 0 || nctx > HC_MAX_CTX) {
+        snprintf(err, errlen, "cfg[tab_ctx] is %d: expected 0..%d context lengths", nctx, HC_MAX_CTX);
         return -1;
+    }
+    if (nctx) {
+        const struct hc_tensor *cl = hc_find_tensor(p, "tab.ctx_lens");
+        if (!cl || cl->dtype != DT_I32 || cl->ndim != 1 || cl->shape[0] != (uint64_t)nctx) {
+            snprintf(err, errlen, "tensor tab.ctx_lens: expected int32[%d]", nctx);
+            return -1;
+        }
+        const int32_t *lens = cl->data;
+        for (int i = 0; i < nctx; i++) {
+            if (lens[i] < 1 || lens[i] > 32 || (i && lens[i] >= lens[i - 1])) {
+                snprintf(err, errlen, "tensor tab.ctx_lens: %d is not a descending length in "
+                         "1..32", lens[i]);
+                return -1;
+            }
+            p->tab_ctx_lens[i] = lens[i];
+        }
     }
     uint64_t cap = 1ull << bits;
     const struct hc_tensor *k = hc_find_tensor(p, "tab.keys"), *l = hc_find_tensor(p, "tab.labels"),
@@ -91,26 +109,23 @@ static inline int64_t find(const hc_policy *p, uint64_t key) {
 
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out) {
-    int k = p->cfg[CFG_TAB_CTX];
-    uint64_t keys[4];
-    int levels[4], n = 0;
-    if (k > 0 && use_ctx && s) {
-        keys[n] = table_key(3, site, token, hc_table_ctx(s, k));
-        levels[n++] = 3;
-    }
-    keys[n] = table_key(2, site, token, 0);
-    levels[n++] = 2;
-    keys[n] = table_key(1, site, 0, 0);
-    levels[n++] = 1;
-    keys[n] = table_key(0, 0, token, 0);
-    levels[n++] = 0;
-    for (int i = 0; i < n; i++) {
-        int64_t slot = find(p, keys[i]);
+    int nctx = use_ctx && s ? p->cfg[CFG_TAB_CTX] : 0;
+    uint64_t ctx[HC_MAX_CTX];
+    if (nctx) hc_table_ctx(s, p->tab_ctx_lens, nctx, ctx);
+    /* most specific first; `level` counts from the coarsest key (1: token) up */
+    int top = 3 + nctx;
+    for (int lv = top; lv >= 1; lv--) {
+        uint64_t key;
+        if (lv > 3) key = table_key(CTX_LEVEL(p->tab_ctx_lens[top - lv]), site, token, ctx[top - lv]);
+        else if (lv == 3) key = table_key(2, site, token, 0);
+        else if (lv == 2) key = table_key(1, site, 0, 0);
+        else key = table_key(0, 0, token, 0);
+        int64_t slot = find(p, key);
         if (slot < 0) continue;
         const int16_t *l = p->tab_labels + (size_t)slot * HC_TOPK;
         for (int j = 0; j < HC_TOPK; j++) out->label[j] = l[j];
         out->conf = p->tab_conf[slot];
-        out->level = (uint32_t)levels[i] + 1;
+        out->level = (uint32_t)lv;
         return;
     }
     for (int j = 0; j < HC_TOPK; j++) out->label[j] = p->tab_default[j];

@@ -20,6 +20,8 @@
  *   HEAPCAST_MMAP    "1" to record mmap/munmap/mremap
  *   HEAPCAST_FOLLOW  "1" to trace exec'd images too (otherwise only the first image and its forks)
  *   HEAPCAST_DRAIN   "1": a drainer recycles full chunks (raw_format.h, "Recycling")
+ *   HEAPCAST_POLICY  a compiled POLICY to run online on every event (policy_hook.c)
+ *   HEAPCAST_POLICY_EVERY  predict every N-th event only (default 1)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -42,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "policy_hook.h"
 #include "raw_format.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -529,6 +532,7 @@ static void init_process(void) {
             }
             pthread_atfork(NULL, NULL, atfork_child);
             state = ST_ACTIVE;
+            hc_hook_init(getenv("HEAPCAST_POLICY"), g_dir, env_int("HEAPCAST_POLICY_EVERY", 1));
         }
     }
     T.own--;
@@ -554,6 +558,7 @@ static void atfork_child(void) {
     __atomic_add_fetch(&g_gen, 1, __ATOMIC_RELEASE);
     T.busy++;
     int ok = open_process_files(parent, fork_seq);
+    if (ok) hc_hook_fork_child();
     T.busy--;
     if (!ok) __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE);
 }
@@ -890,6 +895,7 @@ static inline __attribute__((always_inline)) void emit(struct tstate *t, int op,
     uint32_t ts;
     struct hc_record *r = event_slots(t, 1, &ts);
     if (LIKELY(r != NULL)) fill(r, op, seq, ts, loc, a, b);
+    if (UNLIKELY(hc_hook_on)) hc_hook_event(op, seq, (uint64_t)(uintptr_t)a, b, 0, callsite);
     emit_end(t);
 }
 
@@ -907,6 +913,8 @@ static inline __attribute__((always_inline)) void emit_ext(struct tstate *t, int
     __atomic_store_n(&x->head, ((lag > 0xFFFFFFFFull ? 0xFFFFFFFFull : lag) << 8) | HC_EXT,
                      __ATOMIC_RELEASE);
     fill(r, op, seq, ts, loc, a, b);
+    if (UNLIKELY(hc_hook_on))
+        hc_hook_event(op, seq, (uint64_t)(uintptr_t)a, b, (uint64_t)(uintptr_t)old, callsite);
     emit_end(t);
 }
 
@@ -1120,6 +1128,7 @@ __attribute__((destructor)) static void heapcast_end(void) {
     H->end_tsc = now_ticks();
     H->end_mono_ns = mono_ns();
     __atomic_fetch_or(&H->flags, HC_FLAG_CLEAN_EXIT, __ATOMIC_RELEASE);
+    hc_hook_flush_all();
     g_exited = 1;
     T.busy--;
 }

@@ -156,13 +156,16 @@ def _prepare_directory(path: Path) -> str | None:
 
 def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follow_children: bool = False,
            mmap: bool = False, unwind: str = "fp", progress: bool | None = None,
-           env: dict | None = None) -> RecordResult:
+           env: dict | None = None, policy=None, policy_every: int = 1) -> RecordResult:
     """Runs `cmd` with the recorder preloaded and returns how it went (see RecordResult).
 
     The trace is written at exactly `output` (a directory; default: a new name in the current
     directory). The program's exit status is returned as a shell reports it (128+N for signal N).
     If the trace cannot be written, the program still runs, untouched, and the result says why.
-    `env`: extra environment variables for the program.
+    `env`: extra environment variables for the program. `policy`: a compiled POLICY that the
+    recorder runs online on the program's events, predicting every `policy_every`-th one and
+    logging its predictions in the trace (heapcast.policy.online); a broken or unusable POLICY
+    raises RecordError before the program starts.
     """
     cmd = [str(c) for c in cmd]
     if not cmd:
@@ -171,6 +174,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         raise ValueError(f"unwind must be 'fp' or 'dwarf', not {unwind!r}")
     if not 0 <= stacks <= 64:
         raise ValueError(f"stacks must be between 0 and 64 frames, not {stacks}")
+    if policy is not None:
+        _check_policy(policy, policy_every)
     path = Path(output) if output is not None else default_output(cmd)
     existed = path.exists()
     problem = _prepare_directory(path)
@@ -181,6 +186,9 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         env.update(HEAPCAST_DIR=str(path.resolve()), HEAPCAST_STACKS=str(stacks),
                    HEAPCAST_UNWIND=unwind, HEAPCAST_MMAP="1" if mmap else "0",
                    HEAPCAST_FOLLOW="1" if follow_children else "0")
+        if policy is not None:
+            env.update(HEAPCAST_POLICY=str(Path(policy).resolve()),
+                       HEAPCAST_POLICY_EVERY=str(policy_every))
     drainer = None
     if problem is None:
         try:
@@ -244,6 +252,23 @@ def _run(cmd, env, trace_dir, rss_interval_ms) -> tuple:
 def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def _check_policy(policy, every: int) -> None:
+    """Opens `policy` through the native runtime, as the recorder will: RecordError if it cannot
+    run online (damaged, mismatched, or of a task the recorder cannot feed)."""
+    from .policy.fileformat import PolicyError
+    from .policy.native import Policy
+    if every < 1:
+        raise RecordError(f"--policy-every {every}: expected a positive number of events")
+    try:
+        with Policy(policy) as p:
+            if p.task == "free":
+                raise RecordError(f"{policy}: a policy of the 'free' task cannot run online (the "
+                                  f"recorder does not rank live blocks); use a next or lifetime "
+                                  f"policy")
+    except (PolicyError, OSError) as e:
+        raise RecordError(f"--policy: {e}") from None
 
 
 class RecordError(Exception):

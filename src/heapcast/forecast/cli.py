@@ -65,6 +65,8 @@ def _cmd_train(a) -> int:
 
 def _cmd_evaluate(a) -> int:
     from .evaluate import evaluate, format_result
+    if not a.traces or not a.protocol:
+        raise ValueError("evaluate needs MODEL TRACE... --protocol P")
     r = evaluate(a.model, a.traces, a.protocol, max_samples=a.max_samples)
     print(json.dumps(r, indent=2) if a.json else format_result(r))
     return 0
@@ -121,8 +123,8 @@ def add_parsers(sub) -> None:
 
     e = sub.add_parser("evaluate", help="score a model on traces under a protocol")
     e.add_argument("model", type=Path, metavar="MODEL")
-    e.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
-    e.add_argument("--protocol", choices=PROTOCOLS, required=True)
+    e.add_argument("traces", nargs="*", type=Path, metavar="TRACE")
+    e.add_argument("--protocol", choices=PROTOCOLS)
     e.add_argument("--max-samples", type=int, default=0,
                    help="score a fixed random subset of N rows (for slow models)")
     e.add_argument("--json", action="store_true", help="print one JSON object")

@@ -16,6 +16,7 @@ article did), processes in trace order) or one per process
 | lifetime_events, lifetime_ns | i8 | block lifetime (heapcast.forecast.lifetime), -1 none/never |
 | lifetime_class, lifetime_ns_class | i1 | lifetime classes, -1 for events that produce no block |
 | free_rank | i4 | at a free of a known block: its recency rank among the live blocks (0 = the youngest), else -1 |
+| seq | u8 | the event's seq in its process (to find a row's event in the trace) |
 
 Everything is vectorized per process (heapcast.heap.match, numpy sorts): no Python loop per event.
 """
@@ -39,7 +40,7 @@ COLUMNS = {
     "seed64": np.uint8, "rich": np.uint16, "site": np.uint32, "stack": np.uint32,
     "proc": np.uint16, "tid": np.uint32, "ts": np.uint64, "dt": np.uint8,
     "lifetime_events": np.int64, "lifetime_ns": np.int64, "lifetime_class": np.int8,
-    "lifetime_ns_class": np.int8, "free_rank": np.int32,
+    "lifetime_ns_class": np.int8, "free_rank": np.int32, "seq": np.uint64,
 }
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -258,6 +259,7 @@ def _build(procs: list, order: str, need_ranks: bool, proc0: int) -> Features:
             "proc": np.full(len(ev), proc0 + i, np.uint16), "tid": ev["tid"], "ts": ev["ts"],
             "lifetime_events": life["events"], "lifetime_ns": life["ns"],
             "lifetime_class": life["cls"], "lifetime_ns_class": life["ns_cls"],
+            "seq": ev["seq"],
         }
         if need_ranks:
             per["free_rank"] = free_ranks(ev["op"], blocks)

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from .compile import COMPILE_KINDS
+from .compile import COMPILE_KINDS, DEFAULT_CTX
 
 
 def _cmd_compile(a) -> int:
@@ -20,7 +20,8 @@ def _cmd_compile(a) -> int:
         return 0
     from .compile import compile_policy
     spec = compile_policy(a.model, a.output, kind=a.kind, int8=a.int8, prune=a.prune,
-                          data=a.data, ctx=a.ctx, max_rows=a.max_rows, progress=not a.quiet)
+                          data=a.data, ctx=_lengths(a.ctx), max_rows=a.max_rows,
+                          progress=not a.quiet)
     if a.json:
         print(json.dumps(spec, indent=2, default=str))
     else:
@@ -29,6 +30,13 @@ def _cmd_compile(a) -> int:
               f"a {spec['kind']} policy {a.output} ({spec['bytes']:,} bytes; {what})",
               file=sys.stderr)
     return 0
+
+
+def _lengths(text: str) -> list:
+    try:
+        return [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise ValueError(f"--ctx {text!r}: expected comma-separated numbers of tokens") from None
 
 
 def add_parsers(sub) -> None:
@@ -44,8 +52,9 @@ def add_parsers(sub) -> None:
                    help="rnn: drop the fraction F of hidden units that carry the least weight")
     c.add_argument("--data", type=Path, nargs="+", metavar="TRACE",
                    help="table: traces to distil on (default: the model's training traces)")
-    c.add_argument("--ctx", type=int, default=2, metavar="K",
-                   help="table: tokens of context in the most specific key (default 2)")
+    c.add_argument("--ctx", default=",".join(map(str, DEFAULT_CTX)), metavar="K1,K2,...",
+                   help="table: context lengths in tokens of the most specific keys, backed off "
+                        "longest first (default %(default)s; 0: none)")
     c.add_argument("--max-rows", type=int, default=2_000_000,
                    help="table: distil on at most N rows (default 2,000,000)")
     c.add_argument("--onnx", action="store_true",
@@ -56,9 +65,25 @@ def add_parsers(sub) -> None:
 
     e = sub.choices["evaluate"]
     forecast_evaluate = e.get_default("func")
+    e.add_argument("--online", action="store_true",
+                   help="score the predictions a policy logged while `heapcast record --policy` "
+                        "ran: heapcast evaluate --online TRACE")
+    e.usage = ("heapcast evaluate MODEL|POLICY TRACE... --protocol P [--json]\n"
+               "       heapcast evaluate --online TRACE [--json]")
 
     def _cmd_evaluate(a) -> int:
         from .fileformat import is_policy
+        if a.online:
+            from ..forecast.evaluate import format_result
+            from .online import evaluate_online
+            if a.traces or a.protocol:
+                raise ValueError("--online takes one TRACE and no --protocol: heapcast evaluate "
+                                 "--online TRACE")
+            r = evaluate_online(a.model)
+            print(json.dumps(r, indent=2) if a.json else format_result(r))
+            return 0
+        if not a.traces or not a.protocol:
+            raise ValueError("evaluate needs MODEL TRACE... --protocol P (or --online TRACE)")
         if not is_policy(a.model):
             return forecast_evaluate(a)
         from ..forecast.evaluate import format_result

@@ -25,6 +25,7 @@ from .fileformat import KINDS, TASK_IDS, VOCAB_IDS, PolicyError, cfg_array, writ
 from .native import TOPK, index_build
 
 COMPILE_KINDS = tuple(KINDS)
+CTX_LEVEL = 100          # the key level of a context of K tokens is CTX_LEVEL + K
 _PAD_TOKEN = 0xFFFF
 _P = np.uint64(0x100000001B3)
 
@@ -37,14 +38,17 @@ def _sha256(path) -> str:
     return h.hexdigest()
 
 
+DEFAULT_CTX = (32, 16, 4)
+
+
 def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, prune: float = 0.0,
-                   data=None, ctx: int = 2, max_rows: int = 2_000_000,
+                   data=None, ctx=DEFAULT_CTX, max_rows: int = 2_000_000,
                    progress: bool = True) -> dict:
     """Compiles the model file at `model_path` into a POLICY at `output`; returns its spec.
 
     `kind`: "rnn" (the default GRU's network) or "table" (distilled on `data`: traces or
-    datasets, by default the model's training traces; `ctx` tokens of context in the most
-    specific key, `max_rows` rows at most). `int8` and `prune` (a fraction of hidden units to
+    datasets, by default the model's training traces; `ctx`: the context lengths, in tokens,
+    of its most specific keys, backed off longest first; `max_rows` rows at most). `int8` and `prune` (a fraction of hidden units to
     drop) apply to rnn. PolicyError (a ValueError) names the file and why it cannot compile."""
     from ..forecast.models import load_model
     if kind not in KINDS:
@@ -226,9 +230,9 @@ def context_hash(tokens: np.ndarray, pos: np.ndarray, k: int) -> np.ndarray:
     return mix64(h)
 
 
-def table_inputs(data, k: int) -> tuple:
-    """(site, token, ctx) of every row's table key: of the row itself for lifetime, of the row
-    before it for next and free (nothing before a stream's start)."""
+def table_inputs(data) -> tuple:
+    """(site, token) of every row's table key: of the row itself for lifetime, of the row before
+    it for next and free (nothing before a stream's start)."""
     pos = data.position_in_stream()
     site, tok = data.sites.astype(np.uint32), data.tokens.astype(np.uint32)
     if data.shift:
@@ -236,8 +240,7 @@ def table_inputs(data, k: int) -> tuple:
         first = pos == 0
         site = np.where(first, 0, site[np.maximum(prev, 0)]).astype(np.uint32)
         tok = np.where(first, _PAD_TOKEN, tok[np.maximum(prev, 0)]).astype(np.uint32)
-    ctx = context_hash(data.tokens, pos, k) if k else np.zeros(len(data), np.uint64)
-    return site, tok, ctx
+    return site, tok
 
 
 def _votes(keys: np.ndarray, labels: np.ndarray):
@@ -265,12 +268,15 @@ def _votes(keys: np.ndarray, labels: np.ndarray):
     return keys_u, top, conf
 
 
-def _table_tensors(model, path, data, k: int, max_rows: int, progress: bool, spec: dict) -> dict:
+def _table_tensors(model, path, data, ctx, max_rows: int, progress: bool, spec: dict) -> dict:
     from ..forecast.dataset import load_features
     from ..forecast.tasks import DEFAULT_ORDER, make_task
     from ..forecast.train import spread_rows
-    if not 0 <= k <= 32:
-        raise PolicyError(f"--ctx {k}: expected 0..32 tokens of context")
+    lens = sorted({int(k) for k in ([ctx] if isinstance(ctx, int) else ctx) if int(k)},
+                  reverse=True)
+    if any(not 1 <= k <= 32 for k in lens) or len(lens) > 8:
+        raise PolicyError(f"--ctx {','.join(map(str, lens))}: expected up to 8 context lengths "
+                          f"of 1..32 tokens")
     training = model.meta.get("training", {})
     if not data:
         data = [t.get("path") for t in training.get("traces", [])]
@@ -291,34 +297,29 @@ def _table_tensors(model, path, data, k: int, max_rows: int, progress: bool, spe
     pred = model.predict(td, rows, k=1)[:, 0]
     ok = pred >= 0
     rows, pred = rows[ok], pred[ok]
-    site, tok, ctx = table_inputs(td, k)
-    site, tok, ctx = site[rows], tok[rows], ctx[rows]
+    site, tok = table_inputs(td)
+    site, tok = site[rows], tok[rows]
     zero = np.zeros(len(rows), np.uint64)
-    levels = []
-    if k:
-        levels.append((3, table_key(3, site, tok, ctx), table_key(2, site, tok, zero)))
-    levels.append((2, table_key(2, site, tok, zero), table_key(1, site, tok * 0, zero)))
-    levels.append((1, table_key(1, site, tok * 0, zero), None))
-    levels.append((0, table_key(0, site * 0, tok, zero), None))
-    answers = {}
-    for level, keys, _ in levels:
-        answers[level] = _votes(keys, pred)
+    # (level, keys of the rows, keys of their parent level): longest context first; an entry
+    # whose top label is its parent's is left out (the lookup falls through to the same answer)
+    chain = [(CTX_LEVEL + k, table_key(CTX_LEVEL + k, site, tok,
+                                       context_hash(td.tokens, td.position_in_stream(), k)[rows]))
+             for k in lens]
+    chain += [(2, table_key(2, site, tok, zero)), (1, table_key(1, site, tok * 0, zero)),
+              (0, table_key(0, site * 0, tok, zero))]
+    answers = [_votes(keys, pred) for _, keys in chain]
     entries = []
-    for level, keys, parent_keys in levels:
-        ku, top, conf = answers[level]
+    for i, (level, keys) in enumerate(chain):
+        ku, top, conf = answers[i]
         keep = np.ones(len(ku), bool)
-        if parent_keys is not None:
-            # an entry that says what its coarser key says is left out: the lookup falls
-            # through to that key and answers the same top label
-            pku, ptop, _ = answers[level - 1]
+        if level != 1 and level != 0:          # the parent of a context level or of (site, token)
+            pku, ptop, _ = answers[i + 1]
             first_row = np.unique(keys, return_index=True)[1]
-            pk = parent_keys[first_row]
-            pi = np.searchsorted(pku, pk)
-            keep = ptop[pi, 0] != top[:, 0]
-        entries.append((ku[keep], top[keep], conf[keep]))
-    keys = np.concatenate([e[0] for e in entries])
-    labels = np.concatenate([e[1] for e in entries])
-    conf = np.concatenate([e[2] for e in entries])
+            keep = ptop[np.searchsorted(pku, chain[i + 1][1][first_row]), 0] != top[:, 0]
+        entries.append((level, ku[keep], top[keep], conf[keep]))
+    keys = np.concatenate([e[1] for e in entries])
+    labels = np.concatenate([e[2] for e in entries])
+    conf = np.concatenate([e[3] for e in entries])
     keys, first = np.unique(keys, return_index=True)     # a cross-level collision keeps one
     labels, conf = labels[first], conf[first]
     bits = max(4, (2 * len(keys)).bit_length())
@@ -335,11 +336,14 @@ def _table_tensors(model, path, data, k: int, max_rows: int, progress: bool, spe
          "tab.default": default[0], "tab.default_conf": dconf[:1],
          "cfg": cfg_array(abi=1, kind=KINDS["table"], task=TASK_IDS[model.task],
                           vocab=VOCAB_IDS[model.vocab], n_labels=model.n_labels,
-                          shift=model.task != "lifetime", tab_ctx=k, tab_bits=bits)}
+                          shift=model.task != "lifetime", tab_ctx=len(lens), tab_bits=bits)}
+    if lens:
+        t["tab.ctx_lens"] = np.array(lens, np.int32)
     spec["inputs"] = {"site": "call-site key", "token": "the event's token (previous event for "
-                      "next/free)", "context_tokens": k}
-    spec["table"] = {"entries": int(len(keys)), "slots": 1 << bits, "context": k,
+                      "next/free)", "context_tokens": lens}
+    names = {2: "site+token", 1: "site", 0: "token"}
+    spec["table"] = {"entries": int(len(keys)), "slots": 1 << bits, "context": lens,
                      "distilled_rows": int(len(rows)), "distilled_from": [str(d) for d in data],
-                     "per_level": {str(lv): int(len(e[0])) for (lv, _, _), e in
-                                   zip(levels, entries)}}
+                     "per_level": {names.get(lv, f"context {lv - CTX_LEVEL}"): int(len(e[1]))
+                                   for lv, *e in entries}}
     return t

@@ -1,0 +1,319 @@
+/* heapcast recorder: a compiled policy run online on the traced program's own events
+ * (`heapcast record --policy POLICY [--policy-every N]`, the MLGO "release mode").
+ *
+ * The recorder calls hc_hook_event after it has written each event. The hook turns the event into
+ * what the policy reads (the call-site key of its return address, its token: a free's token needs
+ * the size of the block it frees, so the hook keeps a map of live blocks), asks the policy for a
+ * prediction every N events and logs it, keyed by the seq of the event it predicted, in
+ * <pid>.pred in the trace directory (docs/trace-format.md, "Predictions").
+ *   next:     one stream per thread (the task's thread order); the prediction of an event is the
+ *             one made before it happened, from the events before it on its thread.
+ *   lifetime: one stream per process, under a lock (the task's process order; threads that
+ *             allocate at the same moment may be fed in an order other than seq's); predicted at
+ *             each allocation.
+ * Like the recorder it never allocates through the hooked functions (everything is mmap'd), and a
+ * signal handler's event that interrupts the hook on the same thread is left out (counted).
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../policy/internal.h"
+#include "policy_hook.h"
+#include "raw_format.h"
+
+#define PRED_MAGIC "HCPRED1"
+#define PRED_BUF 2048
+#define MAX_THREADS 4096
+#define MAP_LOG2 22
+
+struct pred_rec { uint64_t seq; int32_t label[HC_TOPK]; float conf; };   /* 32 bytes */
+
+struct pred_header {                    /* 128 bytes at the start of <pid>.pred */
+    char magic[8];
+    uint32_t version, task;
+    uint32_t every, kind;
+    uint32_t vocab, pad0;
+    uint64_t skipped;                   /* events left out (nested in a signal handler) */
+    char model_sha256[72];
+    char pad[16];
+};
+_Static_assert(sizeof(struct pred_header) == 128, "pred header");
+_Static_assert(sizeof(struct pred_rec) == 32, "pred record");
+
+struct hook_thread {
+    hc_stream *s;
+    uint64_t count;                     /* events this stream was fed */
+    uint32_t n;                         /* records in buf */
+    struct pred_rec buf[PRED_BUF];
+};
+
+int hc_hook_on;
+static hc_policy *g_pol;
+static int g_every = 1, g_fd = -1, g_thread_streams, g_uses_time;
+static char g_dir[4096];
+static hc_stream *g_proc_stream;
+static uint64_t g_proc_count;
+static volatile int g_proc_lock, g_map_lock;
+static struct hook_thread *g_threads[MAX_THREADS];
+static int g_nthreads;
+static uint64_t g_skipped;
+static __thread struct hook_thread *t_state __attribute__((tls_model("initial-exec")));
+static __thread int t_inside __attribute__((tls_model("initial-exec")));
+
+static void lock(volatile int *l) {
+    while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE))
+        while (__atomic_load_n(l, __ATOMIC_RELAXED)) __builtin_ia32_pause();
+}
+
+static void unlock(volatile int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
+
+/* ---------------------------------------------------------------- live blocks: address -> size */
+
+/* Open addressing with backward-shift deletion, under one lock. Past 3/4 load new blocks are
+ * not kept (their frees then read as frees of unknown blocks). */
+static uint64_t *g_map;                 /* [2^MAP_LOG2][2]: address, size */
+static uint64_t g_map_used;
+
+static inline uint64_t map_home(uint64_t a) {
+    return (a * 0x9E3779B97F4A7C15ull) >> (64 - MAP_LOG2);
+}
+
+static void map_put(uint64_t a, uint64_t size) {
+    uint64_t mask = (1ull << MAP_LOG2) - 1, i = map_home(a);
+    lock(&g_map_lock);
+    for (;;) {
+        if (g_map[2 * i] == a) { g_map[2 * i + 1] = size; break; }
+        if (g_map[2 * i] == 0) {
+            if (g_map_used * 4 < (3ull << MAP_LOG2)) {
+                g_map[2 * i] = a;
+                g_map[2 * i + 1] = size;
+                g_map_used++;
+            }
+            break;
+        }
+        i = (i + 1) & mask;
+    }
+    unlock(&g_map_lock);
+}
+
+/* Removes `a`; its size, or -1 if it was not a live block. */
+static int64_t map_take(uint64_t a) {
+    uint64_t mask = (1ull << MAP_LOG2) - 1, i = map_home(a);
+    int64_t size = -1;
+    lock(&g_map_lock);
+    for (;; i = (i + 1) & mask) {
+        if (g_map[2 * i] == 0) goto done;
+        if (g_map[2 * i] == a) break;
+    }
+    size = (int64_t)g_map[2 * i + 1];
+    g_map_used--;
+    for (uint64_t j = (i + 1) & mask;; j = (j + 1) & mask) {   /* backward shift */
+        if (g_map[2 * j] == 0) break;
+        uint64_t h = map_home(g_map[2 * j]);
+        if (((j - h) & mask) >= ((j - i) & mask)) {
+            g_map[2 * i] = g_map[2 * j];
+            g_map[2 * i + 1] = g_map[2 * j + 1];
+            i = j;
+        }
+    }
+    g_map[2 * i] = 0;
+done:
+    unlock(&g_map_lock);
+    return size;
+}
+
+/* ---------------------------------------------------------------- the predictions file */
+
+static void write_all(const void *buf, size_t n) {
+    const char *p = buf;
+    while (n > 0 && g_fd >= 0) {
+        ssize_t w = write(g_fd, p, n);
+        if (w <= 0) return;   /* disk full: the file ends early (its records stay whole) */
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void flush_thread(struct hook_thread *ht) {
+    if (ht && ht->n) {
+        write_all(ht->buf, ht->n * sizeof ht->buf[0]);
+        ht->n = 0;
+    }
+}
+
+static int open_pred_file(void) {
+    char path[4200];
+    int pid = (int)getpid();
+    char num[16];
+    int k = 0;
+    do { num[k++] = (char)('0' + pid % 10); pid /= 10; } while (pid);
+    size_t d = strlen(g_dir);
+    memcpy(path, g_dir, d);
+    path[d++] = '/';
+    while (k) path[d++] = num[--k];
+    memcpy(path + d, ".pred", 6);
+    g_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (g_fd < 0) return 0;
+    struct pred_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, PRED_MAGIC, 8);
+    h.version = 1;
+    h.task = (uint32_t)hc_policy_task(g_pol);
+    h.every = (uint32_t)g_every;
+    h.kind = (uint32_t)hc_policy_kind(g_pol);
+    h.vocab = (uint32_t)g_pol->cfg[CFG_VOCAB];
+    strncpy(h.model_sha256, hc_policy_model_hash(g_pol), sizeof h.model_sha256 - 1);
+    write_all(&h, sizeof h);
+    return 1;
+}
+
+/* ---------------------------------------------------------------- setup */
+
+int hc_hook_init(const char *policy_path, const char *dir, int every) {
+    if (!policy_path || !*policy_path || strlen(dir) >= sizeof g_dir) return 0;
+    char err[512];
+    g_pol = hc_policy_open(policy_path, err, sizeof err);
+    if (!g_pol) return 0;                /* `heapcast record` checked it before starting us */
+    int task = hc_policy_task(g_pol);
+    if (task == HC_TASK_FREE) return 0;  /* refused up front by `heapcast record` */
+    g_every = every > 0 ? every : 1;
+    g_thread_streams = task == HC_TASK_NEXT;
+    g_uses_time = g_pol->cfg[CFG_KIND] == HC_KIND_RNN &&
+                  (g_pol->cfg[CFG_N_DT] || g_pol->cfg[CFG_NG_DT]);
+    memcpy(g_dir, dir, strlen(dir) + 1);
+    g_map = hc_map_anon((size_t)16 << MAP_LOG2);
+    if (!g_map || !open_pred_file()) return 0;
+    if (!g_thread_streams && !(g_proc_stream = hc_stream_open(g_pol))) return 0;
+    __atomic_store_n(&hc_hook_on, 1, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* In a fork child: its own file, its streams start afresh (a child's events are a new stream of
+ * a new process), the parent's live blocks stay known. */
+void hc_hook_fork_child(void) {
+    if (!hc_hook_on) return;
+    g_proc_lock = g_map_lock = 0;
+    if (g_fd >= 0) close(g_fd);
+    g_fd = -1;
+    for (int i = 0; i < g_nthreads; i++)
+        if (g_threads[i] && g_threads[i] != t_state) g_threads[i]->n = 0;   /* parent's records */
+    if (t_state) {
+        t_state->n = 0;
+        t_state->count = 0;
+        if (t_state->s) hc_stream_reset(t_state->s);
+    }
+    if (g_proc_stream) hc_stream_reset(g_proc_stream);
+    g_proc_count = 0;
+    g_skipped = 0;
+    if (!open_pred_file()) __atomic_store_n(&hc_hook_on, 0, __ATOMIC_RELEASE);
+}
+
+void hc_hook_flush_all(void) {
+    if (!hc_hook_on) return;
+    int n = __atomic_load_n(&g_nthreads, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n; i++) flush_thread(g_threads[i]);
+    if (g_fd >= 0)        /* the count of events left out, in the header */
+        pwrite(g_fd, &g_skipped, sizeof g_skipped, offsetof(struct pred_header, skipped));
+}
+
+static struct hook_thread *thread_state(void) {
+    struct hook_thread *ht = t_state;
+    if (ht) return ht;
+    ht = hc_map_anon(sizeof *ht);
+    if (!ht) return NULL;
+    if (g_thread_streams && !(ht->s = hc_stream_open(g_pol))) {
+        hc_unmap(ht, sizeof *ht);
+        return NULL;
+    }
+    int i = __atomic_fetch_add(&g_nthreads, 1, __ATOMIC_ACQ_REL);
+    if (i < MAX_THREADS) g_threads[i] = ht;
+    t_state = ht;
+    return ht;
+}
+
+/* ---------------------------------------------------------------- per event */
+
+static inline int kind_of(int op) {
+    switch (op) {
+    case HC_MALLOC: return HC_OP_MALLOC;
+    case HC_CALLOC: return HC_OP_CALLOC;
+    case HC_REALLOC: case HC_REALLOCARRAY: return HC_OP_REALLOC;
+    case HC_FREE: return HC_OP_FREE;
+    case HC_MMAP: return HC_OP_MMAP;
+    case HC_MUNMAP: return HC_OP_MUNMAP;
+    case HC_MREMAP: return HC_OP_MREMAP;
+    default: return HC_OP_ALIGNED;
+    }
+}
+
+static inline void log_prediction(struct hook_thread *ht, uint64_t seq, const hc_prediction *pr) {
+    struct pred_rec *r = &ht->buf[ht->n];
+    r->seq = seq;
+    memcpy(r->label, pr->label, sizeof r->label);
+    r->conf = pr->conf;
+    if (++ht->n == PRED_BUF) flush_thread(ht);
+}
+
+void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t old,
+                   const void *callsite) {
+    if (t_inside) {          /* a signal handler's event inside the hook: left out, counted */
+        __atomic_fetch_add(&g_skipped, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    t_inside = 1;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    struct hook_thread *ht = thread_state();
+    if (!ht) goto out;
+    hc_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.site = hc_site_of_address((uintptr_t)callsite);
+    ev.op = (uint16_t)kind_of(op);
+    ev.token = 0xFFFF;
+    ev.size = size;
+    if (g_uses_time) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ev.ts_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    }
+    /* the live-block map, as the trace tools' block matching sees it */
+    if (op == HC_FREE) {
+        int64_t was = addr ? map_take(addr) : -1;
+        ev.free_null = addr == 0;
+        ev.free_unknown = addr != 0 && was < 0;
+        ev.size = was > 0 ? (uint64_t)was : 0;
+    } else if (op <= HC_PVALLOC) {
+        if ((op == HC_REALLOC || op == HC_REALLOCARRAY) && old && (addr || size == 0))
+            map_take(old);
+        if (addr) map_put(addr, size);
+    }
+    if (g_thread_streams) {          /* next: predicted before it happens, on its thread */
+        if (ht->count % (uint64_t)g_every == 0) {
+            hc_prediction pr;
+            hc_stream_predict(ht->s, &pr);
+            log_prediction(ht, seq, &pr);
+        }
+        int32_t label = (int32_t)hc_event_token(g_pol, &ev);
+        hc_stream_feed_ex(ht->s, &ev, label, (ht->count + 1) % (uint64_t)g_every == 0);
+        ht->count++;
+    } else {                          /* lifetime: one stream per process */
+        int alloc = op <= HC_PVALLOC;
+        lock(&g_proc_lock);
+        if (alloc && g_proc_count++ % (uint64_t)g_every == 0) {
+            hc_prediction pr;
+            hc_predict_alloc(g_pol, g_proc_stream, &ev, &pr);
+            unlock(&g_proc_lock);
+            log_prediction(ht, seq, &pr);
+        } else {
+            hc_stream_feed_ex(g_proc_stream, &ev, -1, 0);
+            unlock(&g_proc_lock);
+        }
+    }
+out:
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    t_inside = 0;
+}

@@ -1,0 +1,99 @@
+"""Release mode's log: the predictions a policy made while `heapcast record --policy` ran, and
+`heapcast evaluate --online TRACE`, which scores them against what happened.
+
+The recorder writes, per process, `<pid>.pred` in the trace directory (docs/trace-format.md,
+"Predictions"): a 128-byte header, then one 32-byte record per prediction, keyed by the seq of the
+event it predicted. The rows and labels are those of `heapcast evaluate POLICY TRACE`, so the two
+can be compared on the same trace.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..forecast.evaluate import metrics
+from ..forecast.tasks import DEFAULT_ORDER, make_task
+from ..trace.format import TraceError
+
+MAGIC = b"HCPRED1\0"
+HEADER = np.dtype([("magic", "S8"), ("version", "<u4"), ("task", "<u4"), ("every", "<u4"),
+                   ("kind", "<u4"), ("vocab", "<u4"), ("pad0", "<u4"), ("skipped", "<u8"),
+                   ("model_sha256", "S72"), ("pad", "S16")])
+RECORD = np.dtype([("seq", "<u8"), ("label", "<i4", 5), ("conf", "<f4")])
+assert HEADER.itemsize == 128 and RECORD.itemsize == 32
+TASKS = ("next", "free", "lifetime")
+VOCABS = ("seed64", "rich")
+KINDS = {1: "table", 2: "rnn"}
+
+
+def read_predictions(path) -> tuple[dict, np.ndarray]:
+    """(header as a dict, RECORD array) of one `<pid>.pred` file; TraceError naming the file and
+    the offset when it is not one. A record cut short at the end (a full disk) is left out and
+    the header says `truncated`."""
+    path = Path(path)
+    raw = path.read_bytes()
+    if len(raw) < HEADER.itemsize or raw[:8] != MAGIC:
+        raise TraceError(path, 0, f"not a predictions file (expected magic {MAGIC!r} and a "
+                                  f"{HEADER.itemsize}-byte header)")
+    h = np.frombuffer(raw[:HEADER.itemsize], HEADER)[0]
+    if h["version"] != 1:
+        raise TraceError(path, 8, f"predictions format version {h['version']}, this heapcast "
+                                  f"reads 1")
+    if h["task"] >= len(TASKS) or h["vocab"] >= len(VOCABS):
+        raise TraceError(path, 12, f"unknown task {h['task']} or vocabulary {h['vocab']}")
+    body = len(raw) - HEADER.itemsize
+    recs = np.frombuffer(raw[HEADER.itemsize:HEADER.itemsize + body - body % RECORD.itemsize],
+                         RECORD)
+    header = {"task": TASKS[h["task"]], "vocab": VOCABS[h["vocab"]], "every": int(h["every"]),
+              "kind": KINDS.get(int(h["kind"]), "?"), "skipped": int(h["skipped"]),
+              "model_sha256": h["model_sha256"].decode(errors="replace"),
+              "truncated": bool(body % RECORD.itemsize)}
+    return header, recs
+
+
+def evaluate_online(trace_path) -> dict:
+    """Scores the predictions logged in a trace recorded with `heapcast record --policy` against
+    the trace's own labels; returns the metrics of `heapcast evaluate` as a JSON-able dict."""
+    from ..forecast.features import featurize
+    from ..trace.reader import load
+    trace = load(trace_path)
+    found = {p.pid: Path(trace.path) / f"{p.pid}.pred" for p in trace.processes}
+    found = {pid: f for pid, f in found.items() if f.exists()}
+    if not found:
+        raise TraceError(trace.path, None, "no predictions: record with `heapcast record "
+                                           "--policy POLICY` to log them")
+    logs = {pid: read_predictions(f) for pid, f in found.items()}
+    header = next(iter(logs.values()))[0]
+    if any(h["task"] != header["task"] or h["vocab"] != header["vocab"] for h, _ in logs.values()):
+        raise TraceError(trace.path, None, "processes logged predictions of different policies")
+    feats = featurize([trace], DEFAULT_ORDER[header["task"]],
+                      need_ranks=header["task"] == "free")
+    data = make_task(feats, header["task"], header["vocab"])
+    pred = np.full((len(data), 5), -1, np.int64)
+    have = np.zeros(len(data), bool)
+    seq = feats.columns["seq"]
+    for i, p in enumerate(trace.processes):
+        if p.pid not in logs:
+            continue
+        recs = logs[p.pid][1]
+        rows = np.flatnonzero(feats.columns["proc"] == i)
+        order = np.argsort(seq[rows], kind="stable")
+        pos = np.searchsorted(seq[rows][order], recs["seq"])
+        ok = pos < len(rows)
+        ok[ok] = seq[rows][order][pos[ok]] == recs["seq"][ok]
+        r = rows[order][pos[ok]]
+        pred[r] = recs["label"][ok]
+        have[r] = True
+    rows = np.flatnonzero(have & (data.labels >= 0))
+    result = {"protocol": "online", "task": header["task"], "vocab": header["vocab"],
+              "model": f"policy:{header['kind']} (online)", "target": "true",
+              "traces": [str(trace.path)], "events": int(len(rows)),
+              "predictions_logged": int(sum(len(r) for _, r in logs.values())),
+              "every": header["every"], "skipped": sum(h["skipped"] for h, _ in logs.values()),
+              "truncated": any(h["truncated"] for h, _ in logs.values()),
+              "model_sha256": header["model_sha256"], "sampled": False}
+    result.update(metrics(SimpleNamespace(task=header["task"], vocab=header["vocab"],
+                                          target="true"), data.labels[rows], pred[rows]))
+    return result
