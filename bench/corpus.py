@@ -31,13 +31,15 @@ class Program:
     name: str
     kind: str                    # what the program is, for tables
     follow_children: bool = False
+    python: bool = True          # Python call sites in CPython (heapcast record's default)
+    extra: bool = False          # recorded only when asked for by name (--programs)
 
     def prepare(self, run: str) -> list:
         """Writes the input of run "a" or "b" and returns the command line."""
         return PREPARE[self.name](run)
 
     def env(self) -> dict:
-        return {"PYTHONMALLOC": "malloc"} if self.name == "python" else {}
+        return {"PYTHONMALLOC": "malloc"} if self.name.startswith("python") else {}
 
 
 def _python(run):
@@ -131,10 +133,14 @@ def _perl(run):
     return ["perl", str(script), str(n), "1" if run == "a" else "2"]
 
 
-PREPARE = {"python": _python, "sqlite3": _sqlite, "gcc": _gcc, "g++": _cxx, "jq": _jq,
+PREPARE = {"python": _python, "python-native": _python, "sqlite3": _sqlite, "gcc": _gcc, "g++": _cxx, "jq": _jq,
            "perl": _perl}
 PROGRAMS = [
-    Program("python", "CPython 3 (dict/json/regex), PYTHONMALLOC=malloc"),
+    Program("python", "CPython 3 (dict/json/regex), PYTHONMALLOC=malloc, Python call sites"),
+    # The same recordings with native call sites (record --no-python): what Python call sites
+    # give the forecasters. Not in the default table (cross-program would see python twice).
+    Program("python-native", "CPython 3 as above, native call sites (--no-python)", python=False,
+            extra=True),
     Program("sqlite3", "SQLite shell, in-memory database"),
     Program("gcc", "GCC compiling a generated C file (cc1)", follow_children=True),
     Program("g++", "G++ compiling generated C++ (cc1plus, C++)", follow_children=True),
@@ -152,9 +158,9 @@ def ensure(programs=None, runs=("a", "b"), quiet=False) -> dict:
     INPUTS.mkdir(parents=True, exist_ok=True)
     out = {}
     for prog in PROGRAMS:
-        if programs and prog.name not in programs:
+        if (prog.name not in programs) if programs else prog.extra:
             continue
-        if shutil.which(prog.name if prog.name != "python" else PYTHON) is None:
+        if shutil.which(PYTHON if prog.name.startswith("python") else prog.name) is None:
             if not quiet:
                 print(f"corpus: {prog.name} is not installed, skipped", file=sys.stderr)
             continue
@@ -164,7 +170,8 @@ def ensure(programs=None, runs=("a", "b"), quiet=False) -> dict:
                 if path.exists():
                     shutil.rmtree(path)
                 r = heapcast.record(prog.prepare(run), output=path, env=prog.env(),
-                                    follow_children=prog.follow_children, progress=False)
+                                    follow_children=prog.follow_children, progress=False,
+                                    python=prog.python)
                 if r.exit_code != 0:
                     raise RuntimeError(f"{prog.name} run {run} exited with {r.exit_code}")
                 if not quiet:

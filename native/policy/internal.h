@@ -76,6 +76,7 @@ struct hc_policy {
     const int32_t *ng_base_order;   /* n-gram classes by decreasing base probability */
     /* table */
     int tab_ctx_lens[HC_MAX_CTX];   /* descending */
+    uint64_t tab_pow[HC_MAX_CTX];   /* P^(len - 1) of each length */
     const uint64_t *tab_keys;
     const int16_t *tab_labels;      /* [slot][HC_TOPK] */
     const float *tab_conf;
@@ -96,6 +97,7 @@ struct hc_stream {
     uint64_t hint_sym[HC_MAX_HIST], mem_sym[HC_MAX_HIST];
     uint16_t tok_hist[HC_MAX_HIST];
     uint32_t hist_len;              /* events in the histories (saturates at HC_MAX_HIST) */
+    uint64_t ctx_h[HC_MAX_CTX];     /* table: rolling hash of the last tab_ctx_lens[i] tokens */
     uint32_t hist_head;
     /* rnn */
     float *h, *gi, *gh, *logits;
@@ -120,9 +122,12 @@ static inline uint64_t hc_mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-/* Pushes an event's symbols into the stream's histories. */
+/* Pushes an event's symbols into the stream's histories (and, for a table, moves its context
+ * hashes by one token: hc_table_ctx_push). */
+void hc_table_ctx_push(hc_stream *s, uint16_t token);
 static inline void hc_push_history(hc_stream *s, uint64_t hint_sym, uint64_t mem_sym,
                                    uint16_t token) {
+    if (s->p->cfg[CFG_TAB_CTX]) hc_table_ctx_push(s, token);
     uint32_t i = s->hist_head;
     s->hint_sym[i] = hint_sym;
     s->mem_sym[i] = mem_sym;
@@ -152,6 +157,6 @@ void hc_rnn_feed(hc_stream *s, uint32_t site, uint16_t token, int dt, uint64_t h
                  uint64_t mem_sym, int32_t label, int want_pred);
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out);
-void hc_table_ctx(const hc_stream *s, const int *lens, int n, uint64_t *out);
+void hc_table_ctx_reset(hc_stream *s);
 
 #endif

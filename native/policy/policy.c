@@ -465,22 +465,44 @@ HC_EXPORT void hc_stream_reset(hc_stream *s) {
     s->events = 0;
     s->last_ts = 0;
     s->hist_len = s->hist_head = 0;
+    if (s->p->cfg[CFG_KIND] == HC_KIND_TABLE) hc_table_ctx_reset(s);
     s->have_pred = 0;
     if (s->p->cfg[CFG_KIND] == HC_KIND_RNN) hc_rnn_start(s);
 }
 
-void hc_table_ctx(const hc_stream *s, const int *lens, int n, uint64_t *out) {
-    /* hashes of the last lens[i] tokens (newest first; padding before the stream's start): one
-     * rolling hash, read off at each length (lens descending) */
-    uint64_t h = 0;
-    int maxk = n ? lens[0] : 0;
-    for (int i = 1; i <= maxk; i++) {
-        uint64_t t = (uint32_t)i <= s->hist_len
-                         ? s->tok_hist[(s->hist_head + HC_MAX_HIST - (uint32_t)i) % HC_MAX_HIST]
-                         : 0xFFFF;
-        h = h * 0x100000001B3ull + t + 1;
-        for (int j = 0; j < n; j++)
-            if (lens[j] == i) out[j] = hc_mix64(h);
+/* The context of a table's key: the rolling hash h = sum over i = 1..K of (t_i + 1) P^(K - i) of
+ * the K newest tokens t_1 (newest) .. t_K, padding before the stream's start (what
+ * heapcast.policy.compile.context_hash computes). A new token t moves it in O(1):
+ * h' = (t + 1) P^(K - 1) + (h - (t_K + 1)) / P, the division by the odd P a multiplication by its
+ * inverse modulo 2^64. */
+#define CTX_P 0x100000001B3ull
+#define CTX_PAD 0xFFFFull
+
+static uint64_t inverse_p(void) {
+    uint64_t x = CTX_P;                 /* Newton's iteration: 5 steps give 64 bits */
+    for (int i = 0; i < 5; i++) x *= 2 - CTX_P * x;
+    return x;
+}
+
+void hc_table_ctx_reset(hc_stream *s) {
+    const hc_policy *p = s->p;
+    for (int j = 0; j < p->cfg[CFG_TAB_CTX]; j++) {
+        uint64_t h = 0;
+        for (int i = 0; i < p->tab_ctx_lens[j]; i++) h = h * CTX_P + CTX_PAD + 1;
+        s->ctx_h[j] = h;
+    }
+}
+
+void hc_table_ctx_push(hc_stream *s, uint16_t token) {
+    static uint64_t inv;
+    if (!inv) inv = inverse_p();
+    const hc_policy *p = s->p;
+    for (int j = 0; j < p->cfg[CFG_TAB_CTX]; j++) {
+        uint32_t k = (uint32_t)p->tab_ctx_lens[j];
+        uint64_t out = k <= s->hist_len
+                           ? s->tok_hist[(s->hist_head + HC_MAX_HIST - k) % HC_MAX_HIST]
+                           : CTX_PAD;
+        s->ctx_h[j] = ((uint64_t)token + 1) * p->tab_pow[j] + (s->ctx_h[j] - (out + 1)) * inv;
     }
 }
 

@@ -49,6 +49,8 @@ int hc_table_load(hc_policy *p, char *err, size_t errlen) {
                 return -1;
             }
             p->tab_ctx_lens[i] = lens[i];
+            p->tab_pow[i] = 1;
+            for (int k = 1; k < lens[i]; k++) p->tab_pow[i] *= 0x100000001B3ull;
         }
     }
     uint64_t cap = 1ull << bits;
@@ -111,7 +113,7 @@ void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uin
                       int use_ctx, hc_prediction *out) {
     int nctx = use_ctx && s ? p->cfg[CFG_TAB_CTX] : 0;
     uint64_t ctx[HC_MAX_CTX];
-    if (nctx) hc_table_ctx(s, p->tab_ctx_lens, nctx, ctx);
+    for (int i = 0; i < nctx; i++) ctx[i] = hc_mix64(s->ctx_h[i]);
     /* most specific first; `level` counts from the coarsest key (1: token) up */
     int top = 3 + nctx;
     for (int lv = top; lv >= 1; lv--) {

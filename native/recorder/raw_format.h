@@ -15,6 +15,8 @@
  *
  * Two kinds of slots are not events: HC_LOC defines a location id (a call site, or a stack with
  * --stacks) and HC_TIME moves the chunk's time base (a slot's ts is a 32-bit offset from it).
+ * A location frame with bit 63 set is a Python frame (pyframes.h): its low 32 bits are the id of
+ * a "P" line of the .mods file (file, function, line), written before the HC_LOC that uses it.
  *
  * Recycling (HC_FLAG_RECYCLE, when `heapcast record` runs a drainer, native/recorder/drain.c):
  * writing fresh file pages costs the program more than the records themselves (the kernel must

@@ -22,6 +22,8 @@
  *   HEAPCAST_DRAIN   "1": a drainer recycles full chunks (raw_format.h, "Recycling")
  *   HEAPCAST_POLICY  a compiled POLICY to run online on every event (policy_hook.c)
  *   HEAPCAST_POLICY_EVERY  predict every N-th event only (default 1)
+ *   HEAPCAST_PYTHON  "0" to record native call sites in CPython too (default: the Python
+ *                    frames of a thread running Python code, pyframes.h)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -57,6 +59,8 @@
 /* Slots at the end of every chunk that only a nested event (a signal handler's, while the event it
  * interrupted is being written) may take: it must not replace the chunk then (see slots_slow). */
 #define NESTED_RESERVE 32u
+
+#include "pyframes.h"
 
 /* ---------------------------------------------------------------- the real functions */
 
@@ -123,6 +127,8 @@ static uintptr_t g_self_lo, g_self_hi;  /* this library's code: its frames are n
 static uint64_t g_mods_adds = ~0ull, g_mods_subs = ~0ull; /* dl_iterate_phdr counters last written */
 static volatile int g_mods_lock;
 static volatile int g_exited;        /* the destructor ran */
+static int g_python_want;            /* HEAPCAST_PYTHON: Python frames where there is CPython */
+static volatile int g_python;        /* CPython 3.11 found: Python frames are recorded */
 
 struct tstate {
     struct hc_record *rec;           /* current chunk, slot 0 is the chunk header */
@@ -141,6 +147,9 @@ struct tstate {
     uint64_t tbase;                  /* time base of the current chunk */
     uintptr_t stk_lo, stk_hi;        /* stack bounds, for frame pointer walks */
     uint64_t *loc_table;             /* open addressing: (key hash, location id) pairs */
+    uintptr_t self;                  /* pthread_self(), to recognise this thread's Python state */
+    int boot;                        /* looking for CPython: what dlsym allocates comes from the
+                                        boot arena, never from the program's heap */
 };
 static TLS struct tstate T;
 
@@ -294,6 +303,24 @@ static int mods_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     return 0;
 }
 
+/* Looks for CPython (pyframes.h). dlsym allocates (a failed lookup's message): from the boot
+ * arena, so that the program's heap stays exactly as it would be untraced. */
+static void python_probe(void) {
+    T.own++;
+    T.boot++;
+    g_python = py_probe();
+    T.boot--;
+    T.own--;
+}
+
+/* A loaded libpython (an embedding program may dlopen it). */
+static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+    const char *name = info->dlpi_name ? info->dlpi_name : "", *base = name;
+    for (const char *c = name; *c; c++)
+        if (*c == '/') base = c + 1;
+    return strncmp(base, "libpython3", 10) == 0;
+}
+
 /* Writes the loaded modules to the .mods file when they changed since the last snapshot. */
 static void snapshot_modules(int force) {
     if (g_mods_fd < 0) return;
@@ -302,6 +329,8 @@ static void snapshot_modules(int force) {
     probe.count_only = 1;
     dl_iterate_phdr(mods_cb, &probe);
     if (!force && probe.adds == g_mods_adds && probe.subs == g_mods_subs) return;
+    if (g_python_want && !g_python && dl_iterate_phdr(libpython_cb, NULL))
+        python_probe();                /* libpython came with a dlopen */
     if (__atomic_exchange_n(&g_mods_lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
     static struct textbuf buf;  /* under g_mods_lock */
     tb = &buf;
@@ -521,6 +550,8 @@ static void init_process(void) {
         g_mmap = env_int("HEAPCAST_MMAP", 0) == 1;
         g_follow = env_int("HEAPCAST_FOLLOW", 0) == 1;
         g_recycle = env_int("HEAPCAST_DRAIN", 0) == 1;
+        g_python_want = env_int("HEAPCAST_PYTHON", 1) == 1;
+        if (g_python_want) python_probe();
         g_use_tsc = tsc_is_reliable();
         int traced = 1;
         if (!g_follow && !claim_root()) traced = 0;
@@ -667,6 +698,7 @@ static int thread_ready_slow(struct tstate *t) {
     t->pos = t->cap = 0;
     t->next_size = 0;
     t->tid = __atomic_fetch_add(&H->threads, 1, __ATOMIC_RELAXED);
+    t->self = (uintptr_t)pthread_self();
     if (g_stack_depth && !g_unwind_dwarf) {
         t->own++;
         stack_bounds(t);
@@ -791,47 +823,170 @@ static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n) {
     return id;
 }
 
+/* Keeps key h -> id in the thread's table; a crowded table starts over (the reader merges the
+ * duplicate definitions that follow). */
+static void table_put(uint64_t *tab, uint64_t h, uint32_t id) {
+    uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
+    for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
+        if (tab[2 * i] == 0 || tab[2 * i] == h) { tab[2 * i + 1] = id; tab[2 * i] = h; return; }
+    }
+    memset(tab, 0, LOC_TABLE_SLOTS * 16);
+    i = (uint32_t)(h >> 40) & mask;
+    tab[2 * i + 1] = id;
+    tab[2 * i] = h;
+}
+
+/* Defines a Python frame (file, function, line of f's current instruction) as a "P" line of the
+ * .mods file, one write(2), and returns its id (0 if it could not be written). Its users are
+ * location definitions written after it, so a reader always finds it. */
+static uint32_t define_pyframe(struct tstate *t, const char *f) {
+    if (g_mods_fd < 0) return 0;
+    const char *code = PY_PTR(f, PY_FR_CODE);
+    char file[512], func[256], line[16 + 2 * (sizeof file + sizeof func) + 16];
+    size_t nf = py_utf8(PY_PTR(code, PY_CO_FILENAME), file, sizeof file);
+    size_t nq = py_utf8(PY_PTR(code, PY_CO_QUALNAME), func, sizeof func);
+    uint32_t id = (uint32_t)__atomic_add_fetch(&H->locs, 1, __ATOMIC_RELAXED);
+    uint64_t fields[2] = {id, (uint64_t)py_line(f)};
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+    line[n++] = 'P';
+    for (int k = 0; k < 2; k++) {
+        char d[16]; int i = 16;
+        uint64_t v = fields[k];
+        do { d[--i] = hex[v & 15]; v >>= 4; } while (v);
+        line[n++] = ' ';
+        while (i < 16) line[n++] = d[i++];
+    }
+    const char *txt[2] = {file, func};
+    size_t len[2] = {nf, nq};
+    for (int k = 0; k < 2; k++) {
+        line[n++] = ' ';
+        for (size_t i = 0; i < len[k]; i++) {
+            line[n++] = hex[(unsigned char)txt[k][i] >> 4];
+            line[n++] = hex[txt[k][i] & 15];
+        }
+    }
+    line[n++] = '\n';
+    uint64_t done = __atomic_add_fetch(&g_mods_bytes, n, __ATOMIC_RELAXED);
+    if (done > file_size_limit()) {   /* past RLIMIT_FSIZE: SIGXFSZ; drop it */
+        __atomic_fetch_or(&H->flags, HC_FLAG_TRUNCATED, __ATOMIC_RELAXED);
+        return 0;
+    }
+    t->busy++;   /* O_APPEND: one write lands whole, beside other threads' lines */
+    ssize_t w;
+    do { w = write(g_mods_fd, line, n); } while (w < 0 && errno == EINTR);
+    t->busy--;
+    return w == (ssize_t)n ? id : 0;
+}
+
+/* The frame value of Python frame f: PY_FRAME_TAG | its definition's id, interned per thread
+ * (0 if it could not be defined). */
+static uint64_t py_frame_value(struct tstate *t, const char *f) {
+    uint64_t h = (py_key(f) * 0x9E3779B97F4A7C15ull) | 1;   /* not the location's key */
+    uint64_t *tab = t->loc_table;
+    uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
+    for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
+        if (tab[2 * i] == h) return PY_FRAME_TAG | tab[2 * i + 1];
+        if (tab[2 * i] == 0) break;
+    }
+    uint32_t id = define_pyframe(t, f);
+    if (id) table_put(tab, h, id);
+    return id ? PY_FRAME_TAG | id : 0;
+}
+
+/* A hybrid stack: the native frames, each of the interpreter's frame-evaluation function
+ * replaced by the Python frames it was running (innermost first, down to the one it entered
+ * with), then the Python frames below the last native frame the walk reached (a walk that
+ * stopped early, at code without frame pointers). */
+static int py_hybrid(struct tstate *t, uintptr_t *frames, int n, const char *f, int max) {
+    uintptr_t out[MAX_STACK];
+    int k = 0;
+    for (int i = 0; i < n && k < max; i++) {
+        if (frames[i] - 1 < py_eval_lo || frames[i] - 1 >= py_eval_hi || !f) {
+            out[k++] = frames[i];
+            continue;
+        }
+        while (f && k < max) {
+            int entry = f[PY_FR_IS_ENTRY];
+            if (py_complete(f)) {
+                uint64_t v = py_frame_value(t, f);
+                if (v) out[k++] = v;
+            }
+            f = PY_PTR(f, PY_FR_PREVIOUS);
+            if (entry) break;
+        }
+    }
+    for (; f && k < max; f = PY_PTR(f, PY_FR_PREVIOUS)) {
+        if (!py_complete(f)) continue;
+        uint64_t v = py_frame_value(t, f);
+        if (v) out[k++] = v;
+    }
+    memcpy(frames, out, (size_t)k * sizeof *out);
+    return k;
+}
+
 /* The location id of this event: its call site, or with --stacks its whole stack, interned in a
- * per-thread table (the reader merges ids that different threads gave to the same frames). */
-static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite) {
+ * per-thread table (the reader merges ids that different threads gave to the same frames). On a
+ * thread running Python code the location is its Python stack (pf and the frames below it, at
+ * most PY_STACK_MAX), and with --stacks the Python frames among the native ones. */
+static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite,
+                                                        const char *pf) {
     uintptr_t frames[MAX_STACK];
     int n = 1;
     uint64_t h;
+    uint64_t *tab = t->loc_table;
+    if (UNLIKELY(!tab)) return 0;
     frames[0] = (uintptr_t)callsite;
     if (UNLIKELY(g_stack_depth)) {
         n = walk_frames(t, frames, g_stack_depth);
         if (n == 0) { frames[0] = (uintptr_t)callsite; n = 1; }
+        if (pf) {
+            int k = py_hybrid(t, frames, n, pf, g_stack_depth);
+            if (k) n = k;
+        }
         h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
         for (int i = 0; i < n; i++) { h ^= frames[i]; h *= 0xff51afd7ed558ccdull; h ^= h >> 29; }
+    } else if (pf) {
+        h = py_stack_key(pf);
     } else {
         h = (uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull;
     }
     h |= 1;  /* 0 marks an empty table slot */
-    uint64_t *tab = t->loc_table;
-    if (UNLIKELY(!tab)) return 0;
-    uint32_t mask = LOC_TABLE_SLOTS - 1;
-    uint32_t i = (uint32_t)(h >> 40) & mask;
+    uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
     for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
         if (LIKELY(tab[2 * i] == h)) return (uint32_t)tab[2 * i + 1];
-        if (tab[2 * i] == 0) {
-            uint32_t id = define_loc(t, frames, n);
-            if (id) { tab[2 * i + 1] = id; tab[2 * i] = h; }
-            return id;
+        if (tab[2 * i] == 0) break;
+    }
+    if (pf && !g_stack_depth) {  /* a new Python call site: its frames */
+        n = 0;
+        for (const char *f = pf; f && n < PY_STACK_MAX; f = PY_PTR(f, PY_FR_PREVIOUS)) {
+            uint64_t v = py_frame_value(t, f);
+            if (!v) return location_slow(t, callsite, NULL);
+            frames[n++] = (uintptr_t)v;
         }
     }
-    memset(tab, 0, LOC_TABLE_SLOTS * 16);  /* crowded: start over (the reader merges duplicates) */
-    return define_loc(t, frames, n);
+    uint32_t id = define_loc(t, frames, n);
+    if (id) table_put(tab, h, id);
+    return id;
 }
 
-/* The common case inline: a call site (no stacks) found at its first probe. */
+/* The common case inline: a call site (no stacks) found at its first probe; in Python code, the
+ * Python stack, keyed by its frames' current instructions. */
 static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
                                                                const void *callsite) {
+    const char *pf = NULL;
     if (LIKELY(!g_stack_depth && t->loc_table)) {
-        uint64_t h = ((uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull) | 1;
+        uint64_t h;
+        if (g_python && (pf = py_frame(t->self)) != NULL)
+            h = py_stack_key(pf);
+        else
+            h = ((uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull) | 1;
         uint64_t *e = t->loc_table + 2 * ((uint32_t)(h >> 40) & (LOC_TABLE_SLOTS - 1));
         if (LIKELY(e[0] == h)) return (uint32_t)e[1];
+    } else if (g_python && t->loc_table) {
+        pf = py_frame(t->self);
     }
-    return location_slow(t, callsite);
+    return location_slow(t, callsite, pf);
 }
 
 /* ---------------------------------------------------------------- recording */
@@ -927,7 +1082,8 @@ static uint64_t mul_sat(size_t a, size_t b) {
 
 EXPORT void *malloc(size_t n) {
     struct tstate *t = &T;
-    if (UNLIKELY(!thread_ready(t))) return real_malloc ? real_malloc(n) : boot_alloc(n, 16);
+    if (UNLIKELY(!thread_ready(t)))
+        return real_malloc && !t->boot ? real_malloc(n) : boot_alloc(n, 16);
     void *p = real_malloc(n);
     int e = errno;
     uint64_t seq = next_seq();
@@ -950,7 +1106,7 @@ EXPORT void free(void *p) {
 EXPORT void *calloc(size_t nmemb, size_t size) {
     struct tstate *t = &T;
     if (UNLIKELY(!thread_ready(t))) {
-        if (real_calloc) return real_calloc(nmemb, size);
+        if (real_calloc && !t->boot) return real_calloc(nmemb, size);
         uint64_t total = mul_sat(nmemb, size);
         void *p = total == UINT64_MAX ? NULL : boot_alloc(total, 16);
         if (p) memset(p, 0, total);
@@ -965,7 +1121,7 @@ EXPORT void *calloc(size_t nmemb, size_t size) {
 }
 
 static void *boot_realloc(void *p, size_t n) {
-    void *q = real_malloc ? real_malloc(n) : boot_alloc(n, 16);
+    void *q = real_malloc && !T.boot ? real_malloc(n) : boot_alloc(n, 16);
     if (q && p) {
         size_t old = in_boot_arena(p) ? ((size_t *)p)[-1] : n;
         memcpy(q, p, old < n ? old : n);
@@ -979,7 +1135,7 @@ static void *boot_realloc(void *p, size_t n) {
 EXPORT void *realloc(void *p, size_t n) {
     struct tstate *t = &T;
     if (UNLIKELY(in_boot_arena(p) || !thread_ready(t))) {
-        if (in_boot_arena(p) || !real_realloc) return boot_realloc(p, n);
+        if (in_boot_arena(p) || !real_realloc || t->boot) return boot_realloc(p, n);
         return real_realloc(p, n);
     }
     uint64_t before = next_seq();

@@ -17,7 +17,7 @@ def _cmd_record(a) -> int:
     try:
         r = record(a.command, output=a.output, stacks=a.stacks, rss_interval_ms=a.rss_interval,
                    follow_children=a.follow_children, mmap=a.mmap, unwind=a.unwind,
-                   policy=a.policy, policy_every=a.policy_every)
+                   python=a.python, policy=a.policy, policy_every=a.policy_every)
     except RecordError as e:
         print(f"heapcast: {e}", file=sys.stderr)
         return 127
@@ -70,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("record", help="run a program and record every heap call",
                        usage="heapcast record [-o PATH] [--stacks N] [--rss-interval MS] "
-                             "[--follow-children] [--mmap] [--policy POLICY [--policy-every N]] "
-                             "-- CMD ARGS...")
+                             "[--follow-children] [--mmap] [--no-python] "
+                             "[--policy POLICY [--policy-every N]] -- CMD ARGS...")
     r.add_argument("-o", "--output", type=Path, help="trace directory to create (default: "
                    "heapcast-<program>-<n> in the current directory)")
     r.add_argument("--stacks", type=int, default=0, metavar="N",
@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--follow-children", action="store_true",
                    help="also trace programs started by exec (forked children are always traced)")
     r.add_argument("--mmap", action="store_true", help="also record mmap, munmap and mremap")
+    r.add_argument("--python", action=argparse.BooleanOptionalAction, default=True,
+                   help="in CPython 3.11 programs, record the Python file, function and line as "
+                        "call sites (and Python frames in stacks); --no-python: native call "
+                        "sites only (default: on)")
     r.add_argument("--policy", type=Path, metavar="POLICY",
                    help="run a compiled policy online on the program's events and log its "
                         "predictions in the trace (heapcast evaluate --online)")

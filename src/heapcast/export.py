@@ -2,8 +2,11 @@
 
 Columns: every EVENT_DTYPE field under its own name and type, plus `op_name` (dictionary-encoded
 operation name), `pid` (the process's pid) and `callsite` (frame 0 of the event's location, 0 when
-unknown). The file's key-value metadata holds `heapcast.processes` (JSON list of each process's
-metadata, as in its META section) and `heapcast.session` (the trace's session.json).
+unknown; with bit 63 set, a Python frame: its low 32 bits are an id in `heapcast.python_frames`).
+The file's key-value metadata holds `heapcast.processes` (JSON list of each process's metadata, as
+in its META section), `heapcast.session` (the trace's session.json) and `heapcast.python_frames`
+(JSON list, one entry per process as in `heapcast.processes`: its list of [id, file, function,
+line], as in the PYFRAMES section; empty for a process without Python frames).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from .trace.writer import open_private
 
 PROCESSES_KEY = b"heapcast.processes"
 SESSION_KEY = b"heapcast.session"
+PYFRAMES_KEY = b"heapcast.python_frames"
 
 
 def export_parquet(trace, out_path, row_group: int = 1 << 20) -> Path:
@@ -36,6 +40,9 @@ def export_parquet(trace, out_path, row_group: int = 1 << 20) -> Path:
     schema = event_schema().with_metadata({
         PROCESSES_KEY: json.dumps([p.meta() for p in trace.processes]),
         SESSION_KEY: json.dumps(trace.session),
+        PYFRAMES_KEY: json.dumps([[[k, f.file, f.function, f.line]
+                                   for k, f in sorted(p.python_frames.items())]
+                                  for p in trace.processes]),
     })
     callsites = [_callsites(p.locations) for p in trace.processes]
     tmp = out.with_name(out.name + ".tmp")

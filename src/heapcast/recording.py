@@ -156,16 +156,20 @@ def _prepare_directory(path: Path) -> str | None:
 
 def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follow_children: bool = False,
            mmap: bool = False, unwind: str = "fp", progress: bool | None = None,
-           env: dict | None = None, policy=None, policy_every: int = 1) -> RecordResult:
+           env: dict | None = None, python: bool = True, policy=None,
+           policy_every: int = 1) -> RecordResult:
     """Runs `cmd` with the recorder preloaded and returns how it went (see RecordResult).
 
     The trace is written at exactly `output` (a directory; default: a new name in the current
     directory). The program's exit status is returned as a shell reports it (128+N for signal N).
     If the trace cannot be written, the program still runs, untouched, and the result says why.
-    `env`: extra environment variables for the program. `policy`: a compiled POLICY that the
-    recorder runs online on the program's events, predicting every `policy_every`-th one and
-    logging its predictions in the trace (heapcast.policy.online); a broken or unusable POLICY
-    raises RecordError before the program starts.
+    `env`: extra environment variables for the program. `python`: in CPython 3.11 programs, a
+    thread running Python code records its Python frames (file, function, line) as call sites
+    and, with `stacks`, among its native frames; False records native call sites only.
+    `policy`: a compiled POLICY that the recorder runs online on the program's events,
+    predicting every `policy_every`-th one and logging its predictions in the trace
+    (heapcast.policy.online); a broken or unusable POLICY raises RecordError before the program
+    starts.
     """
     cmd = [str(c) for c in cmd]
     if not cmd:
@@ -185,7 +189,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
         env.update(HEAPCAST_DIR=str(path.resolve()), HEAPCAST_STACKS=str(stacks),
                    HEAPCAST_UNWIND=unwind, HEAPCAST_MMAP="1" if mmap else "0",
-                   HEAPCAST_FOLLOW="1" if follow_children else "0")
+                   HEAPCAST_FOLLOW="1" if follow_children else "0",
+                   HEAPCAST_PYTHON="1" if python else "0")
         if policy is not None:
             env.update(HEAPCAST_POLICY=str(Path(policy).resolve()),
                        HEAPCAST_POLICY_EVERY=str(policy_every))

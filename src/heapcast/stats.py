@@ -12,6 +12,7 @@ import numpy as np
 
 from .heap import match_trace
 from .symbolize import UNKNOWN, Symbolizer
+from .trace.model import PY_FRAME_TAG, is_python_frame
 from .trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
 
 PERCENTILES = (50, 90, 99)
@@ -72,11 +73,35 @@ def _downsample_max(x: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndarr
     return x[edges], np.maximum.reduceat(y, edges)
 
 
-class _CallSites:
-    """Allocation counts and bytes per call site, merged over processes by (module, offset)."""
+def program_lines(p) -> np.ndarray:
+    """Per location id of process `p`: its innermost Python frame in the program's own code, not
+    in the interpreter's library (`<frozen ...>`, `.../lib/python3.X/...`, site-packages
+    included); 0 where there is none. What a Python user wrote that led to the allocation."""
+    table = p.locations
+    out = np.zeros(len(table), np.uint64)
+    own = [fid for fid, f in p.python_frames.items()
+           if not f.file.startswith("<frozen") and "/lib/python3" not in f.file]
+    if not own or not len(table.flat):
+        return out
+    flat = table.flat.astype(np.uint64)
+    idx = np.flatnonzero(is_python_frame(flat)
+                         & np.isin(flat & np.uint64(0xFFFFFFFF), np.array(own, np.uint64)))
+    loc_of = np.searchsorted(table.offsets.astype(np.int64), idx, side="right") - 1
+    locs, first = np.unique(loc_of, return_index=True)   # idx is sorted: innermost first
+    out[locs] = flat[idx[first]]
+    return out
 
-    def __init__(self, symbolizer: Symbolizer):
+
+class _CallSites:
+    """Allocation counts and bytes per call site, merged over processes by (module, offset).
+
+    `frames_of(process)`: the frame that stands for each location id (default: its call site);
+    locations where it is 0 are left out when `known_only`."""
+
+    def __init__(self, symbolizer: Symbolizer, frames_of=None, known_only: bool = False):
         self.symbolizer = symbolizer
+        self.frames_of = frames_of or (lambda p: p.locations.callsites)
+        self.known_only = known_only
         self.sites: dict = {}
 
     def add(self, p, ev: np.ndarray, acq: np.ndarray) -> None:
@@ -86,7 +111,7 @@ class _CallSites:
         # Sum per location id first (small dense ints), then per call site (several stacks can
         # share one): no sort over the events.
         locs = ev["loc"][acq].astype(np.int64)
-        callsites = p.locations.callsites
+        callsites = self.frames_of(p)
         nloc = max(len(callsites), int(locs.max()) + 1)
         loc_counts = np.bincount(locs, minlength=nloc)
         loc_bytes = _group_sum(locs, nloc, ev["size"][acq])
@@ -102,11 +127,16 @@ class _CallSites:
         np.minimum.at(first_seq, inv, loc_first[used])
         syms = self.symbolizer.symbolize(p, addrs, first_seq)
         for a, c, b, s in zip(addrs.tolist(), counts.tolist(), nbytes.tolist(), syms):
-            key = (s.module, s.offset) if s.module != UNKNOWN else (UNKNOWN, p.pid, a)
+            if self.known_only and a == 0:
+                continue
+            python = bool(a & PY_FRAME_TAG)
+            key = ((s.module, s.offset, s.function) if python and s.module != UNKNOWN
+                   else (s.module, s.offset) if s.module != UNKNOWN else (UNKNOWN, p.pid, a))
             site = self.sites.get(key)
             if site is None:
+                # A Python call site: module is its file and offset its line.
                 self.sites[key] = {"function": s.function, "module": s.module, "address": a,
-                                   "offset": s.offset, "count": c, "bytes": b}
+                                   "offset": s.offset, "count": c, "bytes": b, "python": python}
             else:
                 site["count"] += c
                 site["bytes"] += b
@@ -154,7 +184,9 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
     Keys: events, ops (every heap op, zeros included, plus mmap/munmap/mremap when recorded),
     processes, threads, duration_ns, peak_live_bytes and peak_live (when), peak_rss_bytes and
     peak_rss (when), size_classes, lifetimes, leaked_blocks/leaked_bytes, unknown_frees,
-    double_acquires, lost_events, truncated, top_callsites_by_bytes/by_count, per_process.
+    double_acquires, lost_events, truncated, top_callsites_by_bytes/by_count,
+    top_program_lines_by_bytes/by_count (Python programs: the innermost line of the program's
+    own code under each allocation; empty otherwise), per_process.
     `plot`: also draw the live-bytes/RSS/size-class figure into this PNG (needs matplotlib).
     """
     if plot is not None:
@@ -173,7 +205,9 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
     class_counts = np.zeros(65, np.int64)
     class_bytes = np.zeros(65, np.uint64)
     life_ns, life_events = [], []
-    sites = _CallSites(Symbolizer())
+    symbolizer = Symbolizer()
+    sites = _CallSites(symbolizer)
+    own_lines = _CallSites(symbolizer, program_lines, known_only=True)
     parents = {p.forked_from for p in trace.processes if p.forked_from}
     live_by_pid = {}             # pid -> (seq, live bytes after each event), for forked children
     per_process, series = [], []
@@ -229,6 +263,8 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
         for k in totals:
             totals[k] += p_sum[k]
         sites.add(p, ev, acq)
+        if p.python_frames:
+            own_lines.add(p, ev, acq)
         if plot is not None:
             x, y = _downsample_max((ev["ts"].astype(np.int64) - t0) / 1e9, live, PLOT_POINTS)
             series.append({"pid": p.pid, "live": (x, y),
@@ -264,6 +300,8 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
         "truncated": bool(trace.truncated),
         "top_callsites_by_bytes": sites.top("bytes", top),
         "top_callsites_by_count": sites.top("count", top),
+        "top_program_lines_by_bytes": own_lines.top("bytes", top),
+        "top_program_lines_by_count": own_lines.top("count", top),
         "per_process": per_process,
     }
     if plot is not None:
@@ -311,7 +349,9 @@ def _table(headers: list, rows: list, indent: str = "  ") -> list:
 
 
 def _site_rows(sites: list) -> list:
-    return [[s["bytes"], s["count"], s["function"], s["module"], f"{s['address']:#x}"]
+    return [[s["bytes"], s["count"], s["function"], f"{s['module']}:{s['offset']}", "python"]
+            if s.get("python") else
+            [s["bytes"], s["count"], s["function"], s["module"], f"{s['address']:#x}"]
             for s in sites]
 
 
@@ -348,6 +388,13 @@ def format_stats(d: dict) -> str:
     for key, title in (("top_callsites_by_bytes", "by bytes"), ("top_callsites_by_count", "by count")):
         out += ["", f"top call sites {title}",
                 *_table(["bytes", "count", "function", "module", "address"], _site_rows(d[key]))]
+    for key, title in (("top_program_lines_by_bytes", "by bytes"),
+                       ("top_program_lines_by_count", "by count")):
+        if d.get(key):
+            out += ["", f"top lines of the program's own Python code {title} (what called the "
+                        "library code that allocated)",
+                    *_table(["bytes", "count", "function", "line"],
+                            [r[:4] for r in _site_rows(d[key])])]
     out += ["", "processes",
             *_table(["pid", "ppid", "events", "threads", "peak live", "peak RSS", "leaked",
                      "unknown frees", "exe"],

@@ -9,6 +9,9 @@ batched `c++filt` call when binutils is installed.
 
 Nothing here raises for a module that cannot be read ("linux-vdso.so.1", a deleted file, a foreign
 architecture): its addresses resolve to function "?".
+
+Python frames (frame values with PY_FRAME_TAG, recorded in CPython programs) need no symbol
+table: they resolve to Symbol(function, file, line) from the process's python_frames.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+from .trace.model import PY_FRAME_TAG
 
 UNKNOWN = "?"
 DEBUG_ROOT = "/usr/lib/debug"
@@ -248,6 +253,17 @@ class Symbolizer:
         """Symbols of `addrs` in `process`, each under the module map in force at its seq
         (`seqs`: one per address; default: the last snapshot, which knows every dlopen)."""
         addrs = np.asarray(addrs, np.uint64).reshape(-1)
+        py = (addrs & np.uint64(PY_FRAME_TAG)) != 0
+        if py.any():
+            out = [None] * len(addrs)
+            native = np.flatnonzero(~py)
+            if len(native):
+                for j, sym in zip(native.tolist(), self.symbolize(
+                        process, addrs[native], None if seqs is None else np.asarray(seqs)[native])):
+                    out[j] = sym
+            for j in np.flatnonzero(py).tolist():
+                out[j] = python_symbol(process, int(addrs[j]))
+            return out
         snaps = process.modules
         if not snaps:
             return self.lookup(addrs, [])
@@ -280,3 +296,10 @@ class Symbolizer:
             except (OSError, subprocess.SubprocessError):
                 pass
         self._demangled.update(zip(todo, result))
+
+
+def python_symbol(process, frame: int) -> Symbol:
+    """The Symbol of a Python frame value: (function, file, line); "?" for an id the process
+    does not define (a definition that a kill cut off)."""
+    f = process.python_frames.get(int(frame) & 0xFFFFFFFF)
+    return Symbol(f.function, f.file, f.line) if f is not None else Symbol(UNKNOWN, UNKNOWN, 0)

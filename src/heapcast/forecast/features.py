@@ -9,7 +9,7 @@ article did), processes in trace order) or one per process
 | column | dtype | meaning |
 |---|---|---|
 | seed64, rich | u1, u2 | tokens (heapcast.forecast.vocab) |
-| site, stack | u4 | stable call-site / whole-stack key: hash of (module file name, offset in the module), 0 unknown |
+| site, stack | u4 | stable call-site / whole-stack key: hash of (module file name, offset in the module), or for a Python frame of (file name, function, line); 0 unknown |
 | proc, tid | u2, u4 | process (numbered across all input traces) and thread |
 | ts | u8 | CLOCK_MONOTONIC ns |
 | dt | u1 | bit_length of ns since the previous event of the same stream (0 at a stream start) |
@@ -31,7 +31,7 @@ import numpy as np
 from ..heap import match_trace
 from ..stats import size_classes
 from ..trace.format import FREE
-from ..trace.model import Process, Trace
+from ..trace.model import Process, Trace, is_python_frame
 from .lifetime import lifetime_labels
 from .vocab import rich_tokens, seed64_tokens
 
@@ -94,7 +94,8 @@ def location_keys(process: Process) -> tuple[np.ndarray, np.ndarray]:
 
     A frame's key hashes the file name of the module holding it and its offset in that module
     (the last module map: it knows every dlopen), so the same code has the same key in every run
-    and process despite ASLR. Addresses outside every module hash as they are.
+    and process despite ASLR; a Python frame's key hashes its source file's name, function and
+    line. Addresses outside every module hash as they are.
     """
     table = process.locations
     nloc = len(table)
@@ -126,6 +127,7 @@ def _fold32(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
 def _frame_keys(process: Process, frames: np.ndarray) -> np.ndarray:
     mods = sorted(process.modules[-1].modules, key=lambda m: m.start) if process.modules else []
     keys = mix64(frames)
+    _python_frame_keys(process, frames, keys)
     if not mods or not len(frames):
         return keys
     starts = np.array([m.start for m in mods], np.uint64)
@@ -139,6 +141,21 @@ def _frame_keys(process: Process, frames: np.ndarray) -> np.ndarray:
     m = mi[inside]
     keys[inside] = mix64((names[m] << np.uint64(40)) ^ (frames[inside] - bases[m]))
     return keys
+
+
+def _python_frame_keys(process: Process, frames: np.ndarray, keys: np.ndarray) -> None:
+    """Sets the keys of the Python frames among `frames`: (file name, function, line), hashed."""
+    py = np.flatnonzero(is_python_frame(frames))
+    if not len(py):
+        return
+    ids, inv = np.unique(frames[py] & np.uint64(0xFFFFFFFF), return_inverse=True)
+    per_id = np.zeros(len(ids), np.uint64)
+    for k, fid in enumerate(ids.tolist()):
+        f = process.python_frames.get(fid)
+        text = (f"{os.path.basename(f.file)}\0{f.function}\0{f.line}" if f is not None
+                else f"?{process.pid}:{fid}")
+        per_id[k] = (zlib.crc32(text.encode()) << 32) | zlib.crc32(text.encode()[::-1])
+    keys[py] = mix64(per_id[inv] ^ np.uint64(0x5059))
 
 
 def free_ranks(op: np.ndarray, blocks) -> np.ndarray:

@@ -16,6 +16,25 @@ import numpy as np
 
 from .format import EVENT_DTYPE, RSS_DTYPE
 
+# A frame value with this bit set is a Python frame: the low 32 bits are a key of
+# Process.python_frames (user-space code addresses never have the bit).
+PY_FRAME_TAG = 1 << 63
+
+
+def is_python_frame(frames) -> np.ndarray:
+    """Which of `frames` (frame values) are Python frames."""
+    return (np.asarray(frames, np.uint64) & np.uint64(PY_FRAME_TAG)) != 0
+
+
+@dataclass(frozen=True)
+class PyFrame:
+    """A Python source location: the code's file name (as the interpreter has it), its function's
+    qualified name, and the line."""
+
+    file: str
+    function: str
+    line: int
+
 
 @dataclass
 class LocationTable:
@@ -99,6 +118,7 @@ class Process:
     pthread_ids: list = field(default_factory=list)  # imported logs: pthread_self of each tid
     locations: LocationTable = field(default_factory=LocationTable)
     modules: list = field(default_factory=list)       # list[ModuleSnapshot], by seq
+    python_frames: dict = field(default_factory=dict)  # PY_FRAME_TAG frame id -> PyFrame
     rss: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=RSS_DTYPE))
     source: str = ""            # the .hct file it was read from
     _events: np.ndarray | None = field(default=None, repr=False)

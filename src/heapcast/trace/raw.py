@@ -19,7 +19,7 @@ import numpy as np
 from . import format as F
 from . import native_raw
 from .format import TraceError
-from .model import LocationTable, Module, ModuleSnapshot, Process
+from .model import PY_FRAME_TAG, LocationTable, Module, ModuleSnapshot, Process, PyFrame
 
 RAW_MAGIC = b"HCRAW\0\0\0"
 RAW_VERSION = 1
@@ -217,6 +217,7 @@ class RawProcess:
     def _read_mods(self) -> None:
         self.exe, self.argv, self.cwd = "", [], ""
         self.modules: list[ModuleSnapshot] = []
+        self.python_frames: dict[int, PyFrame] = {}
         mods = self.path.with_suffix(".mods")
         try:
             text = mods.read_bytes().decode("ascii", "replace")
@@ -241,6 +242,10 @@ class RawProcess:
                 elif line == "E" and snap is not None:
                     self.modules.append(snap)
                     snap = None
+                elif line.startswith("P "):   # a Python frame; may fall inside a snapshot's lines
+                    _, fid, src_line, file, func = line.split(" ")
+                    self.python_frames[int(fid, 16)] = PyFrame(_unhex(file), _unhex(func),
+                                                               int(src_line, 16))
             except (ValueError, IndexError):
                 raise TraceError(mods, None, f"line {lineno}: malformed module map line {line!r}")
 
@@ -248,9 +253,19 @@ class RawProcess:
         """The merged location table and the map from raw location ids to table ids."""
         uniq: dict[tuple, int] = {(): 0}
         remap = np.zeros(max(self.locs, default=0) + 1, np.uint32)
+        canon = self._python_ids()
         for raw_id, frames in sorted(self.locs.items()):
+            if canon:
+                frames = tuple(PY_FRAME_TAG | canon.get(f & 0xFFFFFFFF, f & 0xFFFFFFFF)
+                               if f & PY_FRAME_TAG else f for f in frames)
             remap[raw_id] = uniq.setdefault(frames, len(uniq))
         return LocationTable.from_lists(list(uniq)), remap
+
+    def _python_ids(self) -> dict:
+        """Python frame id -> the first id defined with the same (file, function, line): threads
+        and forks define their own."""
+        first: dict = {}
+        return {fid: first.setdefault(fr, fid) for fid, fr in sorted(self.python_frames.items())}
 
     def process(self) -> Process:
         """A Process with this file's metadata (no events, no RSS: the caller adds them)."""
@@ -262,7 +277,9 @@ class RawProcess:
             threads=self.threads, lost_events=self.lost,
             truncated=bool(self.flags & FLAG_TRUNCATED), stack_depth=self.stack_depth,
             unwind=self.unwind, mmap_recorded=bool(self.flags & FLAG_MMAP),
-            modules=self.modules)
+            modules=self.modules,
+            python_frames={fid: self.python_frames[fid]
+                           for fid, first in self._python_ids().items() if first == fid})
 
 
 def location_definition(path, slots: np.ndarray, i: int, n: int, off: int) -> tuple | None:

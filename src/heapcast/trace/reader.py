@@ -18,12 +18,13 @@ import zstandard
 
 from . import codec
 from .format import EVENT_DTYPE, RSS_DTYPE, SESSION_FILE, TRACE_MAGIC, TRACE_SUFFIX, TRACE_VERSION, TraceError
-from .model import LocationTable, Module, ModuleSnapshot, Process, Trace
-from .writer import (BLOCK_EVENTS, COLUMN, END, EVENTS, FILE_HEADER, LOCATIONS, META, MODULES, RSS, SECTION,
-                     STORED_FIELDS, CODEC_STORED, CODEC_ZSTD)
+from .model import LocationTable, Module, ModuleSnapshot, Process, PyFrame, Trace
+from .writer import (BLOCK_EVENTS, COLUMN, END, EVENTS, FILE_HEADER, LOCATIONS, META, MODULES, PYFRAMES, RSS,
+                     SECTION, STORED_FIELDS, CODEC_STORED, CODEC_ZSTD)
 
-KNOWN = {META, LOCATIONS, MODULES, RSS, EVENTS, END}
-NAMES = {META: "META", LOCATIONS: "LOCATIONS", MODULES: "MODULES", RSS: "RSS", EVENTS: "EVENTS"}
+KNOWN = {META, LOCATIONS, MODULES, RSS, EVENTS, PYFRAMES, END}
+NAMES = {META: "META", LOCATIONS: "LOCATIONS", MODULES: "MODULES", RSS: "RSS", EVENTS: "EVENTS",
+         PYFRAMES: "PYFRAMES"}
 
 
 @dataclass
@@ -117,7 +118,8 @@ def read_process(path) -> Process:
             kind, codec_id, stored_len, raw_len, crc, count = SECTION.unpack(hdr)
             if kind not in KNOWN:
                 raise TraceError(path, off, f"unknown section kind {kind:#x}, expected one of "
-                                 "1 META, 2 LOCATIONS, 3 MODULES, 4 RSS, 5 EVENTS, 0xffff END")
+                                 "1 META, 2 LOCATIONS, 3 MODULES, 4 RSS, 5 EVENTS, 6 PYFRAMES, "
+                                 "0xffff END")
             if off + SECTION.size + stored_len > size:
                 raise TraceError(path, off, f"section of {stored_len} bytes runs past the end of "
                                  f"the file ({size} bytes)")
@@ -149,6 +151,7 @@ def read_process(path) -> Process:
     p = _process_from_meta(path, found[META])
     p.locations = _locations(path, found.get(LOCATIONS, b""))
     p.modules = _modules(path, found.get(MODULES, b"[]"))
+    p.python_frames = _python_frames(path, found.get(PYFRAMES, b"[]"))
     rss = found.get(RSS, b"")
     if len(rss) % RSS_DTYPE.itemsize:
         raise TraceError(path, None, f"RSS section of {len(rss)} bytes is not a whole number of "
@@ -213,6 +216,15 @@ def _modules(path: Path, raw: bytes) -> list:
                 for s in json.loads(raw)]
     except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as e:
         raise TraceError(path, None, f"MODULES section: expected a list of snapshots: {e}") from None
+
+
+def _python_frames(path: Path, raw: bytes) -> dict:
+    try:
+        return {int(k): PyFrame(str(file), str(func), int(line))
+                for k, file, func, line in json.loads(raw)}
+    except (ValueError, TypeError, UnicodeDecodeError) as e:
+        raise TraceError(path, None, "PYFRAMES section: expected a list of [id, file, function, "
+                         f"line]: {e}") from None
 
 
 def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:

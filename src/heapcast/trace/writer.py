@@ -20,7 +20,7 @@ from .model import LocationTable, Process
 
 FILE_HEADER = struct.Struct("<8sHHI")
 SECTION = struct.Struct("<IIQQII")  # kind, codec, stored_len, raw_len, crc32, count
-META, LOCATIONS, MODULES, RSS, EVENTS, END = 1, 2, 3, 4, 5, 0xFFFF
+META, LOCATIONS, MODULES, RSS, EVENTS, PYFRAMES, END = 1, 2, 3, 4, 5, 6, 0xFFFF
 CODEC_STORED, CODEC_ZSTD = 0, 1
 BLOCK_EVENTS = 1 << 20
 STORED_FIELDS = codec.STORED_FIELDS
@@ -141,6 +141,9 @@ def write_process_file(path, process: Process, events, level: int = 3) -> Path:
                     for s in process.modules]
             w.write(MODULES, json.dumps(mods).encode())
             w.write(RSS, np.ascontiguousarray(process.rss, dtype=RSS_DTYPE).tobytes())
+            if process.python_frames:
+                w.write(PYFRAMES, json.dumps([[k, f.file, f.function, f.line] for k, f in
+                                              sorted(process.python_frames.items())]).encode())
             prev_seq = -1
             for block in _blocks(events):
                 seq = block["seq"]
