@@ -1,5 +1,8 @@
 """Builds heapcast's native code: plain shared libraries (the recorder, for LD_PRELOAD; the lab's
 replay kernels and the trace encoder, loaded with ctypes), not Python extension modules."""
+import os
+import sys
+
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
@@ -10,7 +13,7 @@ class NativeBuild(build_ext):
     def get_ext_filename(self, ext_name):
         if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec",
                                   "libheapcast_drain", "libheapcast_policy",
-                                  "libheapcast_stats")):
+                                  "libheapcast_stats", "libheapcast_alloc")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -81,5 +84,30 @@ stats = Extension(
     extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
 )
 
-setup(ext_modules=[recorder, lab, codec, drain, policy, stats],
-      cmdclass={"build_ext": NativeBuild})
+# heapcast's allocator (`heapcast run`): mimalloc's first-class heaps, one per lifetime group, fed
+# by the policy runtime (native/policy, compiled in). Needs Debian's libmimalloc-dev; without it
+# the rest installs and `heapcast run` says what is missing.
+def _find_header(name):
+    dirs = [d for d in os.environ.get("CPATH", "").split(":") if d] + ["/usr/local/include", "/usr/include"]
+    return any(os.path.exists(os.path.join(d, name)) for d in dirs)
+
+
+native_exts = [recorder, lab, codec, drain, policy, stats]
+if _find_header("mimalloc.h"):
+    native_exts.append(Extension(
+        "heapcast.libheapcast_alloc",
+        sources=[f"native/alloc/{name}.c" for name in ("alloc", "classify", "oracle", "stats")]
+        + policy.sources,
+        depends=["native/alloc/alloc.h", "native/alloc/exports.map", *policy.depends],
+        define_macros=[("HC_HAVE_POLICY_RUNTIME", "1")],
+        extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",
+                            "-ftls-model=initial-exec", "-ffp-contract=off", "-pthread", "-Wall",
+                            "-Wextra", "-Wno-unused-parameter", "-Wno-frame-address", "-Wno-psabi"],
+        extra_link_args=["-pthread", "-ldl", "-Wl,--version-script=native/alloc/exports.map"],
+        libraries=["mimalloc", "m"],
+    ))
+else:
+    print("heapcast: mimalloc.h not found (Debian: apt-get install libmimalloc-dev): heapcast's "
+          "allocator (`heapcast run`) is not built; everything else is", file=sys.stderr)
+
+setup(ext_modules=native_exts, cmdclass={"build_ext": NativeBuild})

@@ -169,8 +169,10 @@ void pr_died(predictor *pr, u32 id, int c);
 void pr_advance(predictor *pr, u64 clock);
 
 /* ---- policies ---- */
+/* POL_ORACLE and POL_LEARNED place by lifetime over best-fit; the _FIRST and _NEXT kinds layer
+ * the same segregation over first-fit and next-fit. */
 enum { POL_FIRST, POL_NEXT, POL_BEST, POL_BUDDY, POL_SEG, POL_GLIBC, POL_ORACLE, POL_LEARNED,
-       POL_COUNT };
+       POL_ORACLE_FIRST, POL_ORACLE_NEXT, POL_LEARNED_FIRST, POL_LEARNED_NEXT, POL_COUNT };
 
 /* Where a block lives in the simulated address space. */
 enum { REG_ARENA = 0, REG_MMAP = 1 };

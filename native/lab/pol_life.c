@@ -7,6 +7,9 @@
  * whose blocks are all dead goes back to the main heap. Longer-lived blocks, and blocks above a
  * quarter span, go to the main heap: best-fit, dlmalloc chunks, a wilderness at its top.
  * The oracle is told each block's true class; the learned policy gets a predicted one.
+ * The same segregation is layered over first-fit and next-fit too (the _FIRST and _NEXT kinds:
+ * main heap and spans use that fit); `heapcast simulate` reports the best of these and of the
+ * classic policies as the clairvoyant result (src/heapcast/lab/replay.py, clairvoyant()).
  * Mispredictions: each span has a deadline, the latest time by which its blocks should be dead
  * if their classes were right. A span past its deadline (found when a block is about to be placed
  * in it, or by a sweep every 4096 allocations) moves to the next longer class, its free space
@@ -57,11 +60,14 @@ void *life_new(policy *p, const u64 *params) {
     l->small_max = params[PARAM_SMALL_MAX] ? params[PARAM_SMALL_MAX] : l->span_len / 4;
     if (l->small_max + 64 > l->span_len)
         l->small_max = l->span_len - 64;
-    fh_init(&l->pages, FIT_BEST, 8, 16, 32);
+    /* the fit of the classic policy this segregation is layered over (POL_* kinds in lab.h) */
+    int fit = p->kind == POL_ORACLE_FIRST || p->kind == POL_LEARNED_FIRST ? FIT_FIRST
+            : p->kind == POL_ORACLE_NEXT || p->kind == POL_LEARNED_NEXT ? FIT_NEXT : FIT_BEST;
+    fh_init(&l->pages, fit, 8, 16, 32);
     p->base = p->m.arena_top = 8;
     l->main_class = params[PARAM_MAIN_CLASS] ? (int)params[PARAM_MAIN_CLASS] : l->k;
     for (int c = 0; c < l->k; c++) {
-        fh_init(&l->heap[c], FIT_BEST, 0, 16, 32);
+        fh_init(&l->heap[c], fit, 0, 16, 32);
         l->heap[c].unbounded = 0;
     }
     hm_init(&l->span_of_page);

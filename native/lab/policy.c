@@ -33,8 +33,9 @@ policy *pol_new(int kind, int checked, const u64 *params) {
         p->ops = &glibc_ops;
         p->state = glibc_new(p, params);
         break;
-    case POL_ORACLE: case POL_LEARNED:
-        p->use_oracle = kind == POL_ORACLE;
+    case POL_ORACLE: case POL_LEARNED: case POL_ORACLE_FIRST: case POL_ORACLE_NEXT:
+    case POL_LEARNED_FIRST: case POL_LEARNED_NEXT:
+        p->use_oracle = kind == POL_ORACLE || kind == POL_ORACLE_FIRST || kind == POL_ORACLE_NEXT;
         p->ops = &life_ops;
         p->state = life_new(p, params);
         break;

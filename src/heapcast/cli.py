@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_policy_parsers(sub)
     from .report.cli import add_parsers as add_report_parsers
     add_report_parsers(sub)
+    from .alloc.cli import add_parsers as add_alloc_parsers
+    add_alloc_parsers(sub)
     return p
 
 

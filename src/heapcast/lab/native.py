@@ -16,8 +16,12 @@ from ..trace.format import EVENT_DTYPE
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_lab.so"
 
 #: Policy names -> the kernel's policy ids (enum in lab.h), in the order `simulate` runs them.
+#: The lifetime kernels are named after the fit they layer lifetime segregation over;
+#: `simulate` reports "oracle-lifetime" and "learned-lifetime" from them (replay.clairvoyant).
 POLICY_IDS = {"first-fit": 0, "next-fit": 1, "best-fit": 2, "buddy": 3, "segregated": 4,
-              "glibc": 5, "oracle-lifetime": 6, "learned-lifetime": 7}
+              "glibc": 5, "oracle-lifetime@best-fit": 6, "learned-lifetime@best-fit": 7,
+              "oracle-lifetime@first-fit": 8, "oracle-lifetime@next-fit": 9,
+              "learned-lifetime@first-fit": 10, "learned-lifetime@next-fit": 11}
 NO_CLASS = 255
 
 # Parameter slots (lab.h, PARAM_*).

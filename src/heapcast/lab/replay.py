@@ -18,11 +18,13 @@ from ..trace.reader import iter_process_blocks, load
 from . import classes
 from .native import NO_CLASS, POLICY_IDS, Replay
 
-#: Every policy, in the order they are reported.
-ALL_POLICIES = tuple(POLICY_IDS)
 CLASSIC = ("first-fit", "next-fit", "best-fit", "buddy", "segregated", "glibc")
 CLAIRVOYANT = ("oracle-lifetime",)
 LEARNED = ("learned-lifetime",)
+#: Every policy, in the order they are reported.
+ALL_POLICIES = CLASSIC + CLAIRVOYANT + LEARNED
+#: The fits that lifetime segregation is layered over (kernels NAME@FIT in native.POLICY_IDS).
+LAYERED_FITS = ("first-fit", "next-fit", "best-fit")
 #: A process with at most this many events is decoded once and kept while its passes run.
 IN_MEMORY_EVENTS = 1 << 23
 BLOCK_EVENTS = 1 << 20
@@ -38,7 +40,7 @@ def parse_policies(spec) -> list:
     if spec is None or spec == "all":
         return list(ALL_POLICIES)
     names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
-    unknown = [n for n in names if n not in POLICY_IDS]
+    unknown = [n for n in names if n not in ALL_POLICIES]
     if unknown or not names:
         raise LabError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from "
                        f"{', '.join(ALL_POLICIES)}")
@@ -172,10 +174,11 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
     "series" (for report.plot_simulation; drop them before json.dumps).
     """
     names = parse_policies(policies)
+    kernels = kernel_policies(names)
     if not hasattr(trace, "processes"):
         trace = load(trace)
     params = classes.kernel_params(span=span, quantile=quantile)
-    need_oracle = "oracle-lifetime" in names
+    need_oracle = any(k.startswith("oracle-lifetime@") for k in kernels)
     use_model = model is not None and "learned-lifetime" in names
     prior = site_prior(train, params) if train is not None and "learned-lifetime" in names else None
     forks = _fork_plan(trace)
@@ -189,26 +192,61 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
         oracle = lifetime_classes(p, params) if need_oracle else None
         predicted = _model_classes(model, p) if use_model else None
         every = max(1, p.event_count // SERIES_POINTS) if series else 0
-        r = replays.pop(i, None) or Replay(names, params, checked, every)
+        r = replays.pop(i, None) or Replay(kernels, params, checked, every)
         r.set_classes(oracle=oracle, model=predicted, n_events=p.event_count)
         if prior is not None:
             r.set_prior(*_prior_for(p, prior))
         replays.update(_replay_process(p, r, forks.get(i, [])))
-        per_process.append(_process_result(p, r, names))
+        per_process.append(_process_result(p, r, kernels))
         if series:
-            all_series.append(_series(p, r, names))
+            all_series.append(_series(p, r, kernels))
         r.close()
         if loaded_here:
             p._events = None
     for r in replays.values():   # children whose own trace file is missing
         r.close()
-    result = _trace_result(trace, names, per_process, time.perf_counter() - started)
+    result = _trace_result(trace, kernels, per_process, time.perf_counter() - started)
+    result["policies"] = clairvoyant(result["policies"], names)
+    result["summary"] = summarize(result["policies"])
+    result["summary"]["lower_bound_bytes"] = result["peak_live_bytes"]
     result["predictor"] = ("model " + str(model) if use_model else
                            "call sites, seeded by " + str(getattr(train, "path", train))
                            if prior is not None else "call sites, learned online")
     if series:
         result["series"] = all_series
     return result
+
+
+def kernel_policies(names: list) -> list:
+    """The replay kernels that `names` need: the classic policies asked for, and for the lifetime
+    oracle, segregation layered over each fit plus every classic policy (the candidates of the
+    clairvoyant choice); for the learned one, segregation over best-fit."""
+    kernels = [n for n in names if n in CLASSIC]
+    if "oracle-lifetime" in names:
+        kernels += [n for n in CLASSIC if n not in kernels]
+        kernels += [f"oracle-lifetime@{fit}" for fit in LAYERED_FITS]
+    if "learned-lifetime" in names:
+        kernels.append("learned-lifetime@best-fit")
+    return kernels
+
+
+def clairvoyant(pol: dict, names: list) -> dict:
+    """The reported policies from the kernels' results. `oracle-lifetime` is the best placement a
+    clairvoyant allocator can choose for the trace: lifetime segregation layered over first-,
+    next- or best-fit, or a classic policy as it is (one lifetime group), whichever has the
+    smallest peak footprint, so it is never worse than the best classic policy. Its
+    `placement` says which. `learned-lifetime` is the segregation over best-fit (a learned
+    allocator cannot know beforehand which placement this trace favours), fed predicted classes."""
+    out = {n: pol[n] for n in names if n in CLASSIC}
+    if "oracle-lifetime" in names:
+        candidates = {f"lifetime over {f}": pol[f"oracle-lifetime@{f}"] for f in LAYERED_FITS}
+        candidates.update({n: pol[n] for n in CLASSIC})
+        best = min(candidates, key=lambda c: candidates[c]["peak_footprint_bytes"])
+        out["oracle-lifetime"] = {**candidates[best], "placement": best}
+    if "learned-lifetime" in names:
+        out["learned-lifetime"] = {**pol["learned-lifetime@best-fit"],
+                                   "placement": "lifetime over best-fit"}
+    return out
 
 
 def _process_result(p, r: Replay, names: list) -> dict:
@@ -293,7 +331,7 @@ def _trace_result(trace, names: list, procs: list, wall: float) -> dict:
         "summary": summarize(pol),
         "per_process": procs,
     }
-    if "learned-lifetime" in names and pred["blocks"]:
+    if any(n.startswith("learned-lifetime") for n in names) and pred["blocks"]:
         result["prediction"] = {"blocks": pred["blocks"], "accuracy": pred["exact"] / pred["blocks"],
                                 "predicted_shorter": pred["shorter"] / pred["blocks"]}
     return result

@@ -44,6 +44,10 @@ def format_simulation(d: dict) -> str:
                      + (f" ({100 * closed:.0f}% of the gap)" if closed is not None else
                         " (no gap to close)"))
         lines.append(line)
+    if "oracle-lifetime" in d["policies"]:
+        lines.append(f"oracle-lifetime's placement: {d['policies']['oracle-lifetime']['placement']}"
+                     f" (the best a clairvoyant allocator can choose here); lower bound: peak "
+                     f"live {_mib(d['peak_live_bytes'])} MiB")
     if "prediction" in d:
         pr = d["prediction"]
         lines.append(f"predictor: {d['predictor']}; exact class for {100 * pr['accuracy']:.1f}% of "

@@ -1,0 +1,222 @@
+"""heapcast's allocator against the allocators people use, in real runs of the corpus's programs:
+peak RSS (VmHWM), mean RSS and wall time under glibc, jemalloc, mimalloc, tcmalloc (Debian
+packages, preloaded) and heapcast's allocator with `--policy none`, a learned policy (trained
+on run a, compiled to a table; the program runs on input b) and the oracle (the classes of a
+recording of the very run b). Beside them the floor: the peak live heap bytes plus what of the
+program's RSS is not heap (its RSS under glibc less the lab's glibc footprint), and how much of
+the gap between the best of the four and the floor each run closes.
+
+    python bench/alloc_table.py             # the corpus, 3 interleaved repeats (~10 min)
+    python bench/alloc_table.py --quick     # python, sqlite3 and jq, 1 repeat
+
+Prints the table and the issue's targets (met or not, with figures), writes
+bench/results/alloc_table.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus  # noqa: E402
+from _common import RESULTS_DIR, compile_c, format_table, interleaved, machine_info, median, write_json  # noqa: E402
+
+import heapcast  # noqa: E402
+from heapcast.alloc import AllocError, environment  # noqa: E402
+from heapcast.lab import simulate  # noqa: E402
+
+REAL = {   # Debian packages: libjemalloc2, libmimalloc2.0, libtcmalloc-minimal4
+    "jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    "mimalloc": "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
+    "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+}
+FOUR = ("glibc", "jemalloc", "mimalloc", "tcmalloc")
+MIB = 1024 * 1024
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def command_of(program: corpus.Program, trace, tmp: Path) -> tuple[list, dict, str]:
+    """The command line, environment and directory of the recording's first process, its output
+    file (gcc, g++: -o) moved into `tmp` so that nothing is written beside the corpus."""
+    first = trace.processes[0]
+    argv = list(first.argv)
+    if "-o" in argv:
+        argv[argv.index("-o") + 1] = str(tmp / f"{program.name}.out")
+    return argv, program.env(), first.cwd
+
+
+def measure(launcher: Path, cmd: list, env: dict, cwd: str) -> dict:
+    """Runs cmd to completion through the launcher: peak RSS (the kernel's maxrss of it and its
+    waited-for children), mean RSS (its process tree sampled every 5 ms) and wall seconds."""
+    with tempfile.NamedTemporaryFile(prefix="heapcast-rss-") as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen([str(launcher), out.name, *cmd], env={**os.environ, **env},
+                                cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        samples = []
+        while proc.poll() is None:
+            samples.append(_tree_rss(proc.pid))
+            time.sleep(0.005)
+        seconds = time.perf_counter() - start
+        words = Path(out.name).read_text().split()
+    if proc.returncode != 0 or len(words) != 2 or words[1] != "0":
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}, {words}) with env {env}")
+    samples = [s for s in samples if s]
+    return {"seconds": seconds, "peak_rss": int(words[0]) * 1024,
+            "mean_rss": sum(samples) / len(samples) if samples else None}
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of the descendants of pid (the launcher itself left out)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            if p != pid:
+                total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def learned_policy(program: str, train: Path, tmp: Path) -> tuple[str | None, str]:
+    """A table POLICY compiled from a lifetime model trained on run a (n-gram: the table kind's
+    source), or (None, why not)."""
+    model, policy = tmp / f"{program}.model", tmp / f"{program}.policy"
+    steps = [["train", str(train), "-o", str(model), "--task", "lifetime", "--model", "ngram"],
+             ["compile", str(model), "--kind", "table", "-o", str(policy)]]
+    for step in steps:
+        done = subprocess.run([sys.executable, "-m", "heapcast", *step], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            return None, f"heapcast {step[0]} failed: {done.stderr.strip()[-300:]}"
+    return str(policy), ""
+
+
+def floor_of(trace_path: Path, glibc_peak_rss: float) -> dict:
+    """Peak live heap bytes of the main process (the one with the most) and the floor: those
+    plus its RSS that is not heap (glibc's real peak RSS less the lab's glibc footprint)."""
+    d = simulate(trace_path, policies="glibc")
+    main = max(d["per_process"], key=lambda p: p["peak_live_bytes"])
+    non_heap = max(glibc_peak_rss - main["policies"]["glibc"]["peak_footprint"], 0)
+    return {"peak_live_bytes": main["peak_live_bytes"], "non_heap_bytes": non_heap,
+            "floor_bytes": non_heap + main["peak_live_bytes"],
+            "lab_best_classic": d["summary"].get("best_classic")}
+
+
+def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path) -> dict:
+    traces = {run: corpus.trace_path(program.name, run) for run in "ab"}
+    trace_b = heapcast.load(traces["b"])
+    cmd, env, cwd = command_of(program, trace_b, tmp)
+    setups = {"glibc": {}}
+    setups.update({name: {"LD_PRELOAD": lib} for name, lib in REAL.items() if Path(lib).exists()})
+    setups["heapcast none"] = environment("none")
+    setups["heapcast oracle"] = environment(f"oracle:{traces['b']}")
+    policy, why = learned_policy(program.name, traces["a"], tmp)
+    if policy:
+        setups["heapcast learned"] = environment(policy)
+    trials = {name: (lambda e=e: measure(launcher, cmd, {**env, **e}, cwd)) for name, e in setups.items()}
+    runs = interleaved(trials, repeats, label=program.name)
+    out = {"program": program.name, "command": cmd, "learned_unavailable": why or None,
+           "allocators": {}}
+    for name, rs in runs.items():
+        out["allocators"][name] = {k: median([r[k] for r in rs]) for k in ("peak_rss", "mean_rss", "seconds")}
+        out["allocators"][name]["runs"] = rs
+    out.update(floor_of(traces["b"], out["allocators"]["glibc"]["peak_rss"]))
+    four = {n: out["allocators"][n]["peak_rss"] for n in FOUR if n in out["allocators"]}
+    best = min(four, key=four.get)
+    out["best_of_four"], out["best_of_four_rss"] = best, four[best]
+    gap = four[best] - out["floor_bytes"]
+    for name, a in out["allocators"].items():
+        a["vs_best_of_four"] = a["peak_rss"] / four[best]
+        a["gap_closed"] = (four[best] - a["peak_rss"]) / gap if gap > 0 else None
+        a["wall_vs_glibc"] = a["seconds"] / out["allocators"]["glibc"]["seconds"]
+    return out
+
+
+def table(rows: list) -> str:
+    heads = ["program", "allocator", "peak RSS MiB", "vs best of 4", "gap closed", "mean RSS MiB",
+             "wall s", "wall vs glibc"]
+    lines = []
+    for r in rows:
+        for name, a in r["allocators"].items():
+            lines.append([r["program"], name, f"{a['peak_rss'] / MIB:.1f}",
+                          f"{a['vs_best_of_four']:.3f}",
+                          None if a["gap_closed"] is None else f"{100 * a['gap_closed']:.0f}%",
+                          None if a["mean_rss"] is None else f"{a['mean_rss'] / MIB:.1f}",
+                          f"{a['seconds']:.2f}", f"{a['wall_vs_glibc']:.2f}"])
+        lines.append([r["program"], "floor", f"{r['floor_bytes'] / MIB:.1f}",
+                      f"{r['floor_bytes'] / r['best_of_four_rss']:.3f}", "100%", None, None, None])
+    return format_table(heads, lines)
+
+
+def verdict(rows: list, which: str = "heapcast learned") -> list:
+    """The issue's targets for `which`, plainly."""
+    have = [r for r in rows if which in r["allocators"]]
+    if not have:
+        why = "; ".join(f"{r['program']}: {r['learned_unavailable']}" for r in rows)
+        return [f"{which}: not measured ({why})"]
+    out = []
+    below = [r["program"] for r in have if r["allocators"][which]["vs_best_of_four"] <= 0.95]
+    out.append(f"{which} peak RSS >= 5% below the best of the four on >= 2 programs: "
+               f"{'MET' if len(below) >= 2 else 'NOT met'} ({', '.join(below) or 'none'})")
+    worst = max(have, key=lambda r: r["allocators"][which]["vs_best_of_four"])
+    x = worst["allocators"][which]["vs_best_of_four"]
+    out.append(f"never > 5% above the best of the four: {'MET' if x <= 1.05 else 'NOT met'} "
+               f"(worst {worst['program']} {x:.3f}x)")
+    vs_none = max((r["allocators"][which]["peak_rss"] / r["allocators"]["heapcast none"]["peak_rss"], r["program"])
+                  for r in have)
+    out.append(f"never > 2% above --policy none: {'MET' if vs_none[0] <= 1.02 else 'NOT met'} "
+               f"(worst {vs_none[1]} {vs_none[0]:.3f}x)")
+    wall = max((r["allocators"][which]["wall_vs_glibc"], r["program"]) for r in have)
+    out.append(f"wall within 1.15x of glibc: {'MET' if wall[0] <= 1.15 else 'NOT met'} "
+               f"(worst {wall[1]} {wall[0]:.2f}x)")
+    for r in have:
+        o = r["allocators"].get("heapcast oracle")
+        if o:
+            out.append(f"  {r['program']}: oracle {o['vs_best_of_four']:.3f}x the best of the four "
+                       f"({r['best_of_four']}), floor {r['floor_bytes'] / r['best_of_four_rss']:.3f}x")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="python, sqlite3, jq; one repeat")
+    ap.add_argument("--programs", help="comma-separated subset of the corpus")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "alloc_table.json")
+    a = ap.parse_args(argv)
+    names = a.programs.split(",") if a.programs else (["python", "sqlite3", "jq"] if a.quick else None)
+    repeats = 1 if a.quick else a.repeats
+    try:
+        environment("none", check=False)
+    except AllocError as e:
+        print(f"alloc_table: {e}", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="heapcast-alloc-") as tmp:
+        launcher = compile_c(Path(__file__).with_name("rss_run.c"), Path(tmp) / "rss_run")
+        for program in corpus.PROGRAMS:
+            if names and program.name not in names:
+                continue
+            if not (corpus.trace_path(program.name, "b") / "session.json").exists():
+                print(f"alloc_table: {program.name}: no recording, skipped", file=sys.stderr)
+                continue
+            rows.append(run_program(program, repeats, Path(tmp), launcher))
+    print(table(rows))
+    lines = verdict(rows)
+    print("\n".join(lines))
+    write_json(a.out, {"machine": machine_info(), "repeats": repeats, "rows": rows,
+                       "verdict": lines})
+    print(f"wrote {a.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

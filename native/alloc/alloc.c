@@ -1,0 +1,416 @@
+/* heapcast's allocator: every glibc allocation entry point, with glibc's semantics, served by
+ * mimalloc; each allocation goes to the heap of its predicted lifetime class.
+ *
+ * Placement: a thread owns one mimalloc first-class heap per lifetime group (ha_heap_of maps the
+ * six classes and "no class" to heaps; heap 0 is mimalloc's own default heap). mimalloc never
+ * puts blocks of two heaps in one of its pages (64 KiB for small blocks), so blocks of different
+ * groups never share a page, and a page whose short-lived blocks are all freed goes back whole.
+ * Any thread may free any block (mi_free finds its page); realloc moves a block to the heap of
+ * its new class only when mimalloc has to move it anyway.
+ *
+ * Class heaps die with their thread: mimalloc deletes a thread's heaps (their pages move to the
+ * backing heap) in its thread-specific-data destructor. Ours, created right after mimalloc's (so
+ * that glibc runs it next), marks the thread's heaps gone, and an allocation after that (another
+ * destructor's) makes new ones, which mimalloc will tear down again in its next round. Keys
+ * created between mimalloc's and ours (none, unless a library's constructor made one before
+ * ours ran) would see deleted heaps. mimalloc reuses the memory of a thread's heaps, so their
+ * addresses cannot tell a live heap from a deleted one. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <link.h>
+#include <pthread.h>
+#include <malloc.h>
+#include <mimalloc.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../policy/heapcast_policy.h"
+#include "alloc.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+int ha_mode = HA_MODE_NONE;
+uint8_t ha_heap_of[HA_SLOTS] = {1, 1, 2, 2, 0, 0, 0};   /* short, medium, long+never+default */
+
+/* 0: not yet, 1: being initialized (allocations meanwhile take the default heap), 2: ready */
+static _Atomic int init_state;
+static const char *log_path;
+/* The recorder's text, when `heapcast record` runs under this allocator: its hooks call us, so
+ * the program's call site is one frame further up. */
+static uintptr_t recorder_lo, recorder_hi;
+
+typedef struct {
+    int live;                       /* heap[] are this thread's current heaps */
+    int making;                     /* making them (pthread_setspecific may allocate) */
+    mi_heap_t *heap[HA_HEAPS];
+    ha_thread_stats *stats;
+} thread_heaps;
+
+static __thread thread_heaps th __attribute__((tls_model("initial-exec")));
+static pthread_key_t heaps_key;
+static int heaps_key_ok;
+
+static void heaps_gone(void *unused) {
+    th.live = 0;
+}
+
+void ha_message(const char *fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof buf)
+        n = sizeof buf - 1;
+    ssize_t w = write(2, buf, (size_t)n);
+    (void)w;
+}
+
+int ha_class_of_lifetime(uint64_t events) {
+    if (events == 0)
+        events = 1;
+    int bits = 64 - __builtin_clzll(events);          /* bit length */
+    int cls = (bits - 1) / 4;                          /* powers of 16 events */
+    return cls < HC_LIFE_LONG ? cls : HC_LIFE_LONG;
+}
+
+/* The heap map: HEAPCAST_ALLOC_HEAPS is one digit per class (0-5) and optionally one for the
+ * default, each a heap index below HA_HEAPS (e.g. "001122" or "0123330"). */
+static void parse_heap_map(const char *s) {
+    size_t n = strlen(s);
+    if (n < HA_CLASSES || n > HA_SLOTS) {
+        ha_message("heapcast alloc: HEAPCAST_ALLOC_HEAPS=%s: expected 6 or 7 digits 0-%d; "
+                   "using the default map\n", s, HA_HEAPS - 1);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] >= '0' + HA_HEAPS) {
+            ha_message("heapcast alloc: HEAPCAST_ALLOC_HEAPS=%s: character %zu is not a digit "
+                       "0-%d; using the default map\n", s, i, HA_HEAPS - 1);
+            return;
+        }
+    for (size_t i = 0; i < n; i++)
+        ha_heap_of[i] = (uint8_t)(s[i] - '0');
+}
+
+static int find_recorder_image(struct dl_phdr_info *info, size_t size, void *arg) {
+    if (!info->dlpi_name || !strstr(info->dlpi_name, "libheapcast_recorder"))
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+            recorder_lo = info->dlpi_addr + ph->p_vaddr;
+            recorder_hi = recorder_lo + ph->p_memsz;
+        }
+    }
+    return 1;
+}
+
+static void init_once(void) {
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&init_state, &expected, 1))
+        return;
+    char err[512];
+    const char *map = getenv("HEAPCAST_ALLOC_HEAPS");
+    if (map && *map)
+        parse_heap_map(map);
+    const char *policy = getenv("HEAPCAST_ALLOC_POLICY");
+    const char *oracle = getenv("HEAPCAST_ALLOC_ORACLE");
+    /* HEAPCAST_ALLOC_CHECK: `heapcast run` checks the files this way before the program
+     * starts, so that a bad POLICY is a clear error rather than a silent run without it. */
+    const char *check = getenv("HEAPCAST_ALLOC_CHECK");
+    int failed = 0;
+    if (oracle && *oracle) {
+        if (ha_oracle_init(oracle, err, sizeof err) == 0)
+            ha_mode = HA_MODE_ORACLE;
+        else
+            failed = 1;
+    } else if (policy && *policy && strcmp(policy, "none") != 0) {
+        if (ha_classify_init(policy, err, sizeof err) == 0)
+            ha_mode = HA_MODE_POLICY;
+        else
+            failed = 1;
+    }
+    if (failed && check && *check) {
+        ha_message("%s\n", err);
+        _exit(97);
+    }
+    if (failed)
+        ha_message("heapcast alloc: %s; running without predictions\n", err);
+    log_path = getenv("HEAPCAST_ALLOC_LOG");
+    if (log_path && !*log_path)
+        log_path = NULL;
+    atomic_store(&init_state, 2);
+}
+
+static inline int ready(void) {
+    if (HA_LIKELY(atomic_load_explicit(&init_state, memory_order_relaxed) == 2))
+        return 1;
+    init_once();
+    return atomic_load_explicit(&init_state, memory_order_acquire) == 2;
+}
+
+/* The heap of `cls` for this thread; NULL means mimalloc's default heap. */
+static mi_heap_t *heap_of(int cls) {
+    int h = ha_heap_of[cls];
+    if (h == 0)
+        return NULL;
+    if (HA_UNLIKELY(!th.live)) {
+        if (th.making)
+            return NULL;
+        th.making = 1;
+        for (int i = 1; i < HA_HEAPS; i++)
+            th.heap[i] = mi_heap_new();   /* NULL if out of memory: the default heap serves */
+        th.live = 1;
+        if (heaps_key_ok)
+            pthread_setspecific(heaps_key, (void *)1);   /* our destructor runs at thread end */
+        th.making = 0;
+    }
+    return th.heap[h];
+}
+
+static inline ha_thread_stats *stats(void) {
+    if (HA_UNLIKELY(!th.stats))
+        th.stats = ha_stats_claim();
+    return th.stats;
+}
+
+/* The class of an allocation happening now (the caller's return address `ra`). */
+static inline int place(uintptr_t ra, size_t size, int op, uint32_t *site) {
+    *site = 0;
+    if (HA_UNLIKELY(!ready()) || ha_mode == HA_MODE_NONE)
+        return HA_DEFAULT;
+    if (ha_mode == HA_MODE_ORACLE) {
+        int cls = ha_oracle_next();     /* counts every allocation, placed or not */
+        return size <= HA_PLACE_MAX ? cls : HA_DEFAULT;
+    }
+    if (size > HA_PLACE_MAX)
+        return HA_DEFAULT;
+    if (HA_UNLIKELY(ra >= recorder_lo && ra < recorder_hi))
+        ra = (uintptr_t)__builtin_extract_return_addr(__builtin_return_address(1));
+    return ha_classify(ra, size, op, site);
+}
+
+static inline void account(int cls, size_t size) {
+    ha_thread_stats *s = stats();
+    if (HA_LIKELY(s)) {
+        s->allocs[cls]++;
+        s->bytes[cls] += size;
+    }
+}
+
+/* glibc aligns every block to 16 bytes; mimalloc's 8-byte size class does not. */
+#define MIN_SIZE 16
+
+/* mimalloc 2.0.9 serves an aligned request whose size is a multiple of the alignment from the
+ * plain size class, assuming its blocks are aligned, which they are not in a segment's first
+ * page; an odd size takes its general aligned path instead. */
+static void *aligned_in(mi_heap_t *h, size_t size, size_t align) {
+    void *p = h ? mi_heap_malloc_aligned(h, size, align) : mi_malloc_aligned(size, align);
+    if (HA_UNLIKELY(p && ((uintptr_t)p & (align - 1)))) {
+        mi_free(p);
+        p = h ? mi_heap_malloc_aligned(h, size | 1, align) : mi_malloc_aligned(size | 1, align);
+    }
+    return p;
+}
+
+/* What every allocation does with its result: errno as glibc sets it, the --log counts, and in
+ * policy mode a sample of the placed blocks watched for mispredictions. */
+static inline void *placed(void *p, int cls, size_t size, uint32_t site) {
+    if (HA_UNLIKELY(!p)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    account(cls, size);
+    if (ha_mode == HA_MODE_POLICY && cls != HA_DEFAULT)
+        ha_sample_alloc(p, site, cls);
+    return p;
+}
+
+static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint32_t site) {
+    mi_heap_t *h = heap_of(cls);
+    void *p;
+    if (size < MIN_SIZE)
+        size = MIN_SIZE;
+    if (align > MIN_SIZE) {
+        p = aligned_in(h, size, align);
+        if (p && zero)
+            memset(p, 0, size);
+    } else if (h) {
+        p = zero ? mi_heap_zalloc(h, size) : mi_heap_malloc(h, size);
+    } else {
+        p = zero ? mi_zalloc(size) : mi_malloc(size);
+    }
+    return placed(p, cls, size, site);
+}
+
+#define CALLER() ((uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0)))
+
+/* glibc refuses sizes above PTRDIFF_MAX with ENOMEM (mimalloc would report EOVERFLOW). */
+static inline int too_large(size_t size) {
+    if (HA_UNLIKELY(size > (size_t)PTRDIFF_MAX)) {
+        errno = ENOMEM;
+        return 1;
+    }
+    return 0;
+}
+
+static inline void tick(void) {
+    if (ha_mode == HA_MODE_POLICY)
+        ha_tick();
+}
+
+EXPORT void *malloc(size_t size) {
+    if (too_large(size))
+        return NULL;
+    uint32_t site;
+    int cls = place(CALLER(), size, HC_OP_MALLOC, &site);
+    tick();
+    return alloc_in(cls, size, 0, 0, site);
+}
+
+EXPORT void free(void *p) {
+    if (!p)
+        return;
+    if (ha_mode == HA_MODE_POLICY) {
+        tick();
+        ha_sample_free(p);
+    }
+    mi_free(p);
+}
+
+EXPORT void *calloc(size_t n, size_t size) {
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total) || too_large(total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    uint32_t site;
+    int cls = place(CALLER(), total, HC_OP_CALLOC, &site);
+    tick();
+    return alloc_in(cls, total, 0, 1, site);
+}
+
+static void *realloc_at(uintptr_t ra, void *p, size_t size) {
+    if (!p) {
+        if (too_large(size))
+            return NULL;
+        uint32_t site;
+        int cls = place(ra, size, HC_OP_REALLOC, &site);
+        tick();
+        return alloc_in(cls, size, 0, 0, site);
+    }
+    if (size == 0) {                  /* glibc: frees the block, returns NULL */
+        free(p);
+        return NULL;
+    }
+    if (too_large(size))
+        return NULL;
+    uint32_t site;
+    int cls = place(ra, size, HC_OP_REALLOC, &site);
+    tick();
+    if (ha_mode == HA_MODE_POLICY)
+        ha_sample_free(p);
+    mi_heap_t *h = heap_of(cls);
+    size_t want = size < MIN_SIZE ? MIN_SIZE : size;
+    return placed(h ? mi_heap_realloc(h, p, want) : mi_realloc(p, want), cls, size, site);
+}
+
+EXPORT void *realloc(void *p, size_t size) {
+    return realloc_at(CALLER(), p, size);
+}
+
+EXPORT void *reallocarray(void *p, size_t n, size_t size) {
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return realloc_at(CALLER(), p, total);
+}
+
+static inline int pow2(size_t x) { return x && !(x & (x - 1)); }
+
+/* memalign, aligned_alloc, valloc, pvalloc: glibc rounds an alignment that is not a power of two
+ * up to the next one, and fails with EINVAL only above SIZE_MAX/2 + 1. */
+static void *aligned_at(uintptr_t ra, size_t align, size_t size) {
+    if (align > (SIZE_MAX >> 1) + 1) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (align < sizeof(void *) * 2)
+        align = sizeof(void *) * 2;
+    if (!pow2(align))
+        align = (size_t)1 << (64 - __builtin_clzll(align));
+    if (too_large(size) || size > (size_t)PTRDIFF_MAX - align)
+        return NULL;
+    uint32_t site;
+    int cls = place(ra, size, HC_OP_ALIGNED, &site);
+    tick();
+    return alloc_in(cls, size, align, 0, site);
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t size) {
+    if (align % sizeof(void *) || !pow2(align))
+        return EINVAL;
+    int saved = errno;                /* posix_memalign reports through its result, not errno */
+    void *p = aligned_at(CALLER(), align, size);
+    if (!p) {
+        int e = errno;
+        errno = saved;
+        return e;
+    }
+    errno = saved;
+    *out = p;
+    return 0;
+}
+
+EXPORT void *aligned_alloc(size_t align, size_t size) {
+    return aligned_at(CALLER(), align, size);
+}
+
+EXPORT void *memalign(size_t align, size_t size) {
+    return aligned_at(CALLER(), align, size);
+}
+
+EXPORT void *valloc(size_t size) {
+    return aligned_at(CALLER(), (size_t)sysconf(_SC_PAGESIZE), size);
+}
+
+EXPORT void *pvalloc(size_t size) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t rounded;
+    if (__builtin_add_overflow(size, page - 1, &rounded)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    rounded &= ~(page - 1);
+    return aligned_at(CALLER(), page, rounded ? rounded : page);
+}
+
+EXPORT size_t malloc_usable_size(void *p) {
+    return p ? mi_usable_size(p) : 0;
+}
+
+static void after_fork_child(void) {
+    ha_stats_reset_after_fork();
+    ha_oracle_after_fork();
+}
+
+__attribute__((constructor)) static void alloc_load(void) {
+    mi_thread_init();    /* mimalloc's destructor key first, then ours: glibc runs them in order */
+    heaps_key_ok = pthread_key_create(&heaps_key, heaps_gone) == 0;
+    ready();
+    dl_iterate_phdr(find_recorder_image, NULL);
+    pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+__attribute__((destructor)) static void alloc_unload(void) {
+    if (log_path)
+        ha_stats_write(log_path);
+}

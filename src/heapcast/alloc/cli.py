@@ -1,0 +1,49 @@
+"""`heapcast run`: the allocator's subcommand (registered by heapcast.cli)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def _cmd_run(a) -> int:
+    from .runner import environment, run
+    from .summary import format_summary
+    cmd = a.command[1:] if a.command and a.command[0] == "--" else a.command
+    if a.env:
+        for name, value in environment(a.policy, a.log).items():
+            print(f"{name}={shlex.quote(value)}")
+        return 0
+    if not cmd:
+        raise ValueError("no command to run (heapcast run [--policy P] -- CMD ARGS...)")
+    from ..recording import RecordError
+    try:
+        result = run(cmd, policy=a.policy, log=a.log)
+    except RecordError as e:   # the program could not be started
+        raise ValueError(str(e)) from None
+    if result.summary is not None:
+        print(format_summary(result.summary), file=sys.stderr)
+        print(f"heapcast: wrote {a.log}", file=sys.stderr)
+    return result.exit_code
+
+
+def add_parsers(subparsers) -> None:
+    """Adds `run` to the `heapcast` command's subparsers."""
+    r = subparsers.add_parser(
+        "run", help="run a program under heapcast's allocator (blocks placed by predicted lifetime)",
+        description="Runs CMD with heapcast's allocator preloaded: mimalloc heaps, one per "
+                    "lifetime group, fed by a compiled POLICY (docs/allocator.md). Exits with "
+                    "CMD's status (128+N for signal N).")
+    r.add_argument("--policy", default="none", metavar="P",
+                   help="none (the allocator without predictions), a POLICY file (heapcast "
+                        "compile --kind table), or oracle:TRACE (the true classes from a "
+                        "recording of the same command)")
+    r.add_argument("--log", type=Path, metavar="JSON", nargs="?", const=Path("heapcast-run.json"),
+                   help="write the per-class summary here (default heapcast-run.json) and print "
+                        "it; with --env: the prefix of the per-process files (PREFIX.PID.json)")
+    r.add_argument("--env", action="store_true",
+                   help="print the environment (NAME=VALUE lines) that runs a program under the "
+                        "allocator without heapcast in between, and exit")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    r.set_defaults(func=_cmd_run)

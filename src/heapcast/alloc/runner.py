@@ -1,0 +1,102 @@
+"""`heapcast run`: a program under heapcast's allocator, with classes from a POLICY, from an
+oracle file, or none."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class AllocError(ValueError):
+    """The allocator cannot run the program as asked (library not built, bad POLICY...)."""
+
+
+def alloc_library() -> Path:
+    """Path of libheapcast_alloc.so, built by `pip install .` where libmimalloc-dev exists."""
+    lib = Path(__file__).resolve().parent.parent / "libheapcast_alloc.so"
+    if not lib.exists():
+        raise AllocError(
+            f"{lib} is missing: heapcast's allocator is built on mimalloc, and its headers were "
+            "not found when heapcast was installed; install them (Debian: apt-get install "
+            "libmimalloc-dev) and reinstall heapcast (`pip install .`)")
+    return lib
+
+
+def _policy_env(policy: str) -> dict:
+    """The allocator's variables for a --policy value: none, oracle:TRACE or a POLICY path."""
+    if policy in (None, "", "none"):
+        return {"HEAPCAST_ALLOC_POLICY": "none"}
+    if policy.startswith("oracle:"):
+        trace = Path(policy[len("oracle:"):])
+        if not trace.exists():
+            raise AllocError(f"{trace}: no such trace (--policy oracle:TRACE names a recording "
+                             "of the same command)")
+        from .oracle import cached_oracle
+        return {"HEAPCAST_ALLOC_ORACLE": str(cached_oracle(trace))}
+    path = Path(policy)
+    if not path.is_file():
+        raise AllocError(f"{path}: no such POLICY file (`heapcast compile MODEL --kind table -o "
+                         "POLICY` makes one; or use --policy none, oracle:TRACE)")
+    return {"HEAPCAST_ALLOC_POLICY": str(path.resolve())}
+
+
+def _check(env: dict) -> None:
+    """Loads the POLICY or oracle file in a throwaway process under the allocator, so that a bad
+    file is an error before the program starts (the allocator itself only warns and runs on)."""
+    probe = ["/bin/true"] if os.path.exists("/bin/true") else ["true"]
+    check_env = {k: v for k, v in {**os.environ, **env}.items() if k != "HEAPCAST_ALLOC_LOG"}
+    done = subprocess.run(probe, env={**check_env, "HEAPCAST_ALLOC_CHECK": "1"},
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode == 97:
+        raise AllocError(done.stderr.strip())
+    if done.returncode != 0:
+        raise AllocError(f"the allocator could not start a program ({done.returncode}): "
+                         f"{done.stderr.strip()}")
+
+
+def environment(policy: str = "none", log=None, check: bool = True) -> dict:
+    """The environment variables that run a program under the allocator (LD_PRELOAD first, an
+    existing LD_PRELOAD kept after it). `log`: a path prefix for the per-process summaries
+    (PREFIX.PID.json). Raises AllocError for a missing library or a bad POLICY."""
+    lib = str(alloc_library())
+    preload = os.environ.get("LD_PRELOAD")
+    env = {"LD_PRELOAD": lib + (":" + preload if preload else "")}
+    env.update(_policy_env(policy))
+    if log is not None:
+        env["HEAPCAST_ALLOC_LOG"] = str(Path(log).resolve())
+    if check:
+        _check(env)
+    return env
+
+
+@dataclass
+class RunResult:
+    """How a run went: the program's exit status (128+N for signal N) and, with a log, the
+    merged per-class summary of its processes."""
+    exit_code: int
+    summary: dict | None = None
+    processes: list = field(default_factory=list)
+
+
+def run(cmd, policy: str = "none", log=None, env: dict | None = None) -> RunResult:
+    """Runs `cmd` under heapcast's allocator and returns its exit status (and with `log`, a path,
+    the merged summary written there as JSON)."""
+    from ..recording import _run as run_program
+    from .summary import merge_logs
+    cmd = [str(c) for c in cmd]
+    if not cmd:
+        raise AllocError("no command to run")
+    with tempfile.TemporaryDirectory(prefix="heapcast-run-") as tmp:
+        prefix = Path(tmp) / "log" if log is not None else None
+        full = {**os.environ, **(env or {}), **environment(policy, prefix)}
+        exit_code, _ = run_program(cmd, full, None, 10)
+        result = RunResult(exit_code)
+        if log is not None:
+            result.processes = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("log.*.json"))]
+            result.summary = merge_logs(result.processes, policy)
+            Path(log).write_text(json.dumps({**result.summary, "processes": result.processes},
+                                            indent=2) + "\n")
+    return result
