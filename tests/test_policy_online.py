@@ -126,3 +126,36 @@ def test_bad_policies_are_refused_before_the_program_starts(work, tmp_path, caps
     junk.write_bytes(b"x" * 200)
     with pytest.raises(TraceError, match=r"junk\.pred, offset 0: not a predictions file"):
         read_predictions(junk)
+
+
+def test_development_mode_logs_features_and_fine_tunes(work, tmp_path):
+    """--log-features writes what each decision read; a model fine-tuned on the logs of another
+    input's run scores higher on that input than before."""
+    pytest.importorskip("torch")
+    exe = work["exe"]
+    base = tmp_path / "base.safetensors"
+    # a model that has seen little: a short run, a few steps
+    small = heapcast.record([exe, "200", "1"], output=tmp_path / "small", progress=False)
+    assert small.exit_code == 0
+    train([tmp_path / "small"], base, model="gru", task="next", config=TINY, max_steps=3)
+    compile_policy(base, tmp_path / "base.policy", kind="rnn")
+    field = tmp_path / "field"
+    r = heapcast.record([exe, "3000", "7"], output=field, policy=tmp_path / "base.policy",
+                        log_features=True, progress=False)
+    assert r.exit_code == 0
+    from heapcast.policy.online import read_features
+    header, feats = read_features(next(field.glob("*.features")))
+    _, preds = read_predictions(next(field.glob("*.pred")))
+    assert header["task"] == "next" and len(feats) == len(preds) == heapcast.load(field).event_count
+    assert np.array_equal(feats["seq"], preds["seq"])
+    assert np.array_equal(feats["pred"], preds["label"][:, :3])      # the decision it logged
+    assert np.array_equal(feats["label"], feats["token"])            # next: the event's token
+    tuned = tmp_path / "tuned.safetensors"
+    assert main(["train", "--from-log", str(field), "--init", str(base), "-o", str(tuned),
+                 "-q"]) == 0
+    heapcast.record([exe, "2000", "9"], output=tmp_path / "test", progress=False)
+    from heapcast.forecast.evaluate import evaluate
+    before = evaluate(base, [tmp_path / "test"], "cross-run")["top1"]
+    after = evaluate(tuned, [tmp_path / "test"], "cross-run")["top1"]
+    assert after > before + 0.02, (before, after)
+    assert main(["train", "--from-log", str(field), "-o", str(tmp_path / "x.safetensors")]) == 2

@@ -63,6 +63,29 @@ def add_parsers(sub) -> None:
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=_cmd_compile)
 
+    t = sub.choices["train"]
+    forecast_train = t.get_default("func")
+    t.add_argument("--from-log", action="store_true",
+                   help="fine-tune --init MODEL on feature logs (TRACE: directories or .features "
+                        "files written by heapcast record --policy POLICY --log-features)")
+    t.add_argument("--init", type=Path, metavar="MODEL", help="with --from-log: the model to "
+                   "continue training")
+
+    def _cmd_train(a) -> int:
+        if not a.from_log:
+            if a.init:
+                raise ValueError("--init goes with --from-log")
+            return forecast_train(a)
+        if not a.init:
+            raise ValueError("--from-log needs --init MODEL, the model to continue training")
+        from .finetune import finetune
+        s = finetune(a.init, a.traces, a.output, epochs=a.epochs, lr=a.lr, progress=not a.quiet)
+        print(f"heapcast: fine-tuned {a.init} on {s['rows']:,} logged decisions in "
+              f"{s['wall_s']:.1f} s -> {s['output']}", file=sys.stderr)
+        return 0
+
+    t.set_defaults(func=_cmd_train)
+
     e = sub.choices["evaluate"]
     forecast_evaluate = e.get_default("func")
     e.add_argument("--online", action="store_true",

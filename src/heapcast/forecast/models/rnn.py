@@ -286,7 +286,9 @@ class RNNModel(Model):
         `runs`: the training run (recording) of every row of `data`, for leave-one-run-out
         hints (_fit_hints) when there are several.
         `max_steps` > 0 stops early; `checkpoint` (a path) gets the state every epoch and when
-        stopping; with `resume`, training continues from it."""
+        stopping; with `resume`, training continues from it. `finetune=True` continues training
+        a trained model (its weights, label classes, input tokens and n-gram kept; the n-gram's
+        hints on the new rows are what it predicts for data it never saw)."""
         from ..train import spread_rows
         self.check_data(data)
         c = self.config
@@ -294,24 +296,30 @@ class RNNModel(Model):
         t0 = time.perf_counter()
         part = data.select(train)
         y = part.labels
-        self.classes = np.unique(y[y >= 0])
-        self.input_tokens = np.unique(part.tokens).astype(np.int64)
+        finetune = bool(options.get("finetune")) and getattr(self, "net", None) is not None
+        if not finetune:
+            self.classes = np.unique(y[y >= 0])
+            self.input_tokens = np.unique(part.tokens).astype(np.int64)
         world, rank = _distributed()
         if world > 1 and device.startswith("cuda"):   # torchrun: one GPU per process
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
             torch.cuda.set_device(device)
-        self.net = self._net().to(device)
-        _keras_like_init(self.net, self.cell)
+        if finetune:
+            self.net = self.net.to(device)
+        else:
+            self.net = self._net().to(device)
+            _keras_like_init(self.net, self.cell)
+            self.ngram = None
         opt = torch.optim.Adam(self.net.parameters(), lr=c["lr"])
-        self.ngram = None
         keep = spread_rows(np.ones(len(part), bool), max_events) if max_events else \
             np.ones(len(part), bool)
         hint_ctx, memory_ctx = self._shared_contexts(part)
         hints = self._fit_hints(part, keep, None if runs is None else runs[train], hint_ctx) \
-            if c["ngram_hints"] else None
+            if c["ngram_hints"] and not finetune else None
         inputs = self._inputs(part, hints, self._cache(part, memory_ctx))
         del hint_ctx, memory_ctx
-        lab = np.where(y >= 0, np.searchsorted(self.classes, np.maximum(y, 0)), -1)
+        i = np.minimum(np.searchsorted(self.classes, np.maximum(y, 0)), len(self.classes) - 1)
+        lab = np.where((y >= 0) & (self.classes[i] == y), i, -1)   # labels the model has
         if max_events:
             inputs, lab = [a[keep] for a in inputs], lab[keep]
         grid = _segments(len(lab), c["batch"] * world)[:, rank::world]
