@@ -165,6 +165,14 @@ def test_model_and_lab_sections(recorded, tmp_path, cli):
     assert r["top1"] == pytest.approx(evaluated["top1"]) and r["top5"] == pytest.approx(evaluated["top5"])
     hits = [t for t in r["over_time"]["top1"] if t is not None]
     assert len(hits) == min(100, r["events"]) and min(hits) <= r["top1"] <= max(hits)
+    # a compiled POLICY scores through the native runtime, as heapcast evaluate POLICY does
+    policy = tmp_path / "ngram.table"
+    assert cli("compile", model, "--kind", "table", "-o", policy).returncode == 0
+    (p,) = model_section(policy, trace)["results"]
+    native = json.loads(cli("evaluate", policy, d / "churn.trace", "--protocol", "time",
+                            "--json").stdout)
+    assert p["model"] == "policy:table" and p["events"] == native["events"]
+    assert p["top1"] == pytest.approx(native["top1"])
     lab = lab_section(trace)
     assert {"first-fit", "best-fit", "buddy"} <= set(lab["policies"])
     assert len(lab["series"]) == 2 and all(len(s["t"]) == len(s["live"]) for s in lab["series"])

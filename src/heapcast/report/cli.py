@@ -17,14 +17,15 @@ def _cmd_report(a) -> int:
 def add_parsers(sub) -> None:
     """Adds the `report` subcommand."""
     r = sub.add_parser("report", help="write one self-contained interactive HTML page of a trace",
-                       usage="heapcast report TRACE [--model MODEL] [--lab] [--diff OTHER] "
+                       usage="heapcast report TRACE [--model MODEL|POLICY] [--lab] [--diff OTHER] "
                              "[-o report.html]")
     r.add_argument("trace", type=Path)
     r.add_argument("-o", "--output", type=Path, metavar="HTML",
                    help="the page to write (default: TRACE.report.html)")
     r.add_argument("--model", type=Path, metavar="MODEL", action="append",
-                   help="also score this forecasting model (.safetensors) on the trace; repeat "
-                        "it to compare models (e.g. the default model and the n-gram baseline)")
+                   help="also score this forecasting model (.safetensors) or compiled POLICY "
+                        "(through the native runtime) on the trace; repeat it to compare models "
+                        "(e.g. the default model, the n-gram baseline, the compiled policy)")
     r.add_argument("--lab", action="store_true",
                    help="also replay the trace through every allocator-lab policy")
     r.add_argument("--diff", type=Path, metavar="OTHER", help="compare with another trace")

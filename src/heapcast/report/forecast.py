@@ -14,26 +14,48 @@ TIME_BINS = 100
 
 
 def predictions(model_path, trace) -> tuple[object, np.ndarray, np.ndarray, str]:
-    """(model, true labels, top-5 predictions, protocol) of a forecasting model file on `trace`.
+    """(model, true labels, top-5 predictions, protocol) of a forecasting model file, or of a
+    compiled POLICY (run through the native runtime), on `trace`.
 
     Scored rows follow heapcast evaluate's protocols: the held-out part ('time'/'article' split)
     when the model was trained on this very recording, else the whole recording (cross-run)."""
+    from types import SimpleNamespace
+
     from ..forecast.dataset import load_features
-    from ..forecast.evaluate import _overlap, _test_rows
+    from ..forecast.evaluate import overlap, scored_rows
     from ..forecast.models import load_model
     from ..forecast.tasks import make_task
-    model = load_model(model_path)
+    from ..policy.fileformat import is_policy, read_spec
+    policy = is_policy(model_path)
+    if policy:
+        spec = read_spec(model_path)
+        model = SimpleNamespace(kind=f"policy:{spec['kind']}", task=spec["task"],
+                                vocab=spec["vocab"], target="true",
+                                meta={"training": spec.get("training", {})}, spec=spec)
+    else:
+        model = load_model(model_path)
     training = model.meta.get("training", {})
     feats = load_features([str(trace.path)], training.get("order", "thread"),
                           need_ranks=model.task == "free")
     data = make_task(feats, model.task, model.vocab)
-    overlap = _overlap(training.get("traces", []), feats.sources)
+    trained = overlap(training.get("traces", []), feats.sources)
     split = training.get("split", "all")
-    protocol = split if overlap and split in ("time", "article") else "cross-run"
-    rows = np.flatnonzero(_test_rows(model_path, protocol, data, training, feats.sources, overlap))
+    protocol = split if trained and split in ("time", "article") else "cross-run"
+    test, _ = scored_rows(model_path, protocol, data, training, feats.sources)
+    rows = np.flatnonzero(test)
     if len(rows) > MAX_ROWS:
         rows = rows[np.linspace(0, len(rows) - 1, MAX_ROWS).astype(np.int64)]
-    pred = model.predict(data, rows, 5) if len(rows) else np.zeros((0, 5), np.int64)
+    if not len(rows):
+        pred = np.zeros((0, 5), np.int64)
+    elif policy:
+        from ..policy.evaluate import predict_streams
+        from ..policy.native import Policy
+        want = np.zeros(len(data), bool)
+        want[rows] = True
+        pred = predict_streams(Policy(model_path), data, want,
+                               warmup=model.spec["model"]["config"].get("warmup"))[rows]
+    else:
+        pred = model.predict(data, rows, 5)
     return model, data.labels[rows], pred, protocol
 
 
