@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .plot import PlotError
-from .trace.format import TraceError
+from .trace.base import TraceError
 
 
 def _cmd_record(a) -> int:
@@ -62,7 +62,8 @@ class UsageError(Exception):
     """A command line that cannot be run."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser; with `verb` one of CORE_VERBS, without the other packages' subcommands."""
     p = argparse.ArgumentParser(prog="heapcast", description="Record, analyse and forecast the "
                                 "heap behaviour of Linux programs.")
     sub = p.add_subparsers(dest="verb", required=True, metavar="COMMAND")
@@ -108,17 +109,33 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--parquet", type=Path, metavar="OUT", help="Apache Parquet file")
     e.set_defaults(func=_cmd_export)
 
-    from .forecast.cli import add_parsers as add_forecast_parsers
-    from .lab.cli import add_parsers as add_lab_parsers
-    add_forecast_parsers(sub)
-    add_lab_parsers(sub)
+    if verb not in CORE_VERBS:   # their modules import numpy: only when they may be asked for
+        from .forecast.cli import add_parsers as add_forecast_parsers
+        from .lab.cli import add_parsers as add_lab_parsers
+        add_forecast_parsers(sub)
+        add_lab_parsers(sub)
     return p
+
+
+#: The subcommands defined here. `heapcast record ...` builds only these, so that it starts
+#: without importing numpy (the recording starts sooner).
+CORE_VERBS = ("record", "finalize", "stats", "import", "export")
+
+
+def _verb(argv) -> str | None:
+    """The subcommand of a command line (its first word that is not an option), if any."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+        if word in ("-h", "--help"):
+            return None
+    return None
 
 
 def main(argv=None) -> int:
     """Entry point of the `heapcast` command."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser(_verb(argv))
     a = parser.parse_args(argv)
     if a.verb == "record" and a.command and a.command[0] == "--":
         a.command = a.command[1:]

@@ -16,7 +16,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from .trace.native_codec import LoadedOnce, NativeError
+from .trace.base import LoadedOnce, NativeError
 
 LIBRARY = Path(__file__).resolve().parent / "libheapcast_drain.so"
 

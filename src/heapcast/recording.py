@@ -21,13 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from .drain import ENV as DRAIN_ENV, Drainer
-from .trace.format import RSS_DTYPE, SESSION_FILE, TRACE_SUFFIX
-from .trace.raw import HEADER_SIZE, RAW_MAGIC, RawProcess, raw_files
-from .trace.writer import open_private, write_process_file, write_session
+from .trace.base import RAW_HEADER_SIZE as HEADER_SIZE, RAW_MAGIC, SESSION_FILE, TRACE_SUFFIX
 
+# numpy and the trace writer are imported when the conversion starts, not before the program
+# runs: a recording starts sooner (docs/architecture.md, "Fast start").
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -126,7 +124,9 @@ class _RssSampler:
         for _, m in self.files.values():
             m.close()
 
-    def rss(self, raw_name: str) -> np.ndarray:
+    def rss(self, raw_name: str):
+        import numpy as np
+        from .trace.format import RSS_DTYPE
         return np.array(self.samples.get(raw_name, []), dtype=RSS_DTYPE)
 
 
@@ -255,6 +255,7 @@ def _convert(raw: Path, rp: RawProcess, sampler, bar):
 
     On a full disk the .hct is written to the temporary directory first, then moved into place
     once the raw file (which holds the space) is gone."""
+    from .trace.writer import open_private, write_process_file
     proc = rp.process()
     table, remap = rp.location_table()
     proc.locations = table
@@ -294,6 +295,24 @@ def _convert(raw: Path, rp: RawProcess, sampler, bar):
     return proc
 
 
+class _NoBar:
+    """The progress bar when none is shown (tqdm takes longer to import than a small trace takes
+    to convert)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    reset = close = update
+
+
+def _progress_bar(total: int, progress: bool | None):
+    """A tqdm bar over `total` slots when asked for, or by default for a large trace on a terminal."""
+    if progress is False or (progress is None and (total < 2_000_000 or not os.isatty(2))):
+        return _NoBar()
+    from tqdm import tqdm
+    return tqdm(total=total, unit="slot", desc="heapcast: writing trace", leave=False)
+
+
 def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | None = None,
              progress: bool | None = None) -> RecordResult:
     """Converts the raw files of a trace directory into .hct files and writes session.json.
@@ -301,7 +320,8 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     `heapcast record` calls it when the program has ended; run it by hand (`heapcast finalize`) on a
     directory whose recording session was itself interrupted.
     """
-    from tqdm import tqdm
+    from .trace.raw import RawProcess, raw_files
+    from .trace.writer import write_session
 
     path = Path(path)
     if result is None:
@@ -323,8 +343,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
             continue
         scanned.append((raw, rp))
         total += sum(c.n for c in rp.chunks)
-    bar = tqdm(total=total, unit="slot", desc="heapcast: writing trace", disable=progress is False
-               or (progress is None and (total < 2_000_000 or not os.isatty(2))), leave=False)
+    bar = _progress_bar(total, progress)
     pids, threads = set(), 0
     for raw, rp in scanned:
         try:

@@ -18,12 +18,11 @@ import numpy as np
 
 from . import format as F
 from . import native_raw
+from .base import RAW_HEADER_SIZE as HEADER_SIZE, RAW_MAGIC
 from .format import TraceError
 from .model import LocationTable, Module, ModuleSnapshot, Process
 
-RAW_MAGIC = b"HCRAW\0\0\0"
 RAW_VERSION = 1
-HEADER_SIZE = 4096
 SLOT = 32
 CHUNK_MAGIC = 0x4B434348
 CHUNK_DRAINED = 0x44434348   # recycled: its records were copied to a later chunk of the file
