@@ -120,6 +120,72 @@ def encode_locations(table: LocationTable) -> bytes:
             + table.flat.astype("<u8").tobytes())
 
 
+class ProcessFileWriter:
+    """Writes one process's trace file as its events come: EVENTS blocks as they are added (in
+    seq order; encoded and compressed on worker threads), then, in finish(), the sections that
+    are only known at the end (locations, modules, RSS, metadata). Written to `<name>.tmp` and
+    renamed by finish(), so a .hct file is either complete or absent; abort() removes it."""
+
+    def __init__(self, path, level: int = 3):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.count = 0
+        self.last_ts = 0
+        self._prev_seq = -1
+        self._f = open_private(self.tmp)
+        try:
+            self._f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
+            self._w = _SectionWriter(self._f, level)
+        except BaseException:
+            self.abort()
+            raise
+
+    def add(self, events) -> None:
+        """Adds events: an EVENT_DTYPE array or {field: column} dict, or an iterable of them, in
+        strictly increasing seq order, after every event added before."""
+        for block in _blocks(events):
+            seq = block["seq"]
+            if not len(seq):
+                continue
+            if int(seq[0]) <= self._prev_seq or not (seq[1:] > seq[:-1]).all():
+                raise ValueError(f"{self.path}: events must be in strictly increasing seq order")
+            self._prev_seq = int(seq[-1])
+            self._w.write_events(block)
+            self.count += len(seq)
+            self.last_ts = max(self.last_ts, int(block["ts"].max()))
+
+    def finish(self, process: Process) -> Path:
+        """Writes the process's sections and renames the file into place. Sets
+        process.event_count (and end_ns when it is 0: the last event's time)."""
+        try:
+            w = self._w
+            w.write(LOCATIONS, encode_locations(process.locations))
+            mods = [{"seq": s.seq, "modules": [[m.path, m.base, m.start, m.end] for m in s.modules]}
+                    for s in process.modules]
+            w.write(MODULES, json.dumps(mods).encode())
+            w.write(RSS, np.ascontiguousarray(process.rss, dtype=RSS_DTYPE).tobytes())
+            process.event_count = self.count
+            if not process.end_ns:
+                process.end_ns = self.last_ts
+            w.write(META, json.dumps(process.meta()).encode(), compress=False)
+            w.write(END, b"", compress=False)
+            w.close()
+            self._f.close()
+        except BaseException:
+            self.abort()
+            raise
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Stops writing and removes the unfinished file."""
+        w = getattr(self, "_w", None)
+        if w is not None:
+            w.close()
+        self._f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
 def write_process_file(path, process: Process, events, level: int = 3) -> Path:
     """Writes one process's trace file.
 
@@ -127,42 +193,13 @@ def write_process_file(path, process: Process, events, level: int = 3) -> Path:
     order (bounded memory: blocks are compressed as they come). Sets process.event_count.
     Written to a temporary name and renamed, so a .hct file is either complete or absent.
     """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    count = 0
-    last_ts = 0
-    w = None
+    w = ProcessFileWriter(path, level)
     try:
-        with open_private(tmp) as f:
-            f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
-            w = _SectionWriter(f, level)
-            w.write(LOCATIONS, encode_locations(process.locations))
-            mods = [{"seq": s.seq, "modules": [[m.path, m.base, m.start, m.end] for m in s.modules]}
-                    for s in process.modules]
-            w.write(MODULES, json.dumps(mods).encode())
-            w.write(RSS, np.ascontiguousarray(process.rss, dtype=RSS_DTYPE).tobytes())
-            prev_seq = -1
-            for block in _blocks(events):
-                seq = block["seq"]
-                if len(seq) and (int(seq[0]) <= prev_seq or not (seq[1:] > seq[:-1]).all()):
-                    raise ValueError(f"{path}: events must be in strictly increasing seq order")
-                prev_seq = int(seq[-1])
-                w.write_events(block)
-                count += len(seq)
-                last_ts = max(last_ts, int(block["ts"].max()))
-            process.event_count = count
-            if not process.end_ns:
-                process.end_ns = last_ts
-            w.write(META, json.dumps(process.meta()).encode(), compress=False)
-            w.write(END, b"", compress=False)
+        w.add(events)
     except BaseException:
-        tmp.unlink(missing_ok=True)   # never leave a half-written file behind
+        w.abort()
         raise
-    finally:
-        if w is not None:
-            w.close()
-    os.replace(tmp, path)
-    return path
+    return w.finish(process)
 
 
 def write_session(directory, session: dict) -> Path:
