@@ -73,6 +73,10 @@ def test_live_conversion_equals_conversion_after_exit(build, small_windows, keep
     assert again.live_events == 0 and again.events == r.events
     assert not list(copy.glob("*.raw")) and not list(copy.glob("*.tmp"))
     assert_same_trace(out, copy)
+    # the same EVENTS blocks, so the same bytes per event (the copy has no RSS samples)
+    size = lambda d: sum(b.stored_len for p in heapcast.load(d).processes  # noqa: E731
+                         for b in p._blocks)
+    assert size(out) == size(copy)
 
 
 def test_without_live_conversion_the_trace_is_the_same(build, small_windows, keep_raw, tmp_path):
