@@ -16,7 +16,8 @@ def _cmd_record(a) -> int:
         raise UsageError("record needs a command: heapcast record [options] -- CMD ARGS...")
     try:
         r = record(a.command, output=a.output, stacks=a.stacks, rss_interval_ms=a.rss_interval,
-                   follow_children=a.follow_children, mmap=a.mmap, unwind=a.unwind)
+                   follow_children=a.follow_children, mmap=a.mmap, unwind=a.unwind,
+                   live=not a.convert_at_exit)
     except RecordError as e:
         print(f"heapcast: {e}", file=sys.stderr)
         return 127
@@ -83,6 +84,8 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     r.add_argument("--follow-children", action="store_true",
                    help="also trace programs started by exec (forked children are always traced)")
     r.add_argument("--mmap", action="store_true", help="also record mmap, munmap and mremap")
+    r.add_argument("--convert-at-exit", action="store_true",
+                   help="convert the trace only once the program has ended, not while it runs")
     r.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     r.set_defaults(func=_cmd_record)
 

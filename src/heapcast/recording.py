@@ -327,6 +327,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None):
             if live is not None and live.check(rp, live.skipped):
                 live.checked = True
                 writer, live.writer = live.writer, None
+                writer.full_priority()
                 write(out, rp, writer, live.assigner, live.next_lo)
             else:
                 if live is not None:   # converted wrongly (a guess failed) or not at all

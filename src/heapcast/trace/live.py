@@ -38,11 +38,12 @@ from .base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
 from .raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC,
                   OP_LOC, SLOT, SLOT_DTYPE, Chunk, LocationAssigner, RawProcess, _CHUNK,
                   _COUNTERS, _HEADER, fit_clock, location_definition)
-from .writer import ProcessFileWriter
+from .writer import ProcessFileWriter, lower_priority
 
 WINDOW = 1 << 20                 # seq numbers per converted window, as RawProcess.iter_events
 FREEZE_NS = 100_000_000          # clock pairs must span this long before the clock is fixed
 POLL_S = 0.02
+NICE = 10                        # the converter takes only CPU time that nothing else wants
 NESTED_RESERVE = 32              # recorder.c: slots kept at a chunk's end for signal handlers
 
 
@@ -245,7 +246,7 @@ class LiveProcess:
             if len(block["seq"]):
                 self.assigner.number(block)
                 if self.writer is None:
-                    self.writer = ProcessFileWriter(self.path.with_suffix(TRACE_SUFFIX))
+                    self.writer = ProcessFileWriter(self.path.with_suffix(TRACE_SUFFIX), nice=NICE)
                 self.writer.add(block)
                 self.emitted += len(block["seq"])
             del block
@@ -311,7 +312,9 @@ class LiveConverter:
         self._waiting: dict[int, list] = {}      # copies of files not opened yet, by inode
 
     def run(self) -> None:
-        """Polls every POLL_S seconds until `stop` is set."""
+        """Polls every POLL_S seconds until `stop` is set, at a low priority (NICE): on a busy
+        machine it must not take CPU time from the program or the drainer."""
+        lower_priority(NICE)
         while not self.stop.wait(POLL_S):
             self.poll()
 

@@ -40,12 +40,12 @@ class _SectionWriter:
     zstd release the GIL); at most one more block than workers is in flight, so memory stays
     bounded, and blocks are written in the order they came."""
 
-    def __init__(self, f, level: int):
+    def __init__(self, f, level: int, nice: int = 0):
         self.f = f
         self.level = level
         self.zstd = zstandard.ZstdCompressor(level=level)
         self.workers = max(1, min(2, len(os.sched_getaffinity(0))))
-        self.pool = ThreadPoolExecutor(self.workers)
+        self.pool = ThreadPoolExecutor(self.workers, initializer=lower_priority, initargs=(nice,))
         self.pending = deque()
         self.local = threading.local()      # per worker: its compressor and encoding buffer
 
@@ -79,10 +79,26 @@ class _SectionWriter:
         while self.pending:
             self.f.write(self.pending.popleft().result())
 
+    def full_priority(self) -> None:
+        """Goes on with workers of normal priority (a thread cannot raise its own back)."""
+        self.drain()
+        self.pool.shutdown(wait=True)
+        self.pool = ThreadPoolExecutor(self.workers)
+        self.local = threading.local()
+
     def close(self) -> None:
         for fut in self.pending:
             fut.cancel()
         self.pool.shutdown(wait=True)
+
+
+def lower_priority(nice: int) -> None:
+    """Lowers the calling thread's priority by `nice` (Linux schedules threads one by one)."""
+    if nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass
 
 
 def encode_events(block, out: np.ndarray | None = None) -> memoryview:
@@ -126,7 +142,7 @@ class ProcessFileWriter:
     are only known at the end (locations, modules, RSS, metadata). Written to `<name>.tmp` and
     renamed by finish(), so a .hct file is either complete or absent; abort() removes it."""
 
-    def __init__(self, path, level: int = 3):
+    def __init__(self, path, level: int = 3, nice: int = 0):
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + ".tmp")
         self.count = 0
@@ -135,7 +151,7 @@ class ProcessFileWriter:
         self._f = open_private(self.tmp)
         try:
             self._f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
-            self._w = _SectionWriter(self._f, level)
+            self._w = _SectionWriter(self._f, level, nice)
         except BaseException:
             self.abort()
             raise
@@ -153,6 +169,10 @@ class ProcessFileWriter:
             self._w.write_events(block)
             self.count += len(seq)
             self.last_ts = max(self.last_ts, int(block["ts"].max()))
+
+    def full_priority(self) -> None:
+        """From now on encodes and compresses at normal priority (after a start with `nice`)."""
+        self._w.full_priority()
 
     def finish(self, process: Process) -> Path:
         """Writes the process's sections and renames the file into place. Sets
