@@ -5,6 +5,8 @@ Its names are imported on first use (PEP 562), so that `heapcast record` and `he
 start without numpy.
 """
 import importlib
+import sys
+import types
 
 _API = {
     "EVENT_DTYPE": ".trace.format", "OPS": ".trace.format", "TraceError": ".trace.base",
@@ -21,6 +23,19 @@ def __getattr__(name):
     value = getattr(importlib.import_module(_API[name], __name__), name)
     globals()[name] = value
     return value
+
+
+class _Package(types.ModuleType):
+    """Keeps `heapcast.stats` the function: importing the submodule of the same name would
+    otherwise replace the package's attribute with the module."""
+
+    def __setattr__(self, name, value):
+        if name in _API and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__():
