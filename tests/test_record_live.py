@@ -3,7 +3,6 @@ is identical, event for event, to the same raw files converted after the exit; k
 program or `heapcast record` at any point of it loses nothing; a wrong guess is caught."""
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
