@@ -14,7 +14,10 @@
  *   3. put it on the free queue.
  * Killed before 1 ends: the copy reads as unclaimed space, the original holds the records.
  * Between 1 and 2: the chunk is in the file twice, identical; readers keep one.
- * Any failure (no fallocate, disk full) stops recycling for that file: its chunks stay in place. */
+ * Any failure (no fallocate, disk full) stops recycling for that file: its chunks stay in place.
+ *
+ * Every completed copy is logged (file inode, offset) for hc_drain_copies: `heapcast record`'s
+ * converter (heapcast.trace.live) reads copies, which never change, while the program runs. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -42,6 +45,7 @@ struct mapping { uint64_t off; char *ptr; };
 struct proc {                        /* one raw file */
     char name[256];
     int fd, pid, active;
+    uint64_t ino;
     struct hc_header *h;
     struct mapping maps[MAP_CACHE];
     unsigned nmaps, evict;
@@ -56,6 +60,10 @@ struct drainer {
     struct proc *procs;
     size_t nprocs, cap;
     uint64_t chunks, failures;       /* chunks recycled; files whose recycling stopped */
+    pthread_mutex_t log_lock;        /* copies completed, not yet taken by hc_drain_copies */
+    uint64_t *log;                   /* (inode, offset) pairs */
+    size_t nlog, caplog;
+    uint64_t log_lost;               /* copies not logged (no memory): the converter waits */
 };
 
 static uint64_t mono_ns(void) {
@@ -120,6 +128,7 @@ static int open_raw(struct drainer *d, const char *name) {
     p->fd = fd;
     p->h = h;
     p->pid = h->pid;
+    p->ino = (uint64_t)st.st_ino;
     p->active = 1;
     if (!(__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) & HC_FLAG_RECYCLE)) release(p);
     return 1;
@@ -186,7 +195,7 @@ static int write_all(int fd, struct iovec *iov, int n, uint64_t off) {
 }
 
 /* Copies the sealed chunk at `off` to the end of the file and marks the original drained. */
-static int copy_chunk(struct proc *p, char *m) {
+static int copy_chunk(struct proc *p, char *m, uint64_t *copied_at) {
     struct hc_chunk hdr;
     memcpy(&hdr, m, sizeof hdr);
     if (hdr.magic != HC_CHUNK_MAGIC || hdr.size != HC_CHUNK_MAX) return 0;
@@ -199,9 +208,26 @@ static int copy_chunk(struct proc *p, char *m) {
     uint32_t magic = HC_CHUNK_MAGIC;
     struct iovec mv = {&magic, sizeof magic};
     if (!write_all(p->fd, iov, 2, dst) || !write_all(p->fd, &mv, 1, dst)) return 0;
+    *copied_at = dst;
     __atomic_store_n((uint32_t *)m, HC_CHUNK_DRAINED, __ATOMIC_RELEASE);
     memset(m + sizeof hdr, 0, HC_CHUNK_MAX - sizeof hdr);
     return 1;
+}
+
+/* Logs a completed copy for hc_drain_copies. Without memory it is counted instead: the converter
+ * then leaves that chunk's events to the conversion after the program's exit. */
+static void log_copy(struct drainer *d, struct proc *p, uint64_t dst) {
+    pthread_mutex_lock(&d->log_lock);
+    if (d->nlog + 2 > d->caplog) {
+        size_t cap = d->caplog ? d->caplog * 2 : 256;
+        uint64_t *nl = realloc(d->log, cap * sizeof *nl);
+        if (!nl) { d->log_lost++; pthread_mutex_unlock(&d->log_lock); return; }
+        d->log = nl;
+        d->caplog = cap;
+    }
+    d->log[d->nlog++] = p->ino;
+    d->log[d->nlog++] = dst;
+    pthread_mutex_unlock(&d->log_lock);
 }
 
 /* Recycles what the file's threads sealed; returns the number of chunks. */
@@ -218,11 +244,13 @@ static unsigned drain(struct drainer *d, struct proc *p) {
         __atomic_store_n(&sq->e[head % HC_QUEUE].off, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&sq->head, head + 1, __ATOMIC_RELEASE);
         char *m = map_chunk(p, off);
-        if (!m || !copy_chunk(p, m)) {  /* the chunk keeps its records in place */
+        uint64_t copied_at;
+        if (!m || !copy_chunk(p, m, &copied_at)) {  /* the chunk keeps its records in place */
             d->failures++;
             release(p);
             break;
         }
+        log_copy(d, p, copied_at);
         fq->e[tail % HC_QUEUE].off = off;
         fq->e[tail % HC_QUEUE].addr = addr;
         __atomic_store_n(&fq->tail, tail + 1, __ATOMIC_RELEASE);
@@ -263,6 +291,7 @@ HC_API void *hc_drain_start(const char *dir, unsigned poll_us) {
     struct drainer *d = calloc(1, sizeof *d);
     if (!d) return NULL;
     memcpy(d->dir, dir, n + 1);
+    pthread_mutex_init(&d->log_lock, NULL);
     d->poll_us = poll_us ? (poll_us < IDLE_MAX_US ? poll_us : IDLE_MAX_US) : 1;
     int rc = pthread_create(&d->thread, NULL, run, d);
     if (rc != 0) { free(d); errno = rc; return NULL; }
@@ -279,5 +308,22 @@ HC_API void hc_drain_stop(void *handle, uint64_t out[2]) {
     out[0] = d->chunks;
     out[1] = d->failures;
     free(d->procs);
+    free(d->log);
+    pthread_mutex_destroy(&d->log_lock);
     free(d);
+}
+
+/* Takes up to `max` logged copies, oldest first: out[2k] = the raw file's inode, out[2k + 1] =
+ * the copy's offset (complete, never written again). Returns how many; *lost = copies that could
+ * not be logged so far. Callable from any thread while the drainer runs. */
+HC_API size_t hc_drain_copies(void *handle, uint64_t *out, size_t max, uint64_t *lost) {
+    struct drainer *d = handle;
+    pthread_mutex_lock(&d->log_lock);
+    size_t n = d->nlog / 2 < max ? d->nlog / 2 : max;
+    memcpy(out, d->log, n * 2 * sizeof *out);
+    memmove(d->log, d->log + 2 * n, (d->nlog - 2 * n) * sizeof *d->log);
+    d->nlog -= 2 * n;
+    *lost = d->log_lost;
+    pthread_mutex_unlock(&d->log_lock);
+    return n;
 }

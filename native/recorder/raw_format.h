@@ -98,7 +98,16 @@ struct hc_header {                 /* page 0 of a raw file */
     volatile uint32_t flags;
     volatile uint64_t locs;                   /* location ids handed out */
     struct hc_queue sealed, free;             /* with HC_FLAG_RECYCLE, see above */
+    /* Written by `heapcast record`'s converter, never by the recorder (which leaves them 0): the
+     * ticks -> ns conversion (ns = n0 + rint((ticks - t0) * slope)) it used to convert events
+     * while the program ran, fitted over the clock pairs it had seen; a later conversion of this
+     * file uses it too, so that both give the same times. clock_set is written last. */
+    _Alignas(64) volatile uint64_t clock_set;  /* HC_CLOCK_SET when the three below are valid */
+    double clock_slope;
+    int64_t clock_t0, clock_n0;
 };
+
+#define HC_CLOCK_SET 0x4b434f4c43434800ull  /* "\0HCCLOCK" */
 
 struct hc_chunk {                  /* 32 bytes at the start of every chunk */
     uint32_t magic, tid;
@@ -131,5 +140,6 @@ _Static_assert(sizeof(struct hc_record) == HC_RECORD_SIZE, "record size");
 _Static_assert(sizeof(struct hc_chunk) == HC_RECORD_SIZE, "chunk header size");
 _Static_assert(sizeof(struct hc_ext) == HC_RECORD_SIZE, "extension size");
 _Static_assert(sizeof(struct hc_header) <= HC_HEADER_SIZE, "header size");
+_Static_assert(__builtin_offsetof(struct hc_header, clock_set) == 2432, "clock offset (raw.py)");
 
 #endif

@@ -1,15 +1,42 @@
 """heapcast: record every heap operation of a Linux program, forecast it, and measure policies.
 
 The Python API mirrors the command line: `record`, `load`, `stats`, ...
+Its names are imported on first use (PEP 562), so that `heapcast record` and `heapcast --help`
+start without numpy.
 """
-from .recording import finalize, record
-from .report import report
-from .stats import stats
-from .trace.format import EVENT_DTYPE, OPS, TraceError
-from .trace.model import Process, Trace
-from .trace.reader import load
+import importlib
+import sys
+import types
 
-__all__ = ["EVENT_DTYPE", "OPS", "Process", "Trace", "TraceError", "finalize", "load", "record",
-           "report", "stats"]
+_API = {
+    "EVENT_DTYPE": ".trace.format", "OPS": ".trace.format", "TraceError": ".trace.base",
+    "Process": ".trace.model", "Trace": ".trace.model", "finalize": ".recording",
+    "record": ".recording", "stats": ".stats", "load": ".trace.reader", "report": ".report",
+}
+__all__ = sorted(_API)
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    if name not in _API:
+        raise AttributeError(f"module 'heapcast' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_API[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(types.ModuleType):
+    """Keeps `heapcast.stats` the function: importing the submodule of the same name would
+    otherwise replace the package's attribute with the module."""
+
+    def __setattr__(self, name, value):
+        if name in _API and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

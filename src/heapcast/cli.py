@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 from .plot import PlotError
-from .report.page import ReportError
-from .trace.format import TraceError
+from .trace.base import TraceError
 
 
 def _cmd_record(a) -> int:
@@ -19,7 +18,7 @@ def _cmd_record(a) -> int:
         r = record(a.command, output=a.output, stacks=a.stacks, rss_interval_ms=a.rss_interval,
                    follow_children=a.follow_children, mmap=a.mmap, unwind=a.unwind,
                    python=a.python, policy=a.policy, policy_every=a.policy_every,
-                   log_features=a.log_features)
+                   log_features=a.log_features, live=not a.convert_at_exit)
     except RecordError as e:
         print(f"heapcast: {e}", file=sys.stderr)
         return 127
@@ -65,7 +64,8 @@ class UsageError(Exception):
     """A command line that cannot be run."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser; with `verb` one of CORE_VERBS, without the other packages' subcommands."""
     p = argparse.ArgumentParser(prog="heapcast", description="Record, analyse and forecast the "
                                 "heap behaviour of Linux programs.")
     sub = p.add_subparsers(dest="verb", required=True, metavar="COMMAND")
@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log-features", action="store_true",
                    help="with --policy: also log what each decision read and decided "
                         "(<pid>.features, for heapcast train --from-log)")
+    r.add_argument("--convert-at-exit", action="store_true",
+                   help="convert the trace only once the program has ended, not while it runs")
     r.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     r.set_defaults(func=_cmd_record)
 
@@ -125,23 +127,39 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--parquet", type=Path, metavar="OUT", help="Apache Parquet file")
     e.set_defaults(func=_cmd_export)
 
-    from .forecast.cli import add_parsers as add_forecast_parsers
-    from .lab.cli import add_parsers as add_lab_parsers
-    from .policy.cli import add_parsers as add_policy_parsers
-    add_forecast_parsers(sub)
-    add_lab_parsers(sub)
-    add_policy_parsers(sub)
-    from .report.cli import add_parsers as add_report_parsers
-    add_report_parsers(sub)
-    from .alloc.cli import add_parsers as add_alloc_parsers
-    add_alloc_parsers(sub)
+    if verb not in CORE_VERBS:   # their modules import numpy: only when they may be asked for
+        from .alloc.cli import add_parsers as add_alloc_parsers
+        from .forecast.cli import add_parsers as add_forecast_parsers
+        from .lab.cli import add_parsers as add_lab_parsers
+        from .policy.cli import add_parsers as add_policy_parsers
+        from .report.cli import add_parsers as add_report_parsers
+        add_forecast_parsers(sub)
+        add_lab_parsers(sub)
+        add_policy_parsers(sub)     # after forecast's: it extends train and evaluate
+        add_report_parsers(sub)
+        add_alloc_parsers(sub)
     return p
+
+
+#: The subcommands defined here. `heapcast record ...` builds only these, so that it starts
+#: without importing numpy (the recording starts sooner).
+CORE_VERBS = ("record", "finalize", "stats", "import", "export")
+
+
+def _verb(argv) -> str | None:
+    """The subcommand of a command line (its first word that is not an option), if any."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+        if word in ("-h", "--help"):
+            return None
+    return None
 
 
 def main(argv=None) -> int:
     """Entry point of the `heapcast` command."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser(_verb(argv))
     a = parser.parse_args(argv)
     if a.verb == "record" and a.command and a.command[0] == "--":
         a.command = a.command[1:]
@@ -150,7 +168,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `heapcast stats ... | head`
         sys.stderr.close()
         return 0
-    except (TraceError, UsageError, ValueError, OSError, PlotError, ReportError) as e:
+    except (TraceError, UsageError, ValueError, OSError, PlotError) as e:   # ReportError too
         print(f"heapcast {a.verb}: error: {e}", file=sys.stderr)
         return 2
 

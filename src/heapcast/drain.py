@@ -16,7 +16,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from .trace.native_codec import LoadedOnce, NativeError
+from .trace.base import LoadedOnce, NativeError
 
 LIBRARY = Path(__file__).resolve().parent / "libheapcast_drain.so"
 
@@ -34,6 +34,9 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.hc_drain_start.argtypes = [ctypes.c_char_p, ctypes.c_uint]
     lib.hc_drain_stop.restype = None
     lib.hc_drain_stop.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+    lib.hc_drain_copies.restype = ctypes.c_size_t
+    lib.hc_drain_copies.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
+                                    ctypes.POINTER(ctypes.c_uint64)]
     return lib
 
 
@@ -60,6 +63,17 @@ class Drainer:
             raise OSError(e, f"cannot start the chunk drainer: {os.strerror(e)}")
         self._handle = handle
         return self
+
+    def copies(self, max_copies: int = 4096) -> tuple[list, int]:
+        """The chunk copies completed since the last call, oldest first, as (inode of the raw
+        file, offset of the copy) pairs, and the number of copies that could not be logged (no
+        memory) since the start. A copy never changes: heapcast.trace.live reads it at once."""
+        if self._handle is None:
+            return [], 0
+        out = (ctypes.c_uint64 * (2 * max_copies))()
+        lost = ctypes.c_uint64()
+        n = library().hc_drain_copies(self._handle, out, max_copies, ctypes.byref(lost))
+        return [(out[2 * k], out[2 * k + 1]) for k in range(n)], int(lost.value)
 
     def stop(self) -> None:
         """Stops the thread; chunks that wait in a queue stay where they are, records intact."""

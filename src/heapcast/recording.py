@@ -1,9 +1,11 @@
 """`heapcast record`: run a program under the native recorder, sample its RSS, convert the trace.
 
 The program runs with the recorder preloaded; while it runs, this process samples the resident set
-of every traced process from /proc every `rss_interval_ms`, and a native thread recycles the
-recorder's full chunks (heapcast.drain). When the program has ended (however it ended), the raw
-files are converted into compressed .hct files (`finalize`), so a trace cut by SIGKILL still yields
+of every traced process from /proc every `rss_interval_ms`, a native thread recycles the
+recorder's full chunks (heapcast.drain), and a converter thread turns the chunks that no longer
+change into .hct blocks (heapcast.trace.live). When the program has ended (however it ended),
+`finalize` converts the rest of the raw files (or all of them, when the conversion while the
+program ran did not complete a check) and removes them, so a trace cut by SIGKILL still yields
 everything that was written.
 """
 from __future__ import annotations
@@ -17,17 +19,16 @@ import signal
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from .drain import ENV as DRAIN_ENV, Drainer
-from .trace.format import RSS_DTYPE, SESSION_FILE, TRACE_SUFFIX
-from .trace.raw import HEADER_SIZE, RAW_MAGIC, RawProcess, raw_files
-from .trace.writer import open_private, write_process_file, write_session
+from .trace.base import RAW_HEADER_SIZE as HEADER_SIZE, RAW_MAGIC, SESSION_FILE, TRACE_SUFFIX
 
+# numpy and the trace writer are imported when the conversion starts, not before the program
+# runs: a recording starts sooner (docs/architecture.md, "Fast start").
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -51,6 +52,7 @@ class RecordResult:
     processes: int = 0
     threads: int = 0
     lost_events: int = 0
+    live_events: int = 0          # events converted while the program ran (heapcast.trace.live)
     truncated: bool = False
     trace_bytes: int = 0
     wall_s: float = 0.0
@@ -126,7 +128,9 @@ class _RssSampler:
         for _, m in self.files.values():
             m.close()
 
-    def rss(self, raw_name: str) -> np.ndarray:
+    def rss(self, raw_name: str):
+        import numpy as np
+        from .trace.format import RSS_DTYPE
         return np.array(self.samples.get(raw_name, []), dtype=RSS_DTYPE)
 
 
@@ -157,7 +161,7 @@ def _prepare_directory(path: Path) -> str | None:
 def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follow_children: bool = False,
            mmap: bool = False, unwind: str = "fp", progress: bool | None = None,
            env: dict | None = None, python: bool = True, policy=None,
-           policy_every: int = 1, log_features: bool = False) -> RecordResult:
+           policy_every: int = 1, log_features: bool = False, live: bool = True) -> RecordResult:
     """Runs `cmd` with the recorder preloaded and returns how it went (see RecordResult).
 
     The trace is written at exactly `output` (a directory; default: a new name in the current
@@ -170,6 +174,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     predicting every `policy_every`-th one and logging its predictions in the trace
     (heapcast.policy.online); a broken or unusable POLICY raises RecordError before the program
     starts. `log_features`: also log what each decision read (development mode).
+    `live=False` converts the whole trace
+    after the program has ended instead of while it runs (the same trace, later).
     """
     cmd = [str(c) for c in cmd]
     if not cmd:
@@ -197,21 +203,26 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
             env.update(HEAPCAST_POLICY=str(Path(policy).resolve()),
                        HEAPCAST_POLICY_EVERY=str(policy_every),
                        HEAPCAST_POLICY_FEATURES="1" if log_features else "0")
-    drainer = None
+    drainer = converter = None
     if problem is None:
         try:
             drainer = Drainer(path).start()
             env.update(DRAIN_ENV)
         except OSError:
             pass   # the recorder then takes fresh file space for every chunk
+        if live:
+            converter = _Converter(path, drainer)
     start = time.monotonic()
     try:
-        exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms)
+        exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms,
+                                  converter.start if converter is not None else None)
     except RecordError:
         if problem is None and not existed:
             shutil.rmtree(path, ignore_errors=True)  # nothing ran: leave no empty trace behind
         raise
     finally:
+        if converter is not None:
+            converter.stop()
         if drainer is not None:
             drainer.stop()
     result = RecordResult(exit_code, path, cmd)
@@ -220,13 +231,44 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         result.truncated = True
         result.problems.append(problem + "; the program ran untraced")
     else:
-        finalize(path, result, sampler, progress=progress)
+        finalize(path, result, sampler, progress=progress,
+                 live=converter.processes() if converter is not None else None)
     return result
 
 
-def _run(cmd, env, trace_dir, rss_interval_ms) -> tuple:
+class _Converter:
+    """Runs heapcast.trace.live's converter on a thread that imports it (numpy, the codec) after
+    the program has started, so that the program does not wait for those imports."""
+
+    def __init__(self, path: Path, drainer):
+        self.path, self.drainer = path, drainer
+        self.stop_event = threading.Event()
+        self.live = None
+        self.thread = threading.Thread(target=self._run, name="heapcast-convert", daemon=True)
+
+    def _run(self) -> None:
+        from .trace.live import LiveConverter
+        self.live = LiveConverter(self.path, self.drainer, self.stop_event)
+        self.live.run()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stops after the window being converted; the rest is left to finalize."""
+        self.stop_event.set()
+        if self.thread.ident is not None:
+            self.thread.join()
+
+    def processes(self) -> dict:
+        """The LiveProcess of each raw file the converter read (by path)."""
+        return self.live.processes if self.live is not None else {}
+
+
+def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
     """Runs the program, sampling RSS meanwhile; returns its exit status as a shell reports it
-    and the RSS sampler (None when untraced)."""
+    and the RSS sampler (None when untraced). `started()` is called once the program runs (not
+    before the fork: a thread started earlier could hold a lock the child needs)."""
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)   # ^C reaches the program, we finalize
     old_quit = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     sampler = _RssSampler(trace_dir) if trace_dir is not None else None
@@ -237,6 +279,8 @@ def _run(cmd, env, trace_dir, rss_interval_ms) -> tuple:
         except OSError as e:
             raise RecordError(f"cannot run {shlex.join(cmd)}: {e.strerror}") from None
         old_term = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(s))
+        if started is not None:
+            started()
         try:
             interval = max(rss_interval_ms, 1) / 1000.0
             while True:
@@ -283,33 +327,62 @@ class RecordError(Exception):
     """The program could not be started."""
 
 
-def _convert(raw: Path, rp: RawProcess, sampler, bar):
+def _convert(raw: Path, rp, sampler, bar, live=None):
     """Writes one raw file's .hct and removes the raw files; returns its Process.
 
+    `live`: the file's LiveProcess, whose converted part is checked and completed (rp was scanned
+    without the copies it converted); when the check fails, the whole file is converted again.
     On a full disk the .hct is written to the temporary directory first, then moved into place
     once the raw file (which holds the space) is gone."""
+    from .trace import live as live_windows   # the same windows as the conversion while running
+    from .trace.raw import LocationAssigner, RawProcess
+    from .trace.writer import ProcessFileWriter, open_private
     proc = rp.process()
-    table, remap = rp.location_table()
-    proc.locations = table
     if sampler is not None:
         proc.rss = sampler.rss(raw.name)
-
-    def blocks():
-        for block in rp.iter_events(remap=remap):
-            bar.update(len(block["seq"]))
-            yield block
-
     out = raw.with_suffix(TRACE_SUFFIX)
+
+    def write(target, rp, writer=None, assigner=None, start=None):
+        assigner = assigner or LocationAssigner()
+        assigner.add_definitions(rp.locs)
+        writer = writer or ProcessFileWriter(target)
+        try:
+            for block in rp.iter_events(live_windows.WINDOW, start=start, assigner=assigner):
+                bar.update(len(block["seq"]))
+                writer.add(block)
+            proc.locations = assigner.table()
+            writer.finish(proc)
+        except BaseException:
+            writer.abort()
+            raise
+
     try:
-        write_process_file(out, proc, blocks())
-        staged = None
+        try:
+            if live is not None and live.check(rp, live.skipped):
+                live.checked = True
+                writer, live.writer = live.writer, None
+                writer.full_priority()
+                write(out, rp, writer, live.assigner, live.next_lo)
+            else:
+                if live is not None:   # converted wrongly (a guess failed) or not at all
+                    live.close()
+                    if live.skipped:
+                        rp.close()
+                        rp = RawProcess(raw)
+                write(out, rp)
+            staged = None
+        finally:
+            if live is not None:
+                live.close()
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
         out.with_name(out.name + ".tmp").unlink(missing_ok=True)
         staged = Path(tempfile.mkdtemp(prefix="heapcast-")) / out.name
         bar.reset()
-        write_process_file(staged, proc, blocks())
+        rp.close()
+        rp = RawProcess(raw)
+        write(staged, rp)
     rp.close()  # the raw file's mapping holds its disk space until it is closed
     raw.unlink()
     raw.with_suffix(".mods").unlink(missing_ok=True)
@@ -327,14 +400,35 @@ def _convert(raw: Path, rp: RawProcess, sampler, bar):
     return proc
 
 
+class _NoBar:
+    """The progress bar when none is shown (tqdm takes longer to import than a small trace takes
+    to convert)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    reset = close = update
+
+
+def _progress_bar(total: int, progress: bool | None):
+    """A tqdm bar over `total` slots when asked for, or by default for a large trace on a terminal."""
+    if progress is False or (progress is None and (total < 2_000_000 or not os.isatty(2))):
+        return _NoBar()
+    from tqdm import tqdm
+    return tqdm(total=total, unit="slot", desc="heapcast: writing trace", leave=False)
+
+
 def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | None = None,
-             progress: bool | None = None) -> RecordResult:
+             progress: bool | None = None, live: dict | None = None) -> RecordResult:
     """Converts the raw files of a trace directory into .hct files and writes session.json.
 
-    `heapcast record` calls it when the program has ended; run it by hand (`heapcast finalize`) on a
-    directory whose recording session was itself interrupted.
+    `heapcast record` calls it when the program has ended, with what its converter did while the
+    program ran (`live`: LiveProcess by raw file); run it by hand (`heapcast finalize`) on a
+    directory whose recording session was itself interrupted: the raw files hold every event,
+    and what an interrupted conversion left (`*.hct.tmp`) is replaced.
     """
-    from tqdm import tqdm
+    from .trace.raw import RawProcess, raw_files
+    from .trace.writer import write_session
 
     path = Path(path)
     if result is None:
@@ -348,20 +442,28 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
                                "setuid? LD_PRELOAD does not reach those)")
     total = 0
     scanned = []
+    live = live or {}
     for raw in raws:
+        lp = live.get(raw)
+        if lp is not None and (lp.failed or lp.writer is None):
+            lp.close()
+            lp = None
         try:
-            rp = RawProcess(raw)
+            if lp is not None:
+                lp.skipped = lp.done_copies()
+            rp = RawProcess(raw, skip=lp.skipped if lp is not None else frozenset())
         except Exception as e:  # a raw file we cannot read must not hide the others
+            if lp is not None:
+                lp.close()
             result.problems.append(f"{raw.name}: {e}")
             continue
-        scanned.append((raw, rp))
+        scanned.append((raw, rp, lp))
         total += sum(c.n for c in rp.chunks)
-    bar = tqdm(total=total, unit="slot", desc="heapcast: writing trace", disable=progress is False
-               or (progress is None and (total < 2_000_000 or not os.isatty(2))), leave=False)
+    bar = _progress_bar(total, progress)
     pids, threads = set(), 0
-    for raw, rp in scanned:
+    for raw, rp, lp in scanned:
         try:
-            proc = _convert(raw, rp, sampler, bar)
+            proc = _convert(raw, rp, sampler, bar, lp)
         except OSError as e:
             result.truncated = True
             result.problems.append(f"could not write the trace of {raw.name}: {e.strerror}; its "
@@ -369,6 +471,11 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
             continue
         finally:
             rp.close()
+        if lp is not None and lp.checked:
+            result.live_events += lp.emitted
+        elif lp is not None and lp.emitted:
+            result.problems.append(f"{raw.name}: the conversion while the program ran missed "
+                                   "events; converted again after its exit")
         result.events += proc.event_count
         result.lost_events += proc.lost_events
         result.truncated |= proc.truncated
@@ -384,6 +491,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
         "command": result.command, "exit_code": result.exit_code, "events": result.events,
         "processes": result.processes, "lost_events": result.lost_events,
         "truncated": result.truncated, "problems": result.problems,
+        "converted_while_running": result.live_events,
         "wall_s": round(result.wall_s, 6),
     }
     try:

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 
-class ReportError(RuntimeError):
+class ReportError(ValueError):
     """The report cannot be built (a missing dependency, an unusable option)."""
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .base import SESSION_FILE, TRACE_MAGIC, TRACE_SUFFIX, TRACE_VERSION, TraceError  # noqa: F401
+
 #: Operation names by code. The codes are stored in traces: never renumber them.
 OPS = (
     "malloc", "calloc", "realloc", "reallocarray", "posix_memalign", "aligned_alloc",
@@ -45,16 +47,3 @@ assert EVENT_DTYPE.itemsize == 64
 #: RSS samples of one process, taken from /proc while it ran.
 RSS_DTYPE = np.dtype([("ts", "<u8"), ("seq", "<u8"), ("rss", "<u8")])
 
-TRACE_MAGIC = b"HEAPCAST"
-TRACE_VERSION = 1
-TRACE_SUFFIX = ".hct"
-SESSION_FILE = "session.json"
-
-
-class TraceError(Exception):
-    """A trace that cannot be read: the message names the file, the offset and what was expected."""
-
-    def __init__(self, path, offset, message):
-        self.path, self.offset = str(path), offset
-        where = f"{path}" if offset is None else f"{path}, offset {offset}"
-        super().__init__(f"{where}: {message}")

@@ -8,12 +8,12 @@ checks that the two agree.
 from __future__ import annotations
 
 import ctypes
-import threading
 from pathlib import Path
 
 import numpy as np
 
 from . import codec
+from .base import LoadedOnce, NativeError  # noqa: F401  (re-exported)
 from .format import EVENT_DTYPE
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_codec.so"
@@ -28,12 +28,6 @@ class Column(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("stride", ctypes.c_int64), ("field", ctypes.c_uint8),
                 ("encoding", ctypes.c_uint8), ("itemsize", ctypes.c_uint8),
                 ("pad", ctypes.c_uint8), ("ref", ctypes.c_int32)]
-
-
-class NativeError(RuntimeError):
-    """The encoder library is missing or does not match this Python code."""
-
-
 
 
 def load(path: Path = LIBRARY) -> ctypes.CDLL:
@@ -57,21 +51,6 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
         raise NativeError(f"{path} does not match heapcast.trace.native_codec: rebuild it "
                           f"(pip install -e .)")
     return lib
-
-
-class LoadedOnce:
-    """A ctypes library that `load(path)` opens and checks on the first call (thread-safe)."""
-
-    def __init__(self, load, path: Path):
-        self._load, self._path = load, path
-        self._lib = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> ctypes.CDLL:
-        with self._lock:
-            if self._lib is None:
-                self._lib = self._load(self._path)
-            return self._lib
 
 
 #: The installed encoder library.

@@ -18,12 +18,11 @@ import numpy as np
 
 from . import format as F
 from . import native_raw
+from .base import RAW_HEADER_SIZE as HEADER_SIZE, RAW_MAGIC
 from .format import TraceError
 from .model import PY_FRAME_TAG, LocationTable, Module, ModuleSnapshot, Process, PyFrame
 
-RAW_MAGIC = b"HCRAW\0\0\0"
 RAW_VERSION = 1
-HEADER_SIZE = 4096
 SLOT = 32
 CHUNK_MAGIC = 0x4B434348
 CHUNK_DRAINED = 0x44434348   # recycled: its records were copied to a later chunk of the file
@@ -34,6 +33,10 @@ SLOT_DTYPE = np.dtype([("head", "<u8"), ("ts", "<u4"), ("loc", "<u4"), ("a", "<u
 _HEADER = struct.Struct("<8sIIIIiiiIQQQQQQQI")  # up to `unwind`, see raw_format.h
 _COUNTERS = struct.Struct("<QQQIIQ")            # at offset 192: file_end .. locs (seq is at 128)
 _CHUNK = struct.Struct("<IIIIQQ")
+CLOCK_OFFSET = 2432                           # clock_set, clock_slope, clock_t0, clock_n0
+CLOCK = struct.Struct("<Qdqq")
+CLOCK_SET = 0x4B434F4C43434800
+LOC_UNASSIGNED = 1 << 31                      # LocationAssigner: raw id not yet numbered
 
 
 @dataclass
@@ -45,13 +48,18 @@ class Chunk:
     seq_min: int
     seq_max: int
     tsc: int = 0      # the chunk's first time base (its header's tsc)
+    events: int = 0   # events among the n slots
 
 
 class RawProcess:
-    """One raw file (and its .mods companion), scanned and ready to yield events in seq order."""
+    """One raw file (and its .mods companion), scanned and ready to yield events in seq order.
 
-    def __init__(self, path: Path):
+    `skip`: offsets of chunks not to scan (copies that heapcast.trace.live converted already:
+    their events, location definitions and clock pairs are not read again)."""
+
+    def __init__(self, path: Path, skip=frozenset()):
         self.path = Path(path)
+        self._skip = skip
         self._file = open(self.path, "rb")
         size = os.fstat(self._file.fileno()).st_size
         if size < HEADER_SIZE:
@@ -85,6 +93,8 @@ class RawProcess:
         (self.file_end, _reserved, self.lost, self.threads, self.flags,
          self.loc_count) = _COUNTERS.unpack_from(self._mm, 192)
         self.limit = min(self.file_end, size)
+        set_, slope, t0, n0 = CLOCK.unpack_from(self._mm, CLOCK_OFFSET)
+        self.frozen_clock = (slope, t0, n0) if set_ == CLOCK_SET else None
 
     def _scan(self) -> None:
         """One pass over the chunks: valid slots, seq range, location definitions, clock pairs."""
@@ -104,7 +114,7 @@ class RawProcess:
             if size < 4096 or size % 4096 or size > 64 * CHUNK_MAX or off + size > self.limit:
                 raise TraceError(self.path, off, f"chunk size {size} is not a multiple of 4096 "
                                  f"that fits in the file ({self.limit} bytes)")
-            if magic == CHUNK_DRAINED or (tid, tsc, mono) in seen:
+            if magic == CHUNK_DRAINED or (tid, tsc, mono) in seen or off in self._skip:
                 off += size   # recycled, or a drainer's copy of a chunk it had not marked yet
                 continue
             seen.add((tid, tsc, mono))
@@ -116,7 +126,7 @@ class RawProcess:
                 raise TraceError(self.path, i, f"slot has op {self._mm[i]}, expected an operation "
                                  f"code 0..{F.MREMAP} or a marker 0xFC..0xFF")
             if events:
-                self.chunks.append(Chunk(off, size, tid, n, seq_min, seq_max, tsc))
+                self.chunks.append(Chunk(off, size, tid, n, seq_min, seq_max, tsc, events))
             if locs:
                 slots = np.frombuffer(self._mm, SLOT_DTYPE, n, off + SLOT)
                 for i in np.flatnonzero((slots["head"] & 0xFF) == OP_LOC):
@@ -129,18 +139,14 @@ class RawProcess:
         self._fit_clock(pairs)
 
     def _fit_clock(self, pairs: list) -> None:
-        """Ticks -> CLOCK_MONOTONIC ns. With the TSC, a least-squares line through the clock pairs."""
+        """Ticks -> CLOCK_MONOTONIC ns: the conversion frozen in the header by a conversion
+        while the program ran, else fit_clock over every clock pair."""
         if not self.flags & FLAG_TSC:
             self._slope, self._t0, self._n0 = 1.0, 0, 0
-            return
-        p = np.array(sorted(set(pairs)), dtype=np.float64)
-        self._t0, self._n0 = int(self.start_tsc), int(self.start_mono)
-        if len(p) >= 2 and p[-1, 0] - p[0, 0] > 1e6:
-            dt = p[:, 0] - self._t0
-            dn = p[:, 1] - self._n0
-            self._slope = float(np.dot(dt, dn) / np.dot(dt, dt))
+        elif self.frozen_clock is not None:
+            self._slope, self._t0, self._n0 = self.frozen_clock
         else:
-            self._slope = 1.0 / _tsc_ghz()
+            self._slope, self._t0, self._n0 = fit_clock(pairs, self.start_tsc, self.start_mono)
 
     def _clock(self) -> native_raw.Clock:
         """The fitted ticks -> ns conversion, for the native decoder: identity, or
@@ -178,11 +184,14 @@ class RawProcess:
         except native_raw.ExtError as e:
             raise self._ext_error(c, e.slot) from None
 
-    def iter_events(self, window: int = 1 << 20, remap: np.ndarray | None = None) -> Iterator[dict]:
+    def iter_events(self, window: int = 1 << 20, remap: np.ndarray | None = None,
+                    start: int | None = None, assigner: "LocationAssigner | None" = None
+                    ) -> Iterator[dict]:
         """Yields this process's events in seq order as column blocks ({field: array}: EVENT_DTYPE
-        fields but `proc`), each covering `window` seq numbers (blocks without events are left
-        out). `loc`: the raw location ids, or with `remap` (from location_table) remap[id], 0 for
-        ids beyond it."""
+        fields but `proc`), each covering `window` seq numbers, the first starting at the lowest
+        seq (blocks without events are left out). `loc`: the raw location ids, or with `remap`
+        (from location_table) remap[id], 0 for ids beyond it, or with `assigner` its numbering.
+        `start`: yield only the windows from this one on (a seq where a window starts)."""
         if not self.chunks:
             return
         if window < 1:
@@ -193,7 +202,10 @@ class RawProcess:
         lo_all, hi_all = int(mins.min()), int(maxs.max())
         clock = self._clock()
         buffers = native_raw.Buffers()
-        lo = lo_all
+        lo = lo_all if start is None else start
+        if assigner is not None:
+            assigner.add_definitions(self.locs)
+            remap = assigner.remap
         while lo <= hi_all:
             hi = lo + window
             ks = np.flatnonzero((mins < hi) & (maxs >= lo))
@@ -209,6 +221,8 @@ class RawProcess:
             except native_raw.ExtError as e:
                 raise self._ext_error(self.chunks[int(ks[e.chunk])], e.slot) from None
             if len(block["seq"]):
+                if assigner is not None:
+                    assigner.number(block)
                 yield block
             lo = hi
 
@@ -280,6 +294,64 @@ class RawProcess:
             modules=self.modules,
             python_frames={fid: self.python_frames[fid]
                            for fid, first in self._python_ids().items() if first == fid})
+
+
+class LocationAssigner:
+    """Numbers the locations of a process's events as they are converted, in seq order: a
+    location's id is the order of its first use (different raw ids with the same frames, which
+    different threads defined, share one); definitions no event used come last, in raw id
+    order. The conversion while the program runs (heapcast.trace.live) and the one after it
+    number the same events the same way, although the first knows only the definitions written
+    so far."""
+
+    def __init__(self):
+        self.frames: dict[int, tuple] = {}            # raw id -> frames
+        self.ids: dict[tuple, int] = {(): 0}          # frames -> location id
+        self.remap = np.zeros(1, np.uint32)           # raw id -> id, or LOC_UNASSIGNED | raw id
+
+    def add_definitions(self, defs: dict) -> None:
+        """Learns location definitions (raw id -> frames)."""
+        new = {k: v for k, v in defs.items() if k not in self.frames}
+        if not new:
+            return
+        self.frames.update(new)
+        top = max(new) + 1
+        if top > len(self.remap):
+            grown = np.zeros(max(top, 2 * len(self.remap)), np.uint32)
+            grown[:len(self.remap)] = self.remap
+            self.remap = grown
+        for k in new:
+            self.remap[k] = LOC_UNASSIGNED | k
+
+    def number(self, block: dict) -> None:
+        """Replaces, in place, the raw ids of the block's `loc` column (decoded with `remap`)."""
+        loc = block["loc"]
+        pending = loc >= LOC_UNASSIGNED
+        if not pending.any():
+            return
+        raw = loc[pending] & (LOC_UNASSIGNED - 1)
+        ids, first = np.unique(raw, return_index=True)
+        for k in ids[np.argsort(first, kind="stable")]:
+            self.remap[k] = self.ids.setdefault(self.frames[int(k)], len(self.ids))
+        loc[pending] = self.remap[raw]
+
+    def table(self) -> LocationTable:
+        """The location table: the ids given so far, then the definitions no event used."""
+        for k in sorted(self.frames):
+            self.ids.setdefault(self.frames[k], len(self.ids))
+        return LocationTable.from_lists(list(self.ids))
+
+
+def fit_clock(pairs, start_tsc: int, start_mono: int) -> tuple[float, int, int]:
+    """(slope, t0, n0) of ns = n0 + rint((ticks - t0) * slope): a least-squares line through the
+    (ticks, ns) clock pairs, anchored at the process's start pair."""
+    p = np.array(sorted(set(pairs)), dtype=np.float64)
+    t0, n0 = int(start_tsc), int(start_mono)
+    if len(p) >= 2 and p[-1, 0] - p[0, 0] > 1e6:
+        dt = p[:, 0] - t0
+        dn = p[:, 1] - n0
+        return float(np.dot(dt, dn) / np.dot(dt, dt)), t0, n0
+    return 1.0 / _tsc_ghz(), t0, n0
 
 
 def location_definition(path, slots: np.ndarray, i: int, n: int, off: int) -> tuple | None:

@@ -40,12 +40,12 @@ class _SectionWriter:
     zstd release the GIL); at most one more block than workers is in flight, so memory stays
     bounded, and blocks are written in the order they came."""
 
-    def __init__(self, f, level: int):
+    def __init__(self, f, level: int, nice: int = 0):
         self.f = f
         self.level = level
         self.zstd = zstandard.ZstdCompressor(level=level)
         self.workers = max(1, min(2, len(os.sched_getaffinity(0))))
-        self.pool = ThreadPoolExecutor(self.workers)
+        self.pool = ThreadPoolExecutor(self.workers, initializer=lower_priority, initargs=(nice,))
         self.pending = deque()
         self.local = threading.local()      # per worker: its compressor and encoding buffer
 
@@ -79,10 +79,26 @@ class _SectionWriter:
         while self.pending:
             self.f.write(self.pending.popleft().result())
 
+    def full_priority(self) -> None:
+        """Goes on with workers of normal priority (a thread cannot raise its own back)."""
+        self.drain()
+        self.pool.shutdown(wait=True)
+        self.pool = ThreadPoolExecutor(self.workers)
+        self.local = threading.local()
+
     def close(self) -> None:
         for fut in self.pending:
             fut.cancel()
         self.pool.shutdown(wait=True)
+
+
+def lower_priority(nice: int) -> None:
+    """Lowers the calling thread's priority by `nice` (Linux schedules threads one by one)."""
+    if nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass
 
 
 def encode_events(block, out: np.ndarray | None = None) -> memoryview:
@@ -120,22 +136,49 @@ def encode_locations(table: LocationTable) -> bytes:
             + table.flat.astype("<u8").tobytes())
 
 
-def write_process_file(path, process: Process, events, level: int = 3) -> Path:
-    """Writes one process's trace file.
+class ProcessFileWriter:
+    """Writes one process's trace file as its events come: EVENTS blocks as they are added (in
+    seq order; encoded and compressed on worker threads), then, in finish(), the sections that
+    are only known at the end (locations, modules, RSS, metadata). Written to `<name>.tmp` and
+    renamed by finish(), so a .hct file is either complete or absent; abort() removes it."""
 
-    `events`: an EVENT_DTYPE array, or an iterable of them or of {field: column} dicts, in seq
-    order (bounded memory: blocks are compressed as they come). Sets process.event_count.
-    Written to a temporary name and renamed, so a .hct file is either complete or absent.
-    """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    count = 0
-    last_ts = 0
-    w = None
-    try:
-        with open_private(tmp) as f:
-            f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
-            w = _SectionWriter(f, level)
+    def __init__(self, path, level: int = 3, nice: int = 0):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.count = 0
+        self.last_ts = 0
+        self._prev_seq = -1
+        self._f = open_private(self.tmp)
+        try:
+            self._f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
+            self._w = _SectionWriter(self._f, level, nice)
+        except BaseException:
+            self.abort()
+            raise
+
+    def add(self, events) -> None:
+        """Adds events: an EVENT_DTYPE array or {field: column} dict, or an iterable of them, in
+        strictly increasing seq order, after every event added before."""
+        for block in _blocks(events):
+            seq = block["seq"]
+            if not len(seq):
+                continue
+            if int(seq[0]) <= self._prev_seq or not (seq[1:] > seq[:-1]).all():
+                raise ValueError(f"{self.path}: events must be in strictly increasing seq order")
+            self._prev_seq = int(seq[-1])
+            self._w.write_events(block)
+            self.count += len(seq)
+            self.last_ts = max(self.last_ts, int(block["ts"].max()))
+
+    def full_priority(self) -> None:
+        """From now on encodes and compresses at normal priority (after a start with `nice`)."""
+        self._w.full_priority()
+
+    def finish(self, process: Process) -> Path:
+        """Writes the process's sections and renames the file into place. Sets
+        process.event_count (and end_ns when it is 0: the last event's time)."""
+        try:
+            w = self._w
             w.write(LOCATIONS, encode_locations(process.locations))
             mods = [{"seq": s.seq, "modules": [[m.path, m.base, m.start, m.end] for m in s.modules]}
                     for s in process.modules]
@@ -144,28 +187,42 @@ def write_process_file(path, process: Process, events, level: int = 3) -> Path:
             if process.python_frames:
                 w.write(PYFRAMES, json.dumps([[k, f.file, f.function, f.line] for k, f in
                                               sorted(process.python_frames.items())]).encode())
-            prev_seq = -1
-            for block in _blocks(events):
-                seq = block["seq"]
-                if len(seq) and (int(seq[0]) <= prev_seq or not (seq[1:] > seq[:-1]).all()):
-                    raise ValueError(f"{path}: events must be in strictly increasing seq order")
-                prev_seq = int(seq[-1])
-                w.write_events(block)
-                count += len(seq)
-                last_ts = max(last_ts, int(block["ts"].max()))
-            process.event_count = count
+            process.event_count = self.count
             if not process.end_ns:
-                process.end_ns = last_ts
+                process.end_ns = self.last_ts
             w.write(META, json.dumps(process.meta()).encode(), compress=False)
             w.write(END, b"", compress=False)
-    except BaseException:
-        tmp.unlink(missing_ok=True)   # never leave a half-written file behind
-        raise
-    finally:
+            w.close()
+            self._f.close()
+        except BaseException:
+            self.abort()
+            raise
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Stops writing and removes the unfinished file."""
+        w = getattr(self, "_w", None)
         if w is not None:
             w.close()
-    os.replace(tmp, path)
-    return path
+        self._f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def write_process_file(path, process: Process, events, level: int = 3) -> Path:
+    """Writes one process's trace file.
+
+    `events`: an EVENT_DTYPE array, or an iterable of them or of {field: column} dicts, in seq
+    order (bounded memory: blocks are compressed as they come). Sets process.event_count.
+    Written to a temporary name and renamed, so a .hct file is either complete or absent.
+    """
+    w = ProcessFileWriter(path, level)
+    try:
+        w.add(events)
+    except BaseException:
+        w.abort()
+        raise
+    return w.finish(process)
 
 
 def write_session(directory, session: dict) -> Path:

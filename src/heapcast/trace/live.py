@@ -1,0 +1,348 @@
+"""Converts raw files into .hct files while the program runs (`heapcast record`).
+
+The recorder's threads hand every full 1 MiB chunk to the drainer, which copies it to the end of
+the raw file (heapcast.drain): a copy never changes again, and the drainer logs it. A thread's
+first chunks (4 KiB to 512 KiB) are never recycled, so their written slots never change either.
+A converter thread reads exactly those, and writes the windows of seq numbers that they complete
+(decoded, numbered, encoded and compressed as after the exit, on the core the program leaves
+free) into `<pid>.hct.tmp`. When the program has ended, `finish` checks that every event below
+the converted windows was converted, and converts the rest (the last chunks, a lagging tail)
+and the index (heapcast.recording).
+
+What makes a window complete: every event with a seq below its end is in a chunk read. Per
+thread, its events after the last chunk read have higher seqs (a thread takes its seq numbers in
+order). A thread whose chunk has not changed for a poll is taken to be idle: its next event
+takes a seq above the counter of that poll. That is a guess (a thread could have taken a seq and
+been descheduled before writing it), so the conversion is checked at the end: the events below
+the converted windows, counted in the final file, must be the events converted; if not, or on
+any error, the converted part is dropped and the whole file converted after the exit, as
+without this module. The converter never waits for the program nor the program for it: a
+program faster than the conversion leaves the rest to after its exit.
+
+Times: the conversion of TSC ticks to ns is fitted over the clock pairs seen in the first 100 ms
+and written into the raw file's header (raw_format.h, clock_set), so that any later conversion
+of the file (`heapcast finalize`, or after a failed check) gives the same times.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from . import native_raw
+from .base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
+from .raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC,
+                  OP_LOC, SLOT, SLOT_DTYPE, Chunk, LocationAssigner, RawProcess, _CHUNK,
+                  _COUNTERS, _HEADER, fit_clock, location_definition)
+from .writer import ProcessFileWriter, lower_priority
+
+WINDOW = 1 << 20                 # seq numbers per converted window, as RawProcess.iter_events
+FREEZE_NS = 100_000_000          # clock pairs must span this long before the clock is fixed
+POLL_S = 0.02
+NICE = 10                        # the converter takes only CPU time that nothing else wants
+NESTED_RESERVE = 32              # recorder.c: slots kept at a chunk's end for signal handlers
+
+
+class LiveProcess:
+    """One raw file converted while its process runs."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        self.ino = os.fstat(self.fd).st_ino
+        self.mm = None
+        head = os.pread(self.fd, RAW_HEADER_SIZE, 0)
+        if len(head) < RAW_HEADER_SIZE or head[:8] != RAW_MAGIC:
+            os.close(self.fd)
+            raise ValueError(f"{self.path}: header not written yet")
+        h = _HEADER.unpack_from(head, 0)
+        self.start_tsc, self.start_mono = h[12], h[10]
+        self.copies: dict[int, Chunk] = {}     # offset -> a drainer's copy, read
+        self.copy_ids: set = set()             # (tid, tsc) of the copies
+        self.small: dict[int, Chunk] = {}      # offset -> a never-recycled chunk, read so far
+        self.final: set = set()                # offsets of small chunks that no longer change
+        self.blocked: dict[int, int] = {}      # tid -> tsc of its oldest chunk we may not read
+        self.defs: dict[int, tuple] = {}
+        self.pairs = [(self.start_tsc, self.start_mono)]
+        self.assigner = LocationAssigner()
+        self.buffers = native_raw.Buffers()
+        self.clock = None
+        self.writer = None
+        self.next_lo = None                    # the next window to convert
+        self.emitted = 0
+        self.idle: dict[int, tuple] = {}       # tid -> what its chunks looked like last poll
+        self.counter = 0                       # the seq counter at the last poll
+        self.failed = None
+        self.dormant = False
+        self.skipped = frozenset()             # set by finalize: done_copies()
+        self.checked = False                   # set by finalize: the check passed
+
+    # ------------------------------------------------------------------ reading
+
+    def _map(self) -> None:
+        size = os.fstat(self.fd).st_size
+        if self.mm is None or size > len(self.mm):
+            if self.mm is not None:
+                self.mm.close()
+            self.mm = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ)
+
+    def _read(self, off: int, size: int, tid: int, tsc: int) -> Chunk | None:
+        """Scans the chunk at off: its events' range, its location definitions and clock pair."""
+        mm = self.mm
+        buf = np.frombuffer(mm, np.uint8)
+        address, length = buf.ctypes.data, len(buf)
+        del buf
+        n, events, seq_min, seq_max, locs, bad = native_raw.scan_chunk(address, length, off, size)
+        if bad is not None:
+            raise ValueError(f"{self.path}: bad slot in chunk at {off}")
+        if locs:
+            slots = np.frombuffer(mm, SLOT_DTYPE, n, off + SLOT)
+            for i in np.flatnonzero((slots["head"] & 0xFF) == OP_LOC):
+                found = location_definition(self.path, slots, int(i), n, off)
+                if found:
+                    self.defs[found[0]] = found[1]
+            del slots
+        return Chunk(off, size, tid, n, seq_min, seq_max, tsc, events)
+
+    def add_copies(self, offsets) -> None:
+        """Reads the drainer's completed copies at these offsets."""
+        self._map()
+        for off in offsets:
+            magic, tid, size, _, tsc, mono = _CHUNK.unpack_from(self.mm, off)
+            if magic != CHUNK_MAGIC or size != CHUNK_MAX or off + size > len(self.mm):
+                raise ValueError(f"{self.path}: no complete chunk copy at {off}")
+            self.copies[off] = self._read(off, size, tid, tsc)
+            self.copy_ids.add((tid, tsc))
+            self.pairs.append((tsc, mono))
+
+    def _walk(self, file_end: int) -> None:
+        """Reads the chunks in place that are never recycled (smaller than 1 MiB), and notes per
+        thread the oldest 1 MiB chunk in place, which the drainer may zero at any moment."""
+        self.blocked = {}
+        off, limit = RAW_HEADER_SIZE, min(file_end, len(self.mm))
+        while off + SLOT <= limit:
+            if off in self.copies:
+                off += CHUNK_MAX
+                continue
+            magic, tid, size, _, tsc, mono = _CHUNK.unpack_from(self.mm, off)
+            if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
+                off += 4096   # being claimed: its header is not written yet
+                continue
+            if size < 4096 or size % 4096 or size > CHUNK_MAX or off + size > limit:
+                raise ValueError(f"{self.path}: chunk size {size} at {off}")
+            if magic == CHUNK_DRAINED:
+                pass
+            elif size == CHUNK_MAX:
+                if (tid, tsc) not in self.copy_ids:
+                    self.blocked[tid] = min(self.blocked.get(tid, tsc), tsc)
+            elif off not in self.final:
+                if off not in self.small:
+                    self.pairs.append((tsc, mono))
+                self.small[off] = self._read(off, size, tid, tsc)
+            off += size
+        # A small chunk no longer changes once its thread has a later one (it was unmapped).
+        newest: dict[int, int] = {}
+        for c in (*self.small.values(), *self.copies.values()):
+            newest[c.tid] = max(newest.get(c.tid, 0), c.tsc)
+        for tid, tsc in self.blocked.items():
+            newest[tid] = max(newest.get(tid, 0), tsc)
+        self.final.update(off for off, c in self.small.items() if c.tsc < newest[c.tid])
+
+    def _bound(self, threads: int, counter: int) -> int:
+        """A seq below which every event is in a chunk read (see the module's docstring)."""
+        sources: dict[int, list] = {}
+        for c in (*self.copies.values(), *self.small.values()):
+            sources.setdefault(c.tid, []).append(c)
+        bound = counter
+        idle = {}
+        for tid in range(threads):
+            cs = sources.get(tid, [])
+            if tid in self.blocked:   # its events from that chunk on are unknown
+                before = [c.seq_max for c in cs if c.events and c.tsc < self.blocked[tid]]
+                bound = min(bound, max(before, default=-1) + 1)
+                continue
+            top = max(cs, key=lambda c: c.tsc, default=None)
+            last = max((c.seq_max for c in cs if c.events), default=-1) + 1
+            state = (len(cs), sum(c.n for c in cs))
+            # Idle: unchanged since the last poll, in a chunk with room (not in a chunk switch).
+            room = top is not None and top.size < CHUNK_MAX and \
+                top.n + 2 + NESTED_RESERVE < top.size // SLOT
+            if room and self.idle.get(tid) == state:
+                lb = max(last, self.counter)
+            else:
+                lb = last
+            idle[tid] = state
+            bound = min(bound, lb)
+        self.idle = idle
+        return bound
+
+    # ------------------------------------------------------------------ converting
+
+    def _freeze_clock(self, flags: int) -> bool:
+        if self.clock is not None:
+            return True
+        if not flags & FLAG_TSC:
+            self.clock = native_raw.Clock(1.0, 0, 0, True, 0)
+            return True
+        span = max(m for _, m in self.pairs) - self.start_mono
+        if span < FREEZE_NS:
+            return False
+        slope, t0, n0 = fit_clock(self.pairs, self.start_tsc, self.start_mono)
+        wfd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        try:   # the values, then the mark that makes them valid
+            os.pwrite(wfd, CLOCK.pack(0, slope, t0, n0)[8:], CLOCK_OFFSET + 8)
+            os.pwrite(wfd, struct.pack("<Q", CLOCK_SET), CLOCK_OFFSET)
+        finally:
+            os.close(wfd)
+        self.clock = native_raw.Clock(slope, t0, n0, False, 0)
+        return True
+
+    def step(self, copies, stop: threading.Event) -> None:
+        """One poll: reads what is new, converts the windows it completes."""
+        self._map()
+        if copies:
+            self.add_copies(copies)
+        seq, = struct.unpack_from("<Q", self.mm, 128)
+        file_end, _, _, threads, flags, _ = _COUNTERS.unpack_from(self.mm, 192)
+        if flags & FLAG_DORMANT:
+            self.dormant = True
+            return
+        self._walk(file_end)
+        bound = self._bound(threads, self.counter)
+        self.counter = seq
+        if not self._freeze_clock(flags):
+            return
+        chunks = [c for c in (*self.copies.values(), *self.small.values()) if c.events]
+        if not chunks:
+            return
+        mins = np.array([c.seq_min for c in chunks], np.uint64)
+        maxs = np.array([c.seq_max for c in chunks], np.uint64)
+        if self.next_lo is None:
+            if int(mins.min()) >= bound:
+                return
+            self.next_lo = int(mins.min())     # the window grid starts at the first event
+        self.assigner.add_definitions(self.defs)
+        table = None
+        while self.next_lo + WINDOW <= bound and not stop.is_set():
+            lo, hi = self.next_lo, self.next_lo + WINDOW
+            ks = np.flatnonzero((mins < hi) & (maxs >= lo))
+            if not len(ks):   # as iter_events: on to the first window that a chunk overlaps
+                later = mins[mins >= lo]
+                if not len(later):
+                    return
+                self.next_lo += (int(later.min()) - lo) // WINDOW * WINDOW
+                continue
+            if table is None:
+                table = _chunk_table(chunks)
+            buf = np.frombuffer(self.mm, np.uint8)
+            address, length = buf.ctypes.data, len(buf)
+            del buf
+            block = native_raw.decode_window(address, length, table[ks], self.clock, lo, hi,
+                                             self.assigner.remap, self.buffers)
+            if len(block["seq"]):
+                self.assigner.number(block)
+                if self.writer is None:
+                    self.writer = ProcessFileWriter(self.path.with_suffix(TRACE_SUFFIX), nice=NICE)
+                self.writer.add(block)
+                self.emitted += len(block["seq"])
+            del block
+            self.next_lo = hi
+
+    # ------------------------------------------------------------------ after the exit
+
+    def done_copies(self) -> frozenset:
+        """Offsets of the copies whose every event is converted: the final scan skips them."""
+        if self.next_lo is None:
+            return frozenset()
+        return frozenset(off for off, c in self.copies.items()
+                         if not c.events or c.seq_max < self.next_lo)
+
+    def check(self, rp: RawProcess, skipped: frozenset) -> bool:
+        """Whether the final file (rp, scanned without `skipped`) holds below next_lo exactly the
+        events converted."""
+        if self.next_lo is None:
+            return self.emitted == 0
+        count = sum(self.copies[off].events for off in skipped)
+        lo = self.next_lo
+        for c in rp.chunks:
+            if c.seq_max < lo:
+                count += c.events
+            elif c.seq_min < lo:   # a chunk that holds both sides: count its events below lo
+                buf = rp._buffer()
+                address, length = buf.ctypes.data, len(buf)
+                del buf
+                block = native_raw.decode_chunk(address, length, _chunk_table([c]), rp._clock(),
+                                                0, lo)
+                count += len(block["seq"])
+        return count == self.emitted
+
+    def close(self, keep_writer: bool = False) -> None:
+        if self.writer is not None and not keep_writer:
+            self.writer.abort()
+            self.writer = None
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _chunk_table(chunks) -> np.ndarray:
+    table = np.zeros(len(chunks), native_raw.CHUNK_DTYPE)
+    for name in ("offset", "size", "n", "tsc", "tid"):
+        table[name] = [getattr(c, name) for c in chunks]
+    return table
+
+
+class LiveConverter:
+    """Converts the trace directory's raw files while the program runs (see the module's
+    docstring): run() polls until `stop` is set; `processes` then maps each raw file's path to
+    its LiveProcess, which heapcast.recording.finalize completes."""
+
+    def __init__(self, directory, drainer=None, stop: threading.Event | None = None):
+        self.directory = Path(directory)
+        self.drainer = drainer
+        self.stop = stop or threading.Event()
+        self.processes: dict[Path, LiveProcess] = {}
+        self._waiting: dict[int, list] = {}      # copies of files not opened yet, by inode
+
+    def run(self) -> None:
+        """Polls every POLL_S seconds until `stop` is set, at a low priority (NICE): on a busy
+        machine it must not take CPU time from the program or the drainer."""
+        lower_priority(NICE)
+        while not self.stop.wait(POLL_S):
+            self.poll()
+
+    def poll(self) -> None:
+        """Opens new raw files, hands each its new copies, converts what is complete."""
+        copies, lost = self.drainer.copies() if self.drainer is not None else ([], 0)
+        for ino, off in copies:
+            self._waiting.setdefault(ino, []).append(off)
+        try:
+            entries = [e for e in os.scandir(self.directory) if e.name.endswith(".raw")]
+        except OSError:
+            entries = []
+        for e in entries:
+            path = Path(e.path)
+            if path not in self.processes:
+                try:
+                    self.processes[path] = LiveProcess(path)
+                except (OSError, ValueError):
+                    continue   # its header is not written yet: next poll
+        for lp in self.processes.values():
+            if lost:      # a copy we will never hear of: its file waits for the exit
+                lp.failed = lp.failed or "the drainer could not log a copy"
+            if lp.failed or lp.dormant:
+                continue
+            try:
+                lp.step(self._waiting.pop(lp.ino, []), self.stop)
+            except Exception as e:   # never disturb the recording: convert after the exit
+                lp.failed = f"{type(e).__name__}: {e}"
+                if lp.writer is not None:
+                    lp.writer.abort()
+                    lp.writer = None

@@ -1,0 +1,185 @@
+"""Conversion while the program runs (heapcast.trace.live): a trace converted while its program ran
+is identical, event for event, to the same raw files converted after the exit; killing the
+program or `heapcast record` at any point of it loses nothing; a wrong guess is caught."""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import heapcast
+from heapcast import recording
+from heapcast.recording import finalize, record
+from heapcast.trace import live
+
+
+@pytest.fixture
+def small_windows(monkeypatch):
+    """Windows of 4096 seqs and a clock fixed after 5 ms, so that a test program of a few hundred
+    thousand events is mostly converted while it runs."""
+    monkeypatch.setattr(live, "WINDOW", 4096)
+    monkeypatch.setattr(live, "FREEZE_NS", 5_000_000)
+    monkeypatch.setattr(live, "POLL_S", 0.005)
+
+
+@pytest.fixture
+def keep_raw(monkeypatch, tmp_path):
+    """Copies the trace directory (raw files complete, converter stopped) just before record's
+    finalize; returns the list of (copy, live processes) it made."""
+    real, kept = recording.finalize, []
+
+    def spy(path, result=None, sampler=None, progress=None, live=None):
+        copy = tmp_path / f"raw-copy-{len(kept)}"
+        shutil.copytree(path, copy)
+        kept.append((copy, live))
+        return real(path, result, sampler, progress, live)
+
+    monkeypatch.setattr(recording, "finalize", spy)
+    return kept
+
+
+def assert_same_trace(a: Path, b: Path) -> None:
+    """Every process of a and b: the same events, locations, and metadata."""
+    ta, tb = heapcast.load(a), heapcast.load(b)
+    assert len(ta.processes) == len(tb.processes)
+    for pa, pb in zip(ta.processes, tb.processes):
+        assert pa.event_count == pb.event_count > 0
+        ea, eb = pa.events, pb.events
+        for name in ea.dtype.names:
+            assert np.array_equal(ea[name], eb[name]), f"field {name} differs"
+        la, lb = pa.locations, pb.locations
+        assert np.array_equal(la.offsets, lb.offsets) and np.array_equal(la.flat, lb.flat)
+        assert (pa.pid, pa.threads, pa.lost_events) == (pb.pid, pb.threads, pb.lost_events)
+
+
+def test_live_conversion_equals_conversion_after_exit(build, small_windows, keep_raw, tmp_path):
+    out = tmp_path / "t"
+    r = record([build("phases"), "4", "40", "2000", "10000"], output=out, progress=False)
+    assert r.exit_code == 0 and not r.problems
+    assert r.events >= 4 * 40 * 2000 * 2
+    # (how much depends on the machine's load: the converter never makes the program wait)
+    assert r.live_events > 0, "nothing was converted while the program ran"
+    (copy, lives), = keep_raw
+    assert any(lp.emitted for lp in lives.values())
+    assert list(copy.glob("*.hct.tmp")), "the copy holds the part converted while running"
+    again = finalize(copy, progress=False)          # the same raw files, converted after exit
+    assert again.live_events == 0 and again.events == r.events
+    assert not list(copy.glob("*.raw")) and not list(copy.glob("*.tmp"))
+    assert_same_trace(out, copy)
+    # the same EVENTS blocks, so the same bytes per event (the copy has no RSS samples)
+    size = lambda d: sum(b.stored_len for p in heapcast.load(d).processes  # noqa: E731
+                         for b in p._blocks)
+    assert size(out) == size(copy)
+
+
+def test_without_live_conversion_the_trace_is_the_same(build, small_windows, keep_raw, tmp_path):
+    r = record([build("phases"), "2", "10", "2000", "2000"], output=tmp_path / "t", live=False,
+               progress=False)
+    assert r.live_events == 0 and r.events >= 2 * 10 * 2000 * 2
+    (copy, lives), = keep_raw
+    assert lives is None
+    finalize(copy, progress=False)
+    assert_same_trace(tmp_path / "t", copy)
+
+
+def test_a_wrong_guess_is_caught_and_the_file_converted_again(build, small_windows, keep_raw,
+                                                              tmp_path, monkeypatch):
+    """The check at the end counts the events below the converted windows: one missing (here:
+    one pretended too many) makes finalize drop the converted part and convert the whole file."""
+    real_step = live.LiveProcess.step
+
+    def step(self, copies, stop):
+        real_step(self, copies, stop)
+        if self.emitted:
+            self.emitted += 1
+
+    monkeypatch.setattr(live.LiveProcess, "step", step)
+    out = tmp_path / "t"
+    r = record([build("phases"), "2", "20", "2000", "3000"], output=out, progress=False)
+    assert r.live_events == 0
+    assert any("converted again" in p for p in r.problems)
+    (copy, _), = keep_raw
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+
+
+def test_program_killed_while_converting(build, small_windows, keep_raw, tmp_path):
+    """sigkill.c's four threads allocate until it SIGKILLs itself (200,000 mallocs): the conversion
+    while it ran and the rest after it agree with converting everything after the kill."""
+    out = tmp_path / "t"
+    r = record([build("sigkill")], output=out, progress=False)
+    assert r.exit_code == 128 + signal.SIGKILL
+    (copy, lives), = keep_raw
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+    assert r.events >= 200000
+
+
+@pytest.mark.parametrize("when", ["clock", "converting", "late"])
+def test_record_killed_while_converting_loses_nothing(build, tmp_path, when):
+    """`heapcast record` SIGKILLed at three points of the conversion while the program runs: the
+    program runs on, and `heapcast finalize` then gives every event; the converted part left
+    behind (*.hct.tmp) is replaced."""
+    out = tmp_path / "t"
+    prog = build("phases")
+    pairs, phases_n = 3000, 40
+    # `heapcast record` with small_windows's settings
+    code = ("import sys; from heapcast.trace import live; live.WINDOW = 4096; "
+            "live.FREEZE_NS = 5_000_000; live.POLL_S = 0.005; "
+            "from heapcast.cli import main; sys.exit(main())")
+    rec = subprocess.Popen([sys.executable, "-c", code, "record", "-o", str(out), "--", str(prog),
+                            "1", str(phases_n), str(pairs), "20000"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = int(rec.stdout.readline())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        raws = list(out.glob("*.raw"))
+        tmp = list(out.glob("*.hct.tmp"))
+        if when == "clock" and raws and _clock_set(raws[0]):
+            break
+        if when == "converting" and tmp:
+            break
+        if when == "late" and tmp and tmp[0].stat().st_size > 8192:
+            break
+        time.sleep(0.002)
+    rec.kill()
+    rec.wait()
+    _wait_for_exit(pid)
+    assert list(out.glob("*.raw")), "the raw files are kept"
+    assert not list(out.glob("*.hct")), "nothing may look complete"
+    r = finalize(out, progress=False)
+    assert not list(out.glob("*.tmp")) and not list(out.glob("*.raw"))
+    p, = heapcast.load(out).processes
+    ev = p.events
+    assert r.events == len(ev) and (np.diff(ev["seq"].astype(np.int64)) > 0).all()
+    own = (ev["op"] == 0) & (ev["size"] >= 16) & (ev["size"] < 80)   # phases.c's mallocs
+    assert own.sum() >= phases_n * pairs
+
+
+def _clock_set(raw: Path) -> bool:
+    try:
+        with open(raw, "rb") as f:
+            f.seek(live.CLOCK_OFFSET)
+            return int.from_bytes(f.read(8), "little") == live.CLOCK_SET
+    except OSError:
+        return False
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Waits until the program (orphaned: record is dead) has ended, or is a zombie."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"program {pid} did not end")
