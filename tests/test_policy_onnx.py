@@ -99,6 +99,9 @@ def test_the_graph_and_its_metadata(models, tmp_path):
     one, _ = sess.run(None, {**{n: v[1:2] for n, v in feed.items() if n != "h"},
                              "h": feed["h"][:, 1:2]})
     assert np.allclose(one[0], logits[1], atol=1e-5)
+    # Too few id arrays for what the step reads: a clear error naming the file.
+    with pytest.raises(ValueError, match=r"step\.onnx: the ONNX step reads tok, site, dt, "):
+        run_onnx(path, [np.zeros(5, np.int64)] * 6)
 
 
 def test_models_that_cannot_be_exported(runs, models, tmp_path):

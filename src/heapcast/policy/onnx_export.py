@@ -280,34 +280,43 @@ class OnnxStepper:
         logits, *self.state = self.session.run(None, feed)
         return logits[0]
 
+    def stream(self, inputs: list, rows=None, k: int = 5) -> np.ndarray:
+        """Runs `inputs` (the per-row id arrays RNNModel._inputs builds: tok, site, dt, hint1,
+        hint2, conf, then one per cache order) one event per call from a zero state; returns the
+        top-k class indices (best first; among equal logits the lower index first) of each row
+        in `rows` (all when None), computed at each step as a policy would."""
+        from ..forecast.models.base import top_k
+        names = [*STEP_INPUTS, *(f"cache{i}" for i in range(len(inputs) - len(STEP_INPUTS)))]
+        if len(inputs) < len(STEP_INPUTS) or set(self.inputs) - set(names):
+            raise ValueError(f"the ONNX step reads {', '.join(self.inputs)}; got {len(inputs)} "
+                             f"input arrays ({', '.join(names[:len(inputs)])})")
+        n = len(inputs[0])
+        columns = {name: np.ascontiguousarray(a, dtype=np.int64).reshape(n, 1)
+                   for name, a in zip(names, inputs) if name in self.inputs}
+        rows = np.arange(n) if rows is None else np.asarray(rows, np.int64)
+        want = np.zeros(n, bool)
+        want[rows] = True
+        out = np.full((n, min(k, len(self.classes))), -1, np.int64)
+        self.reset()
+        for i in range(int(rows.max()) + 1 if len(rows) else 0):
+            logits = self.step({name: col[i] for name, col in columns.items()})
+            if want[i]:
+                out[i] = top_k(logits[None, :], k)[0]
+        return out[rows]
+
 
 def run_onnx(onnx_path, inputs: list, rows=None, k: int = 5, threads: int = 1) -> np.ndarray:
-    """Runs a whole stream through the exported step at `onnx_path` in onnxruntime, one event per
-    call, from a zero state; returns the top-k labels (int64, best first, -1 padding) of each row
-    in `rows` (all rows when None), as RNNModel.predict does.
+    """Runs a whole stream through the exported step at `onnx_path` in onnxruntime (`threads`
+    intra-op threads), one event per call, from a zero state; returns the top-k labels (int64,
+    best first, -1 padding) of each row in `rows` (all rows when None), as RNNModel.predict does.
 
     `inputs` are the per-row id arrays that RNNModel._inputs builds (tok, site, dt, hint1, hint2,
     conf, then one per cache order), all of one length. The state is not reset at stream starts
     inside `inputs` (the token id 0 marks them, as in RNNModel.predict's sequential run)."""
+    from ..forecast.models.base import pad_k
     stepper = OnnxStepper(onnx_path, threads)
-    names = [*STEP_INPUTS, *(f"cache{i}" for i in range(len(inputs) - len(STEP_INPUTS))), ]
-    if len(inputs) < len(STEP_INPUTS) or set(stepper.inputs) - set(names):
-        raise ValueError(f"{onnx_path}: the step reads {', '.join(stepper.inputs)}; got "
-                         f"{len(inputs)} input arrays ({', '.join(names[:len(inputs)])})")
-    n = len(inputs[0])
-    columns = {name: np.ascontiguousarray(a, dtype=np.int64).reshape(n, 1)
-               for name, a in zip(names, inputs) if name in stepper.inputs}
-    rows = np.arange(n) if rows is None else np.asarray(rows, np.int64)
-    want = np.zeros(n, bool)
-    want[rows] = True
-    k_eff = min(k, len(stepper.classes))
-    out = np.full((n, k), -1, np.int64)
-    last = int(rows.max()) + 1 if len(rows) else 0
-    for i in range(last):
-        logits = stepper.step({name: col[i] for name, col in columns.items()})
-        if want[i]:
-            best = np.argpartition(-logits, k_eff - 1)[:k_eff] if k_eff < len(logits) else \
-                np.arange(len(logits))
-            best = best[np.lexsort((best, -logits[best]))]
-            out[i, :k_eff] = stepper.classes[best]
-    return out[rows]
+    try:
+        best = stepper.stream(inputs, rows, k)
+    except ValueError as e:
+        raise ValueError(f"{onnx_path}: {e}") from None
+    return pad_k(np.where(best >= 0, stepper.classes[np.maximum(best, 0)], -1), k)
