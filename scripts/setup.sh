@@ -33,6 +33,7 @@ extras="test,plot"
 if [ -z "${HEAPCAST_NO_TORCH:-}" ]; then
   .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
   extras="$extras,ml"
+  extras="$extras,onnx"   # exporting the network step and checking it in onnxruntime
 fi
 .venv/bin/python -m pip install -q -e ".[$extras]"
 echo "setup: ready (.venv/bin/heapcast)" >&2
