@@ -5,6 +5,8 @@
 #   train    a forecasting model (the default stateful GRU) on the first part of each thread
 #   evaluate it on the held-out rest, next to the n-gram baseline
 #   compile  the model into a native policy and evaluate it through the C runtime
+#   run      py_dicts under heapcast's allocator with a compiled lifetime policy (a table distilled
+#            from an n-gram trained on a recording with native call sites, as the allocator sees them)
 #   simulate replay it through every allocation policy of the lab (table and footprint plot)
 #   report   one self-contained interactive HTML page of it all: results/report.html
 # Results go to results/ (HEAPCAST_OUT to change).
@@ -32,6 +34,16 @@ if .venv/bin/python -c 'import torch' 2>/dev/null; then
   echo "== compile the model into a native policy; evaluate it through the C runtime" >&2
   "$hc" compile "$out/gru.safetensors" -o "$out/gru.policy"
   "$hc" evaluate "$out/gru.policy" "$trace" --protocol time
+fi
+if "$hc" run --env --policy none >/dev/null 2>&1; then
+  echo "== run py_dicts under heapcast's allocator with a compiled lifetime policy" >&2
+  native="$out/py_dicts-native.trace"
+  rm -rf "$native"
+  PYTHONMALLOC=malloc "$hc" record --no-python -o "$native" -- "$PY" workloads/py_dicts.py
+  "$hc" train "$native" --model ngram --task lifetime -q -o "$out/lifetime.safetensors"
+  "$hc" compile "$out/lifetime.safetensors" --kind table -o "$out/lifetime.policy"
+  PYTHONMALLOC=malloc "$hc" run --policy "$out/lifetime.policy" --log "$out/run.json" \
+    -- "$PY" workloads/py_dicts.py
 fi
 echo "== simulate" >&2
 "$hc" simulate "$trace" --plot "$out/simulate.png"
