@@ -77,6 +77,7 @@ struct hc_policy {
     /* table */
     int tab_ctx_lens[HC_MAX_CTX];   /* descending */
     uint64_t tab_pow[HC_MAX_CTX];   /* P^(len - 1) of each length */
+    int32_t tab_level_mask;         /* bit `level` set: the level has entries */
     const uint64_t *tab_keys;
     const int16_t *tab_labels;      /* [slot][HC_TOPK] */
     const float *tab_conf;

@@ -76,6 +76,10 @@ int hc_table_load(hc_policy *p, char *err, size_t errlen) {
                  "float32[1]", HC_TOPK);
         return -1;
     }
+    /* levels that hold entries (bit `level`): the others are not probed */
+    const struct hc_tensor *lm = hc_find_tensor(p, "tab.level_mask");
+    p->tab_level_mask = lm && lm->dtype == DT_I32 && lm->ndim == 1 && lm->shape[0] == 1
+                            ? *(const int32_t *)lm->data : -1;
     p->tab_keys = k->data;
     p->tab_labels = l->data;
     p->tab_conf = c->data;
@@ -117,6 +121,7 @@ void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uin
     /* most specific first; `level` counts from the coarsest key (1: token) up */
     int top = 3 + nctx;
     for (int lv = top; lv >= 1; lv--) {
+        if (!(p->tab_level_mask >> lv & 1)) continue;
         uint64_t key;
         if (lv > 3) key = table_key(CTX_LEVEL(p->tab_ctx_lens[top - lv]), site, token, ctx[top - lv]);
         else if (lv == 3) key = table_key(2, site, token, 0);

@@ -339,6 +339,11 @@ def _table_tensors(model, path, data, ctx, max_rows: int, progress: bool, spec: 
                           shift=model.task != "lifetime", tab_ctx=len(lens), tab_bits=bits)}
     if lens:
         t["tab.ctx_lens"] = np.array(lens, np.int32)
+    # which key levels hold entries (the runtime probes only those): bit 1 token, 2 site,
+    # 3 site+token, 4.. the contexts, longest highest (docs/policy-format.md)
+    bit = {0: 1, 1: 2, 2: 3, **{CTX_LEVEL + k: 3 + len(lens) - i for i, k in enumerate(lens)}}
+    t["tab.level_mask"] = np.array([sum(1 << bit[lv] for lv, ku, *_ in entries if len(ku))],
+                                   np.int32)
     spec["inputs"] = {"site": "call-site key", "token": "the event's token (previous event for "
                       "next/free)", "context_tokens": lens}
     names = {2: "site+token", 1: "site", 0: "token"}
