@@ -19,7 +19,7 @@ def predictions(model_path, trace) -> tuple[object, np.ndarray, np.ndarray, str]
     Scored rows follow heapcast evaluate's protocols: the held-out part ('time'/'article' split)
     when the model was trained on this very recording, else the whole recording (cross-run)."""
     from ..forecast.dataset import load_features
-    from ..forecast.evaluate import _overlap, _test_rows
+    from ..forecast.evaluate import overlap, scored_rows
     from ..forecast.models import load_model
     from ..forecast.tasks import make_task
     model = load_model(model_path)
@@ -27,10 +27,10 @@ def predictions(model_path, trace) -> tuple[object, np.ndarray, np.ndarray, str]
     feats = load_features([str(trace.path)], training.get("order", "thread"),
                           need_ranks=model.task == "free")
     data = make_task(feats, model.task, model.vocab)
-    overlap = _overlap(training.get("traces", []), feats.sources)
+    trained = overlap(training.get("traces", []), feats.sources)
     split = training.get("split", "all")
-    protocol = split if overlap and split in ("time", "article") else "cross-run"
-    rows = np.flatnonzero(_test_rows(model_path, protocol, data, training, feats.sources, overlap))
+    protocol = split if trained and split in ("time", "article") else "cross-run"
+    rows = np.flatnonzero(scored_rows(model_path, protocol, data, training, feats.sources)[0])
     if len(rows) > MAX_ROWS:
         rows = rows[np.linspace(0, len(rows) - 1, MAX_ROWS).astype(np.int64)]
     pred = model.predict(data, rows, 5) if len(rows) else np.zeros((0, 5), np.int64)
