@@ -238,5 +238,7 @@ def test_python_trace_page_names_the_scripts_lines(tmp_path):
     assert console == [] and requests == [] and 'data-rendered="yes"' in dom
     table = dom[dom.index('id="sites"'):]
     assert f">{big}<" in table and ">python<" in table and ">dict_growth<" in table
+    own_table = dom[dom.index('id="own-lines"'):]
+    assert f">{big}<" in own_table[:own_table.index("</table>")]
     # The flame graph draws the outermost frame, the script's <module>, as file:line function.
     assert re.search(rf">{re.escape(str(PY_SCRIPT))}:\d+ &lt;module&gt;<", dom)

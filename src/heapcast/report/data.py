@@ -135,7 +135,7 @@ def build(trace, progress: bool = False, chunk: int | None = None) -> dict:
         if i != top and a.loc_at_peak is not None:
             a.loc_at_peak = np.zeros_like(a.loc_at_peak)
     sites, rows = _sites(trace, aggs, symbolizer)
-    summary = summarize(trace, aggs, shared, top=10, sites=sites)
+    summary = summarize(trace, aggs, shared, top=20, sites=sites)
     t0 = trace_clock(trace, aggs)[0]
     tree = CallTree(symbolizer)
     for p, a in zip(trace.processes, aggs):

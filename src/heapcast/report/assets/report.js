@@ -211,6 +211,17 @@ function drawTable() {
     (rows.length > 300 ? " (first 300 shown)" : "") + (RANGE && !D.site_ranges ? "; too many locations to filter by time range" : "");
 }
 
+// Python programs: the program's own lines under the allocations (by bytes; stats' table).
+function drawOwnLines() {
+  const lines = D.summary.top_program_lines_by_bytes || [];
+  if (!lines.length) return;
+  document.getElementById("own-lines-box").hidden = false;
+  const t = document.getElementById("own-lines");
+  t.append(el("tr", {}, ...["function", "line", "allocations", "bytes allocated"].map((h, i) => el("th", { class: i < 2 ? "t" : "" }, h))));
+  for (const s of lines) t.append(el("tr", {}, el("td", { class: "t" }, s.function), el("td", { class: "t" }, siteWhere(s)),
+    el("td", {}, num(s.count)), el("td", {}, bytes(s.bytes))));
+}
+
 // ---- sizes and lifetimes -------------------------------------------------------------------
 let SIZE_BYTES = false;
 function drawSizes() {
@@ -308,6 +319,7 @@ flameControls();
 drawFlame();
 document.getElementById("search").addEventListener("input", drawTable);
 drawTable();
+drawOwnLines();
 const sb = document.getElementById("size-bytes");
 sb.addEventListener("click", () => { SIZE_BYTES = !SIZE_BYTES; sb.classList.toggle("on", SIZE_BYTES); drawSizes(); });
 drawSizes();
