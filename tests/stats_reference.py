@@ -12,9 +12,11 @@ import numpy as np
 
 from heapcast.heap import match_trace
 from heapcast.stats.classes import size_classes
+from heapcast.stats.python_lines import program_lines
 from heapcast.stats.summary import _larger, rss_peak as _rss_peak
 from heapcast.symbolize import UNKNOWN, Symbolizer
 from heapcast.trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
+from heapcast.trace.model import PY_FRAME_TAG
 
 PERCENTILES = (50, 90, 99)
 PLOT_POINTS = 2000   # per process: live-bytes series handed to the plot, peaks kept
@@ -52,25 +54,6 @@ def _downsample_max(x: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndarr
         return x, y
     edges = np.linspace(0, len(x), points + 1).astype(np.int64)[:-1]
     return x[edges], np.maximum.reduceat(y, edges)
-
-
-def program_lines(p) -> np.ndarray:
-    """Per location id of process `p`: its innermost Python frame in the program's own code, not
-    in the interpreter's library (`<frozen ...>`, `.../lib/python3.X/...`, site-packages
-    included); 0 where there is none. What a Python user wrote that led to the allocation."""
-    table = p.locations
-    out = np.zeros(len(table), np.uint64)
-    own = [fid for fid, f in p.python_frames.items()
-           if not f.file.startswith("<frozen") and "/lib/python3" not in f.file]
-    if not own or not len(table.flat):
-        return out
-    flat = table.flat.astype(np.uint64)
-    idx = np.flatnonzero(is_python_frame(flat)
-                         & np.isin(flat & np.uint64(0xFFFFFFFF), np.array(own, np.uint64)))
-    loc_of = np.searchsorted(table.offsets.astype(np.int64), idx, side="right") - 1
-    locs, first = np.unique(loc_of, return_index=True)   # idx is sorted: innermost first
-    out[locs] = flat[idx[first]]
-    return out
 
 
 class _CallSites:

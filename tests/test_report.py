@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,41 @@ def test_empty_trace_page_renders(tmp_path):
     dom, console, requests = open_page(out, tmp_path)
     assert 'data-rendered="yes"' in dom and console == [] and requests == []
     assert ">0<" in dom[dom.index('id="cards"'):dom.index('id="ops"')]
+
+
+PY_SCRIPT = Path(__file__).parent / "programs" / "python" / "lines.py"
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11) or hasattr(sys, "gettotalrefcount"),
+                    reason="Python frames are read from CPython 3.11 release builds")
+def test_python_trace_page_names_the_scripts_lines(tmp_path):
+    """A CPython program's page names its Python frames as file:line function: in the call-site
+    table (file:line, "python"), in the flame graph's labels, and in the data's own lines."""
+    lines = {m.group(1): i for i, text in enumerate(PY_SCRIPT.read_text().splitlines(), 1)
+             if (m := re.search(r"# at: (\w+)", text))}
+    r = heapcast.record([sys.executable, PY_SCRIPT, "basic"], output=tmp_path / "py.trace",
+                        progress=False)
+    assert r.exit_code == 0
+    trace = heapcast.load(r.path)
+    data = build(trace)
+    big = f"{PY_SCRIPT}:{lines['dict_big']}"
+    (row,) = [s for s in data["sites"] if s["python"] and f"{s['module']}:{s['offset']}" == big]
+    assert row["function"] == "dict_growth" and row["bytes"] >= 100_004
+    labels = set(data["flame"]["top_down"]["labels"]) | set(data["flame"]["bottom_up"]["labels"])
+    assert f"{big} dict_growth" in labels
+    assert f"{PY_SCRIPT}:{lines['listcomp']} listcomp.<locals>.<listcomp>" in labels
+    own = {(s["module"], s["offset"]) for s in data["summary"]["top_program_lines_by_bytes"]}
+    assert (str(PY_SCRIPT), lines["dict_big"]) in own
+    # Time-range filtering still maps every table row's allocations (Python rows included).
+    ranged = {int(k): sum(v) for per in data["site_ranges"].values() for k, v in per.items()}
+    assert ranged[data["sites"].index(row)] == row["count"]
+
+    out = heapcast.report(r.path, output=tmp_path / "py.html")
+    dom, console, requests = open_page(out, tmp_path)
+    assert console == [] and requests == [] and 'data-rendered="yes"' in dom
+    table = dom[dom.index('id="sites"'):]
+    assert f">{big}<" in table and ">python<" in table and ">dict_growth<" in table
+    own_table = dom[dom.index('id="own-lines"'):]
+    assert f">{big}<" in own_table[:own_table.index("</table>")]
+    # The flame graph draws the outermost frame, the script's <module>, as file:line function.
+    assert re.search(rf">{re.escape(str(PY_SCRIPT))}:\d+ &lt;module&gt;<", dom)

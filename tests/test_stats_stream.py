@@ -145,3 +145,41 @@ def test_percentiles_exact_then_within_a_tenth_of_a_percent():
     assert got["max"] == int(values.max())
     for k, v in want.items():
         assert abs(got[k] - v) <= v / 1000 and got[k] in set(values.tolist()), k
+
+
+def test_python_call_sites_and_program_lines():
+    """Python frames (PY_FRAME_TAG): call sites merge by (file, line, function) whatever the frame
+    id; the program's own lines skip the interpreter's library and `<frozen ...>` modules; the
+    streaming stats equal the whole-process ones for every chunk size."""
+    from heapcast.stats import format_stats
+    from heapcast.trace.model import PY_FRAME_TAG, PyFrame
+    frames = {1: PyFrame("app.py", "f", 10), 2: PyFrame("app.py", "main", 20),
+              3: PyFrame("/usr/lib/python3.11/json/encoder.py", "encode", 5),
+              4: PyFrame("<frozen importlib._bootstrap>", "_load", 3),
+              5: PyFrame("app.py", "g", 10), 6: PyFrame("app.py", "f", 10)}
+    py = {k: PY_FRAME_TAG | k for k in frames}
+    stacks = [[], [py[1], py[2]], [py[3], py[1], py[2]], [py[4]], [py[5], py[2]], [py[6]]]
+    rng = random.Random(7)
+    rows, _ = random_events(rng, 400)
+    trace = Trace("mem://python", processes=[to_process(0, 100, rows, 10 ** 9)])
+    p = trace.processes[0]
+    p.locations, p.python_frames = LocationTable.from_lists(stacks), frames
+    want = stats_reference.stats(trace, top=8)
+    for chunk in (3, 1 << 20):
+        assert stats(trace, top=8, chunk=chunk) == want, chunk
+    d = want
+    ev = p.events
+    acq = ev[(ev["op"] < OP["free"]) & (ev["addr"] != 0)]          # the allocations
+
+    def count(*locs):
+        return int(np.isin(acq["loc"], locs).sum())
+    sites = {(s["module"], s["offset"], s["function"]): s for s in d["top_callsites_by_count"]
+             if s["python"]}
+    assert sites[("app.py", 10, "f")]["count"] == count(1, 5)       # frame ids 1 and 6 merged
+    assert sites[("app.py", 10, "g")]["count"] == count(4)          # same line, other function
+    own = {(s["module"], s["offset"], s["function"]): s["count"]
+           for s in d["top_program_lines_by_count"]}
+    assert own == {("app.py", 10, "f"): count(1, 2, 5), ("app.py", 10, "g"): count(4)}
+    text = format_stats(d)
+    assert "top lines of the program's own Python code by bytes" in text
+    assert "app.py:10" in text and "python" in text and "<frozen importlib._bootstrap>:3" in text

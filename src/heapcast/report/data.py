@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..stats.aggregate import NCLASS, aggregate
-from ..stats.summary import CallSites, summarize, trace_clock
+from ..stats.summary import CallSites, site_key, summarize, trace_clock
 from ..symbolize import Symbolizer
+from ..trace.model import PY_FRAME_TAG
 from .flame import CallTree
 
 TOP_SITES = 500
@@ -81,10 +82,11 @@ def _sites(trace, aggs, symbolizer) -> tuple[CallSites, list]:
     return sites, rows
 
 
-def _site_ranges(trace, aggs, symbolizer, rows) -> dict | None:
+def _site_ranges(trace, aggs, sites, rows) -> dict | None:
     """Allocations of each table row per coarse time bucket of each process (pid -> rows x
     buckets), for filtering the table by a selected time range; None where not kept."""
-    index = {(r["module"], r["offset"]): i for i, r in enumerate(rows)}
+    row_of = {id(r): i for i, r in enumerate(rows)}
+    index = {key: row_of[id(site)] for key, site in sites.sites.items() if id(site) in row_of}
     out = {}
     for p, a in zip(trace.processes, aggs):
         lbr = a.loc_by_range
@@ -95,10 +97,11 @@ def _site_ranges(trace, aggs, symbolizer, rows) -> dict | None:
         if not len(used):
             continue
         addrs = p.locations.callsites[used]
-        syms = symbolizer.symbolize(p, addrs, a.loc_first_seq[used])
+        syms = sites.symbolizer.symbolize(p, addrs, a.loc_first_seq[used])
         per_row = np.zeros((len(rows), lbr.shape[0]), np.int64)
-        for loc, s in zip(used.tolist(), syms):
-            r = index.get((s.module, s.offset))
+        for loc, addr, s in zip(used.tolist(), addrs.tolist(), syms):
+            r = index.get(site_key(s.module, s.offset, s.function, bool(addr & PY_FRAME_TAG),
+                                   p.pid, addr))
             if r is not None:
                 per_row[r] += lbr[:, loc]
         out[str(p.pid)] = {str(r): per_row[r].tolist() for r in np.flatnonzero(per_row.sum(1)).tolist()}
@@ -132,7 +135,7 @@ def build(trace, progress: bool = False, chunk: int | None = None) -> dict:
         if i != top and a.loc_at_peak is not None:
             a.loc_at_peak = np.zeros_like(a.loc_at_peak)
     sites, rows = _sites(trace, aggs, symbolizer)
-    summary = summarize(trace, aggs, shared, top=10, sites=sites)
+    summary = summarize(trace, aggs, shared, top=20, sites=sites)
     t0 = trace_clock(trace, aggs)[0]
     tree = CallTree(symbolizer)
     for p, a in zip(trace.processes, aggs):
@@ -147,7 +150,7 @@ def build(trace, progress: bool = False, chunk: int | None = None) -> dict:
         "summary": summary,
         "processes": [_process_series(p, a, t0) for p, a in zip(trace.processes, aggs)],
         "sites": rows,
-        "site_ranges": _site_ranges(trace, aggs, symbolizer, rows),
+        "site_ranges": _site_ranges(trace, aggs, sites, rows),
         "flame": {"top_down": tree.to_json(False), "bottom_up": tree.to_json(True)},
         "size_classes": [{"class": c, "count": int(shared.class_count[c]),
                           "bytes": int(shared.class_bytes[c])}

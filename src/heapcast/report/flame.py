@@ -11,8 +11,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..symbolize import UNKNOWN
+from ..trace.model import PY_FRAME_TAG
 
 METRICS = ("at_peak", "count", "temporary", "leaked_bytes")
+
+
+def frame_label(address: int, s) -> str:
+    """A frame's name in the graph: "file:line function" for a Python frame, "function (module)"
+    for a native one, its address where unknown."""
+    if address & PY_FRAME_TAG:
+        return f"{s.module}:{s.offset} {s.function}" if s.module != UNKNOWN else "? (python)"
+    return (f"{s.function} ({s.module})" if s.function != UNKNOWN
+            else f"{address:#x} ({s.module})" if s.module != UNKNOWN else f"{address:#x}")
 
 
 class CallTree:
@@ -44,8 +54,7 @@ class CallTree:
         addrs = np.unique(np.array([a for s in stacks for a in s] or [0], np.uint64))
         names = {}
         for a, s in zip(addrs.tolist(), self.symbolizer.symbolize(p, addrs)):
-            names[a] = (f"{s.function} ({s.module})" if s.function != UNKNOWN
-                        else f"{a:#x} ({s.module})" if s.module != UNKNOWN else f"{a:#x}")
+            names[a] = frame_label(a, s)
         by_range = agg.loc_by_range
         for loc, frames in zip(keep, stacks):
             path = tuple(names[a] for a in frames) or ("unknown call site",)

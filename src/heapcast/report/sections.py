@@ -28,19 +28,26 @@ def lab_section(trace) -> dict:
     return {"policies": d["policies"], "series": series, "peak_live_bytes": d["peak_live_bytes"]}
 
 
+def _key(site: dict) -> tuple:
+    """A call site of report data as diff_section matches it: Python sites also by function."""
+    return (site["module"], site["offset"]) + ((site["function"],) if site.get("python") else ())
+
+
 def diff_section(this: dict, other: dict, other_path: str, top: int = 40) -> dict:
     """What changed from `other` (another report data dict) to `this`: the summary's peaks, the
-    size classes and the call sites (matched by module and offset) that changed most."""
+    size classes and the call sites (matched by module and offset; Python ones by file,
+    line and function) that changed most."""
     keys = ("events", "peak_live_bytes", "peak_rss_bytes", "leaked_bytes", "leaked_blocks",
             "duration_ns", "temporary")
     a, b = this["summary"], other["summary"]
-    theirs = {(s["module"], s["offset"]): s for s in other["sites"]}
-    ours = {(s["module"], s["offset"]): s for s in this["sites"]}
+    theirs = {_key(s): s for s in other["sites"]}
+    ours = {_key(s): s for s in this["sites"]}
     rows = []
     for key in set(ours) | set(theirs):
         s, o = ours.get(key), theirs.get(key)
         ref = s or o
         rows.append({"function": ref["function"], "module": ref["module"],
+                     "offset": ref["offset"], "python": ref.get("python", False),
                      "bytes": s["bytes"] if s else 0, "other_bytes": o["bytes"] if o else 0,
                      "d_bytes": (s["bytes"] if s else 0) - (o["bytes"] if o else 0),
                      "d_count": (s["count"] if s else 0) - (o["count"] if o else 0),

@@ -12,7 +12,9 @@ import numpy as np
 
 from ..symbolize import UNKNOWN, Symbolizer
 from ..trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
+from ..trace.model import PY_FRAME_TAG
 from .aggregate import CHUNK, aggregate
+from .python_lines import program_lines
 
 
 def trace_clock(trace, aggs) -> tuple[int, int]:
@@ -25,16 +27,29 @@ def trace_clock(trace, aggs) -> tuple[int, int]:
     return min(starts), max(ends, default=0)
 
 
-class CallSites:
-    """Per-location aggregates of every process merged into call sites by (module, offset).
+def site_key(module: str, offset: int, function: str, python: bool, pid: int, address: int) -> tuple:
+    """What call sites merge by across processes: (module, offset) of a native frame, (file, line,
+    function) of a Python one, and the process and address where the module is unknown."""
+    if module == UNKNOWN:
+        return (UNKNOWN, pid, address)
+    return (module, offset, function) if python else (module, offset)
 
-    Each site: function, module, address, offset, and the sums of the per-location arrays named in
-    `fields` (ProcessAggregate attributes without their `loc_` prefix)."""
+
+class CallSites:
+    """Per-location aggregates of every process merged into call sites (site_key).
+
+    Each site: function, module, address, offset, python, and the sums of the per-location arrays
+    named in `fields` (ProcessAggregate attributes without their `loc_` prefix). A Python site's
+    module is its file and its offset its line. `frames_of(process)`: the frame that stands for
+    each location id (default: its call site); locations where it is 0 are left out when
+    `known_only`."""
 
     def __init__(self, symbolizer: Symbolizer | None = None,
-                 fields=("count", "bytes")):
+                 fields=("count", "bytes"), frames_of=None, known_only: bool = False):
         self.symbolizer = symbolizer or Symbolizer()
         self.fields = fields
+        self.frames_of = frames_of or (lambda p: p.locations.callsites)
+        self.known_only = known_only
         self.sites: dict = {}
 
     def add(self, p, a) -> None:
@@ -43,9 +58,9 @@ class CallSites:
         used = np.flatnonzero(a.loc_count[:nloc])
         if not len(used):
             return
-        callsites = p.locations.callsites
+        frames = self.frames_of(p)
         table = np.zeros(nloc, np.uint64)
-        table[:len(callsites)] = callsites[:nloc]
+        table[:min(len(frames), nloc)] = frames[:nloc]
         addrs, inv = np.unique(table[used], return_inverse=True)
         first_seq = np.full(len(addrs), np.iinfo(np.uint64).max, np.uint64)
         np.minimum.at(first_seq, inv, a.loc_first_seq[used])
@@ -57,11 +72,15 @@ class CallSites:
             sums[f] = out.tolist()
         syms = self.symbolizer.symbolize(p, addrs, first_seq)
         for k, (a_, s) in enumerate(zip(addrs.tolist(), syms)):
-            key = (s.module, s.offset) if s.module != UNKNOWN else (UNKNOWN, p.pid, a_)
+            if self.known_only and a_ == 0:
+                continue
+            python = bool(a_ & PY_FRAME_TAG)
+            key = site_key(s.module, s.offset, s.function, python, p.pid, a_)
             site = self.sites.get(key)
             if site is None:
                 self.sites[key] = {"function": s.function, "module": s.module, "address": a_,
-                                   "offset": s.offset} | {f: sums[f][k] for f in self.fields}
+                                   "offset": s.offset, "python": python} | {
+                                       f: sums[f][k] for f in self.fields}
             else:
                 for f in self.fields:
                     site[f] += sums[f][k]
@@ -104,6 +123,10 @@ def summarize(trace, aggs, shared, top: int = 10, sites: CallSites | None = None
         sites = CallSites()
         for p, a in zip(trace.processes, aggs):
             sites.add(p, a)
+    own_lines = CallSites(sites.symbolizer, frames_of=program_lines, known_only=True)
+    for p, a in zip(trace.processes, aggs):
+        if p.python_frames:
+            own_lines.add(p, a)
     ops = sum((a.ops for a in aggs), np.zeros(len(OPS), np.int64))
     per_process = []
     peak_live = {"bytes": 0, "pid": 0, "seconds": 0.0, "event_index": 0, "seq": 0}
@@ -160,6 +183,8 @@ def summarize(trace, aggs, shared, top: int = 10, sites: CallSites | None = None
         "truncated": bool(trace.truncated),
         "top_callsites_by_bytes": sites.top("bytes", top),
         "top_callsites_by_count": sites.top("count", top),
+        "top_program_lines_by_bytes": own_lines.top("bytes", top),
+        "top_program_lines_by_count": own_lines.top("count", top),
         "per_process": per_process,
     }
 
@@ -171,7 +196,10 @@ def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool =
     Keys: events, ops (every heap op, zeros included, plus mmap/munmap/mremap when recorded),
     processes, threads, duration_ns, peak_live_bytes and peak_live (when), peak_rss_bytes and
     peak_rss (when), size_classes, lifetimes, leaked_blocks/leaked_bytes, unknown_frees,
-    double_acquires, lost_events, truncated, top_callsites_by_bytes/by_count, per_process.
+    double_acquires, lost_events, truncated, top_callsites_by_bytes/by_count (a Python call site:
+    python true, module its file, offset its line), top_program_lines_by_bytes/by_count (Python
+    programs: the innermost line of the program's own code under each allocation; empty
+    otherwise), per_process.
     Lifetime percentiles are exact up to 4M freed blocks, then within 0.1% (quantiles.py).
     `plot`: also draw the live-bytes/RSS/size-class figure into this PNG (needs matplotlib).
     `progress`: a progress bar on stderr. One streaming pass in chunks of `chunk` events.

@@ -39,7 +39,10 @@ def _table(headers: list, rows: list, indent: str = "  ") -> list:
 
 
 def _site_rows(sites: list) -> list:
-    return [[s["bytes"], s["count"], s["function"], s["module"], f"{s['address']:#x}"]
+    """Table rows of call sites: a Python one as file:line, "python" in the address column."""
+    return [[s["bytes"], s["count"], s["function"], f"{s['module']}:{s['offset']}", "python"]
+            if s.get("python") else
+            [s["bytes"], s["count"], s["function"], s["module"], f"{s['address']:#x}"]
             for s in sites]
 
 
@@ -76,6 +79,13 @@ def format_stats(d: dict) -> str:
     for key, title in (("top_callsites_by_bytes", "by bytes"), ("top_callsites_by_count", "by count")):
         out += ["", f"top call sites {title}",
                 *_table(["bytes", "count", "function", "module", "address"], _site_rows(d[key]))]
+    for key, title in (("top_program_lines_by_bytes", "by bytes"),
+                       ("top_program_lines_by_count", "by count")):
+        if d.get(key):
+            out += ["", f"top lines of the program's own Python code {title} (what called the "
+                        "library code that allocated)",
+                    *_table(["bytes", "count", "function", "line"],
+                            [r[:4] for r in _site_rows(d[key])])]
     out += ["", "processes",
             *_table(["pid", "ppid", "events", "threads", "peak live", "peak RSS", "leaked",
                      "unknown frees", "exe"],

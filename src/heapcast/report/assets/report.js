@@ -175,6 +175,8 @@ let SORT = "bytes", DESC = true;
 const COLUMNS = [["function", "function", "t"], ["module", "module", "t"], ["offset", "offset", ""], ["count", "allocations", ""],
   ["bytes", "bytes allocated", ""], ["at_peak", "live at peak", ""], ["temporary", "temporary", ""],
   ["leaked_count", "never freed", ""], ["leaked_bytes", "bytes never freed", ""]];
+// A Python call site's module is its file and its offset its line: shown as file:line.
+function siteWhere(s) { return s.python ? `${s.module}:${s.offset}` : s.module; }
 function rangeCounts() {
   if (RANGE === null || !D.site_ranges) return null;
   const counts = new Array(D.sites.length).fill(0);
@@ -189,7 +191,7 @@ function drawTable() {
   const q = document.getElementById("search").value.trim().toLowerCase();
   const counts = rangeCounts();
   let rows = D.sites.map((s, i) => ({ ...s, count: counts ? counts[i] : s.count }));
-  if (q) rows = rows.filter(s => (s.function + " " + s.module).toLowerCase().includes(q));
+  if (q) rows = rows.filter(s => (s.function + " " + siteWhere(s)).toLowerCase().includes(q));
   if (counts) rows = rows.filter(s => s.count > 0);
   rows.sort((a, b) => {
     const x = a[SORT], y = b[SORT];
@@ -201,12 +203,23 @@ function drawTable() {
   t.append(el("tr", {}, ...COLUMNS.map(([k, h, c]) => el("th", { class: c, onclick: () => { DESC = SORT === k ? !DESC : true; SORT = k; drawTable(); } },
     h + (k === "count" && counts ? " (in range)" : "") + (SORT === k ? (DESC ? " ▾" : " ▴") : "")))));
   for (const s of rows.slice(0, 300)) {
-    t.append(el("tr", {}, el("td", { class: "t" }, s.function), el("td", { class: "t" }, s.module),
-      el("td", {}, "0x" + s.offset.toString(16)), el("td", {}, num(s.count)), el("td", {}, bytes(s.bytes)), el("td", {}, bytes(s.at_peak)),
+    t.append(el("tr", {}, el("td", { class: "t" }, s.function), el("td", { class: "t" }, siteWhere(s)),
+      el("td", {}, s.python ? "python" : "0x" + s.offset.toString(16)), el("td", {}, num(s.count)), el("td", {}, bytes(s.bytes)), el("td", {}, bytes(s.at_peak)),
       el("td", {}, num(s.temporary)), el("td", {}, num(s.leaked_count)), el("td", {}, bytes(s.leaked_bytes))));
   }
   document.getElementById("sites-note").textContent = `${rows.length.toLocaleString("en-US")} of ${D.sites.length.toLocaleString("en-US")} call sites` +
     (rows.length > 300 ? " (first 300 shown)" : "") + (RANGE && !D.site_ranges ? "; too many locations to filter by time range" : "");
+}
+
+// Python programs: the program's own lines under the allocations (by bytes; stats' table).
+function drawOwnLines() {
+  const lines = D.summary.top_program_lines_by_bytes || [];
+  if (!lines.length) return;
+  document.getElementById("own-lines-box").hidden = false;
+  const t = document.getElementById("own-lines");
+  t.append(el("tr", {}, ...["function", "line", "allocations", "bytes allocated"].map((h, i) => el("th", { class: i < 2 ? "t" : "" }, h))));
+  for (const s of lines) t.append(el("tr", {}, el("td", { class: "t" }, s.function), el("td", { class: "t" }, siteWhere(s)),
+    el("td", {}, num(s.count)), el("td", {}, bytes(s.bytes))));
 }
 
 // ---- sizes and lifetimes -------------------------------------------------------------------
@@ -295,7 +308,7 @@ function drawDiff() {
     { height: 340, barmode: "group", margin: { l: 70, r: 10, t: 10, b: 90 }, yaxis: { type: "log", title: "allocations", dtick: 1, tickformat: ".2~s" }, xaxis: { tickangle: -40 }, legend: { orientation: "h", y: 1.1 } }, CONFIG);
   const t = document.getElementById("diff-table");
   t.append(el("tr", {}, ...["function", "module", "Δ bytes allocated", "Δ allocations", "Δ never freed", "this: bytes", "other: bytes"].map(h => el("th", { class: h === "function" || h === "module" ? "t" : "" }, h))));
-  for (const s of F.sites) t.append(el("tr", {}, el("td", { class: "t" }, s.function), el("td", { class: "t" }, s.module),
+  for (const s of F.sites) t.append(el("tr", {}, el("td", { class: "t" }, s.function), el("td", { class: "t" }, siteWhere(s)),
     el("td", {}, bytes(s.d_bytes)), el("td", {}, num(s.d_count)), el("td", {}, bytes(s.d_leaked_bytes)), el("td", {}, bytes(s.bytes)), el("td", {}, bytes(s.other_bytes))));
 }
 
@@ -306,6 +319,7 @@ flameControls();
 drawFlame();
 document.getElementById("search").addEventListener("input", drawTable);
 drawTable();
+drawOwnLines();
 const sb = document.getElementById("size-bytes");
 sb.addEventListener("click", () => { SIZE_BYTES = !SIZE_BYTES; sb.classList.toggle("on", SIZE_BYTES); drawSizes(); });
 drawSizes();
