@@ -350,7 +350,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None):
             for block in rp.iter_events(live_windows.WINDOW, start=start, assigner=assigner):
                 bar.update(len(block["seq"]))
                 writer.add(block)
-            proc.locations = assigner.table()
+            proc.locations = rp.canonical_python_frames(assigner.table())
             writer.finish(proc)
         except BaseException:
             writer.abort()

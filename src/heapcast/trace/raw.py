@@ -281,6 +281,19 @@ class RawProcess:
         first: dict = {}
         return {fid: first.setdefault(fr, fid) for fid, fr in sorted(self.python_frames.items())}
 
+    def canonical_python_frames(self, table: LocationTable) -> LocationTable:
+        """`table` with each Python frame id replaced by the first id defined with the same
+        (file, function, line): threads, forks and a cleared location cache define their own,
+        and process() keeps the first ids only."""
+        canon = self._python_ids()
+        if not canon or not len(table.flat):
+            return table
+        flat = table.flat.astype(np.uint64)
+        py = np.flatnonzero(flat & np.uint64(PY_FRAME_TAG))
+        ids = (flat[py] & np.uint64(0xFFFFFFFF)).tolist()
+        flat[py] = np.uint64(PY_FRAME_TAG) | np.array([canon.get(i, i) for i in ids], np.uint64)
+        return LocationTable(offsets=table.offsets, flat=flat)
+
     def process(self) -> Process:
         """A Process with this file's metadata (no events, no RSS: the caller adds them)."""
         return Process(
