@@ -211,3 +211,11 @@ def test_compile_refuses_what_it_cannot_compile(runs, tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "t.policy"), str(runs["b"]), "--protocol",
                  "cross-run", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == "policy:table"
+
+
+def test_compile_onnx_from_the_command_line(gru, tmp_path, capsys):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from heapcast.policy.onnx_export import onnx_metadata
+    assert main(["compile", str(gru), "--onnx", "-o", str(tmp_path / "step.onnx")]) == 0
+    assert onnx_metadata(tmp_path / "step.onnx")["task"] == "next"
