@@ -53,7 +53,7 @@ def gru(runs):
 @pytest.fixture(scope="module")
 def rnn_policy(runs, gru):
     path = runs["dir"] / "gru.policy"
-    compile_policy(gru, path, kind="rnn", progress=False)
+    compile_policy(gru, path, kind="rnn")
     return path
 
 

@@ -316,7 +316,7 @@ static struct feat_rec *features_begin(struct hook_thread *ht, const hc_stream *
     f->seq = seq;
     f->stream = g_thread_streams ? ht->index : 0;
     f->site = ev->site;
-    f->token = hc_event_token(g_pol, ev);
+    f->token = ev->token;
     uint64_t d = s->events && ev->ts_ns > s->last_ts ? ev->ts_ns - s->last_ts : 0;
     int bl = d ? 64 - __builtin_clzll(d) : 0;
     f->dt = (uint8_t)(bl > 63 ? 63 : bl);
@@ -371,8 +371,9 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
             map_take(old);
         if (addr) map_put(addr, size);
     }
+    ev.token = hc_event_token(g_pol, &ev);   /* once: the runtime reads it as given */
     if (g_thread_streams) {          /* next: predicted before it happens, on its thread */
-        int32_t label = (int32_t)hc_event_token(g_pol, &ev);
+        int32_t label = (int32_t)ev.token;
         if (ht->count % (uint64_t)g_every == 0) {
             hc_prediction pr;
             struct feat_rec *f = g_features ? features_begin(ht, ht->s, seq, &ev, label) : NULL;

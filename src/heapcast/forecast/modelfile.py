@@ -53,6 +53,13 @@ def save_model_file(path, tensors: dict, meta: dict) -> Path:
         data = save(arrays, metadata={META_KEY: json.dumps(full_meta, sort_keys=True)})
     except (SafetensorError, ValueError, TypeError) as e:
         raise TypeError(f"{path}: these tensors cannot be stored in a model file: {e}") from None
+    return write_atomic(path, data)
+
+
+def write_atomic(path, data: bytes) -> Path:
+    """Writes `data` to `path` under a temporary name, then renames it: a reader sees the whole
+    file or none (model and policy files)."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "wb") as f:

@@ -20,8 +20,7 @@ def _cmd_compile(a) -> int:
         return 0
     from .compile import compile_policy
     spec = compile_policy(a.model, a.output, kind=a.kind, int8=a.int8, prune=a.prune,
-                          data=a.data, ctx=_lengths(a.ctx), max_rows=a.max_rows,
-                          progress=not a.quiet)
+                          data=a.data, ctx=_lengths(a.ctx), max_rows=a.max_rows)
     if a.json:
         print(json.dumps(spec, indent=2, default=str))
     else:
@@ -60,7 +59,6 @@ def add_parsers(sub) -> None:
     c.add_argument("--onnx", action="store_true",
                    help="export the network's step as ONNX instead (-o model.onnx)")
     c.add_argument("--json", action="store_true", help="print the policy's spec as JSON")
-    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=_cmd_compile)
 
     t = sub.choices["train"]
@@ -97,21 +95,17 @@ def add_parsers(sub) -> None:
     def _cmd_evaluate(a) -> int:
         from .fileformat import is_policy
         if a.online:
-            from ..forecast.evaluate import format_result
-            from .online import evaluate_online
             if a.traces or a.protocol:
                 raise ValueError("--online takes one TRACE and no --protocol: heapcast evaluate "
                                  "--online TRACE")
+            from .online import evaluate_online
             r = evaluate_online(a.model)
-            print(json.dumps(r, indent=2) if a.json else format_result(r))
-            return 0
-        if not a.traces or not a.protocol:
-            raise ValueError("evaluate needs MODEL TRACE... --protocol P (or --online TRACE)")
-        if not is_policy(a.model):
-            return forecast_evaluate(a)
+        elif not a.traces or not a.protocol or not is_policy(a.model):
+            return forecast_evaluate(a)      # a model (it says what a command line lacks)
+        else:
+            from .evaluate import evaluate_policy
+            r = evaluate_policy(a.model, a.traces, a.protocol)
         from ..forecast.evaluate import format_result
-        from .evaluate import evaluate_policy
-        r = evaluate_policy(a.model, a.traces, a.protocol)
         print(json.dumps(r, indent=2) if a.json else format_result(r))
         return 0
 

@@ -42,8 +42,7 @@ DEFAULT_CTX = (32, 16, 4)
 
 
 def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, prune: float = 0.0,
-                   data=None, ctx=DEFAULT_CTX, max_rows: int = 2_000_000,
-                   progress: bool = True) -> dict:
+                   data=None, ctx=DEFAULT_CTX, max_rows: int = 2_000_000) -> dict:
     """Compiles the model file at `model_path` into a POLICY at `output`; returns its spec.
 
     `kind`: "rnn" (the default GRU's network) or "table" (distilled on `data`: traces or
@@ -73,7 +72,7 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
     if kind == "rnn":
         tensors = _rnn_tensors(model, model_path, int8, prune, spec)
     else:
-        tensors = _table_tensors(model, model_path, data, ctx, max_rows, progress, spec)
+        tensors = _table_tensors(model, model_path, data, ctx, max_rows, spec)
     write_policy(output, tensors, spec)
     spec["output"] = str(output)
     spec["bytes"] = Path(output).stat().st_size
@@ -268,7 +267,7 @@ def _votes(keys: np.ndarray, labels: np.ndarray):
     return keys_u, top, conf
 
 
-def _table_tensors(model, path, data, ctx, max_rows: int, progress: bool, spec: dict) -> dict:
+def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict) -> dict:
     from ..forecast.dataset import load_features
     from ..forecast.tasks import DEFAULT_ORDER, make_task
     from ..forecast.train import spread_rows

@@ -20,7 +20,7 @@ from .fileformat import read_spec
 from .native import Policy, events_of
 
 
-def predict_streams(policy: Policy, data, want: np.ndarray, memory_log2: int = 22,
+def predict_streams(policy: Policy, data, want: np.ndarray, memory_log2: int = 0,
                     warmup: int | None = None) -> np.ndarray:
     """Top-5 labels (int64 [rows, 5]) of every row of TaskData `data` where `want` is true, each
     stream run through `policy` from its start (other rows: -1). With `warmup` = W, the network

@@ -10,7 +10,6 @@ was compiled) for Python and for people.
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
-from ..forecast.modelfile import ModelError
+from ..forecast.modelfile import ModelError, write_atomic
 
 FORMAT = "heapcast-policy"
 ABI = 1
@@ -65,12 +64,7 @@ def write_policy(path, tensors: dict, spec: dict) -> Path:
     except (SafetensorError, ValueError, TypeError) as e:
         raise PolicyError(f"{path}: these tensors cannot be stored in a POLICY: {e}") from None
     assert int.from_bytes(blob[:8], "little") == hlen
-    tmp = path.with_name(path.name + ".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as f:
-        f.write(blob)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, blob)
 
 
 def read_spec(path) -> dict:

@@ -94,11 +94,12 @@ class Policy:
         self.close()
 
     def run(self, events: np.ndarray, labels: np.ndarray, want: np.ndarray,
-            memory_log2: int = 22, warm_from: int = 0) -> np.ndarray:
+            memory_log2: int = 0, warm_from: int = 0) -> np.ndarray:
         """Runs one stream from its start: the PREDICTION at every row where `want` is true (rows
         elsewhere are zero). `labels` are the rows' true labels (-1: none), which the in-run
-        memory reads once a row has happened. Rows before `warm_from` only feed the histories
-        and the memory (an rnn's network starts from rest there)."""
+        memory reads once a row has happened (`memory_log2`: its slots per order, 0 the
+        runtime's default, as in a recorded program). Rows before `warm_from` only feed the
+        histories and the memory (an rnn's network starts from rest there)."""
         n = len(events)
         events = np.ascontiguousarray(events, EVENT)
         labels = np.ascontiguousarray(labels, np.int32)
