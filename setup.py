@@ -71,8 +71,10 @@ policy = Extension(
     "heapcast.libheapcast_policy",
     sources=[f"native/policy/{name}.c" for name in ("policy", "rnn", "table", "modmap")],
     depends=["native/policy/heapcast_policy.h", "native/policy/internal.h"],
-    extra_compile_args=["-std=gnu11", "-O3", "-fvisibility=hidden", "-ffp-contract=off", "-Wall",
-                        "-Wextra", "-Wno-psabi"],
+    # -fno-semantic-interposition: the runtime's own calls to its exported functions (hc_run
+    # calling hc_stream_predict per event) are direct, not through the PLT
+    extra_compile_args=["-std=gnu11", "-O3", "-fvisibility=hidden", "-ffp-contract=off",
+                        "-fno-semantic-interposition", "-Wall", "-Wextra", "-Wno-psabi"],
     libraries=["m"],
 )
 

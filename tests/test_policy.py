@@ -21,7 +21,7 @@ from heapcast.forecast.vocab import fine_size_class
 from heapcast.policy import PolicyError, compile_policy
 from heapcast.policy.compile import context_hash, table_key
 from heapcast.policy.evaluate import evaluate_policy, predict_streams
-from heapcast.policy.fileformat import cfg_array, write_policy
+from heapcast.policy.fileformat import ABI, cfg_array, write_policy
 from heapcast.policy.native import Policy, library
 
 torch = pytest.importorskip("torch")
@@ -100,6 +100,47 @@ def test_table_policy_for_lifetimes(runs, tmp_path):
     assert r["model"] == "policy:table" and r["events"] > 1000
     assert r["top1"] > base + 0.05, (r["top1"], base)
     assert len(r["confusion"]) == 6
+
+
+def test_table_lookups_equal_a_plain_back_off_over_its_entries(runs, tmp_path):
+    """The runtime's one-probe lookup ((site, token) slot, its context flags, the context filter,
+    bucket probing) answers what a dictionary back-off over the same entries answers: the most
+    specific level whose key the table holds, else the default."""
+    from safetensors.numpy import load_file
+    from heapcast.forecast.dataset import load_features
+    from heapcast.forecast.tasks import make_task
+    from heapcast.policy.compile import CTX_LEVEL, table_inputs
+    model = tmp_path / "next.safetensors"
+    train([runs["a"]], model, model="ngram", task="next")
+    sizes = {}
+    for m in (1, 2):
+        spec = compile_policy(model, tmp_path / f"next{m}.table", kind="table", ctx=(16, 4),
+                              min_count=m)
+        sizes[m] = spec["table"]["entries"]
+    assert sizes[2] < sizes[1]
+    path = tmp_path / "next1.table"
+    t = load_file(str(path))
+    filled = t["tab.slots"][:, 0] != 0
+    entry = dict(zip(t["tab.slots"][filled, 0].tolist(),
+                     (t["tab.slots"][filled, 1] & np.uint64(0xFFFFFF)).tolist()))
+    data = make_task(load_features([runs["b"]], "thread"), "next", "rich")
+    site, tok = table_inputs(data)
+    pos = data.position_in_stream()
+    levels = [table_key(CTX_LEVEL + k, site, tok, context_hash(data.tokens, pos, k))
+              for k in (16, 4)]
+    levels += [table_key(2, site, tok, 0), table_key(1, site, tok * 0, 0),
+               table_key(0, site * 0, tok, 0)]
+    want = np.ones(len(data), bool)
+    native = predict_streams(Policy(path), data, want)
+    expected = np.tile(t["tab.default"].astype(np.int64), (len(data), 1))
+    answered = np.zeros(len(levels), np.int64)
+    for i, keys in reversed(list(enumerate(levels))):   # the most specific present wins
+        hit = np.array([k in entry for k in keys.tolist()])
+        lists = np.array([entry.get(k, 0) for k in keys.tolist()])
+        expected[hit] = t["tab.lists"][lists[hit]]
+        answered[i] = hit.sum()
+    assert len(data) > 1000 and (answered[:2] > 0).all(), answered   # both context levels used
+    assert np.array_equal(native, expected)
 
 
 def test_keys_and_tokens_match_the_trace_tools():
@@ -182,10 +223,10 @@ def test_damaged_and_mismatched_policies_are_refused(runs, gru, rnn_policy, tmp_
     with pytest.raises(PolicyError, match=r"abi\.policy: cfg\[abi\] is 7"):
         Policy(bad_abi)
     missing = tmp_path / "missing.policy"
-    write_policy(missing, {"cfg": cfg_array(abi=1, kind=1, task=2, n_labels=6, tab_bits=4)},
+    write_policy(missing, {"cfg": cfg_array(abi=ABI, kind=1, task=2, n_labels=6, tab_bits=4)},
                  {"kind": "table"})
-    with pytest.raises(PolicyError, match=r"missing\.policy: tensor tab\.keys: expected "
-                                          r"uint64\[16\]"):
+    with pytest.raises(PolicyError, match=r"missing\.policy: tensor tab\.slots: expected "
+                                          r"uint64\[16, 2\]"):
         Policy(missing)
     with pytest.raises(PolicyError, match="not a regular file|is a directory"):
         Policy(tmp_path)

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define HC_POLICY_ABI 1
+#define HC_POLICY_ABI 2
 
 /* Kinds of policy. */
 enum { HC_KIND_TABLE = 1, HC_KIND_RNN = 2 };

@@ -21,6 +21,8 @@ enum {
 enum { VOCAB_SEED64 = 0, VOCAB_RICH = 1 };
 
 #define HC_MAX_ORDERS 16
+#define HC_STR_(x) #x
+#define HC_STR(x) HC_STR_(x)
 #define HC_MAX_HIST 64
 #define HC_MAX_CACHE 8
 #define HC_MAX_CTX 8                /* context lengths of a table */
@@ -48,6 +50,13 @@ struct hc_ngram_order {             /* one order of the n-gram that gives the ne
     const int32_t *slots;           /* open-addressing index: entry + 1, 0 empty */
     uint32_t bits;
 };
+
+/* A table slot (tensor tab.slots, uint64 [cap, 2] on disk): the key (0: empty); `info`, the index
+ * of its top-k list in tab.lists (low 24 bits) and, on a (site, token) slot, which context lengths
+ * hold entries under it (bit i: tab.ctx_lens[i]; high 8 bits); the top label's confidence. */
+struct hc_tab_slot { uint64_t key; uint32_t info; float conf; };
+#define TAB_LIST(info) ((info) & 0xFFFFFFu)
+#define TAB_FLAGS(info) ((info) >> 24)
 
 struct hc_policy {
     void *map;                      /* the mapped file */
@@ -78,9 +87,11 @@ struct hc_policy {
     int tab_ctx_lens[HC_MAX_CTX];   /* descending */
     uint64_t tab_pow[HC_MAX_CTX];   /* P^(len - 1) of each length */
     int32_t tab_level_mask;         /* bit `level` set: the level has entries */
-    const uint64_t *tab_keys;
-    const int16_t *tab_labels;      /* [slot][HC_TOPK] */
-    const float *tab_conf;
+    const struct hc_tab_slot *tab_slots;   /* [tab_cap], 64-byte aligned */
+    size_t tab_copy_len;            /* bytes of the aligned copy of tab.slots (0: none) */
+    const uint64_t *tab_filter;     /* tab.ctx_filter: a bit per hash of the context keys */
+    int tab_filter_shift;           /* 64 - log2(bits in the filter) */
+    const int16_t *tab_lists;       /* [list][HC_TOPK]: the distinct top-k lists */
     uint64_t tab_cap;
     int16_t tab_default[HC_TOPK];
     float tab_default_conf;
@@ -100,6 +111,12 @@ struct hc_stream {
     uint32_t hist_len;              /* events in the histories (saturates at HC_MAX_HIST) */
     uint64_t ctx_h[HC_MAX_CTX];     /* table: rolling hash of the last tab_ctx_lens[i] tokens */
     uint32_t hist_head;
+    /* table, next/free: the next lookup's (site, token) and key, computed (and its slot
+     * prefetched) when the event before it was fed (hc_table_prepare) */
+    uint64_t tab_kst;
+    uint32_t tab_site;
+    uint16_t tab_token;
+    int tab_ready;
     /* rnn */
     float *h, *gi, *gh, *logits;
     double *ng_acc;                 /* n-gram score accumulator (zero between uses) */
@@ -123,12 +140,9 @@ static inline uint64_t hc_mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-/* Pushes an event's symbols into the stream's histories (and, for a table, moves its context
- * hashes by one token: hc_table_ctx_push). */
-void hc_table_ctx_push(hc_stream *s, uint16_t token);
+/* Pushes an event's symbols into an rnn stream's histories (a table's: hc_table_push). */
 static inline void hc_push_history(hc_stream *s, uint64_t hint_sym, uint64_t mem_sym,
                                    uint16_t token) {
-    if (s->p->cfg[CFG_TAB_CTX]) hc_table_ctx_push(s, token);
     uint32_t i = s->hist_head;
     s->hint_sym[i] = hint_sym;
     s->mem_sym[i] = mem_sym;
@@ -158,6 +172,9 @@ void hc_rnn_feed(hc_stream *s, uint32_t site, uint16_t token, int dt, uint64_t h
                  uint64_t mem_sym, int32_t label, int want_pred);
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out);
+void hc_table_prepare(hc_stream *s);
+void hc_table_predict_next(hc_stream *s, hc_prediction *out);
 void hc_table_ctx_reset(hc_stream *s);
+void hc_table_push(hc_stream *s, uint16_t token);
 
 #endif

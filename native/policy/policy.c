@@ -329,8 +329,9 @@ static int parse_header(hc_policy *p, const char *path, char *err, size_t errlen
     if (!have_meta || !m.kind)
         return fail(err, errlen, path, "no heapcast_kind in the metadata: a safetensors file, but "
                     "not a heapcast POLICY (compile one with `heapcast compile MODEL -o POLICY`)");
-    if (!m.abi || !eq(m.abi, m.abi_n, "1"))
-        return fail(err, errlen, path, "field heapcast_abi is %.*s, this runtime reads 1",
+    if (!m.abi || !eq(m.abi, m.abi_n, HC_STR(HC_POLICY_ABI)))
+        return fail(err, errlen, path, "field heapcast_abi is %.*s, this runtime reads "
+                    HC_STR(HC_POLICY_ABI) " (compile the model again with this heapcast)",
                     m.abi ? (int)m.abi_n : 4, m.abi ? m.abi : "none");
     if (!m.crc) return fail(err, errlen, path, "no heapcast_crc32 in the metadata");
     uint64_t want = 0;
@@ -425,6 +426,7 @@ HC_EXPORT hc_policy *hc_policy_open(const char *path, char *err, size_t errlen) 
 
 HC_EXPORT void hc_policy_close(hc_policy *p) {
     if (!p) return;
+    if (p->tab_copy_len) hc_unmap((void *)p->tab_slots, p->tab_copy_len);
     hc_unmap(p->map, p->map_len);
     hc_unmap(p, sizeof *p);
 }
@@ -470,42 +472,6 @@ HC_EXPORT void hc_stream_reset(hc_stream *s) {
     if (s->p->cfg[CFG_KIND] == HC_KIND_RNN) hc_rnn_start(s);
 }
 
-/* The context of a table's key: the rolling hash h = sum over i = 1..K of (t_i + 1) P^(K - i) of
- * the K newest tokens t_1 (newest) .. t_K, padding before the stream's start (what
- * heapcast.policy.compile.context_hash computes). A new token t moves it in O(1):
- * h' = (t + 1) P^(K - 1) + (h - (t_K + 1)) / P, the division by the odd P a multiplication by its
- * inverse modulo 2^64. */
-#define CTX_P 0x100000001B3ull
-#define CTX_PAD 0xFFFFull
-
-static uint64_t inverse_p(void) {
-    uint64_t x = CTX_P;                 /* Newton's iteration: 5 steps give 64 bits */
-    for (int i = 0; i < 5; i++) x *= 2 - CTX_P * x;
-    return x;
-}
-
-void hc_table_ctx_reset(hc_stream *s) {
-    const hc_policy *p = s->p;
-    for (int j = 0; j < p->cfg[CFG_TAB_CTX]; j++) {
-        uint64_t h = 0;
-        for (int i = 0; i < p->tab_ctx_lens[j]; i++) h = h * CTX_P + CTX_PAD + 1;
-        s->ctx_h[j] = h;
-    }
-}
-
-void hc_table_ctx_push(hc_stream *s, uint16_t token) {
-    static uint64_t inv;
-    if (!inv) inv = inverse_p();
-    const hc_policy *p = s->p;
-    for (int j = 0; j < p->cfg[CFG_TAB_CTX]; j++) {
-        uint32_t k = (uint32_t)p->tab_ctx_lens[j];
-        uint64_t out = k <= s->hist_len
-                           ? s->tok_hist[(s->hist_head + HC_MAX_HIST - k) % HC_MAX_HIST]
-                           : CTX_PAD;
-        s->ctx_h[j] = ((uint64_t)token + 1) * p->tab_pow[j] + (s->ctx_h[j] - (out + 1)) * inv;
-    }
-}
-
 static inline int dt_bucket(hc_stream *s, uint64_t ts) {
     if (s->events == 0) return 0;
     uint64_t d = ts > s->last_ts ? ts - s->last_ts : 0;
@@ -526,17 +492,22 @@ static inline uint64_t symbol(uint64_t tok, uint32_t site, int dt, int sites, in
 static void feed(hc_stream *s, const hc_event *ev, int32_t label, int want_pred) {
     const hc_policy *p = s->p;
     uint16_t tok = hc_event_token(p, ev);
-    int dt = dt_bucket(s, ev->ts_ns);
     if (p->cfg[CFG_KIND] == HC_KIND_RNN) {
+        int dt = dt_bucket(s, ev->ts_ns);
         uint64_t hs = symbol(tok, ev->site, dt, p->cfg[CFG_NG_SITES], p->cfg[CFG_NG_DT]);
         uint64_t ms = symbol(tok, ev->site, dt, 1, 0);
         hc_rnn_feed(s, ev->site, tok, dt, hs, ms, label, want_pred);
+        s->last_ts = ev->ts_ns;
+        s->last_site = ev->site;
+        s->events++;
     } else {
-        hc_push_history(s, 0, 0, tok);
+        hc_table_push(s, tok);
+        s->last_ts = ev->ts_ns;
+        s->last_site = ev->site;
+        s->events++;
+        s->tab_ready = 0;
+        if (want_pred) hc_table_prepare(s);
     }
-    s->last_ts = ev->ts_ns;
-    s->last_site = ev->site;
-    s->events++;
 }
 
 HC_EXPORT void hc_stream_feed(hc_stream *s, const hc_event *ev, int32_t label) {
@@ -550,10 +521,7 @@ HC_EXPORT void hc_stream_feed_ex(hc_stream *s, const hc_event *ev, int32_t label
 HC_EXPORT void hc_stream_predict(hc_stream *s, hc_prediction *out) {
     const hc_policy *p = s->p;
     if (p->cfg[CFG_KIND] == HC_KIND_TABLE) {
-        /* next/free: keyed by the last event (site, token) and the tokens before it */
-        uint16_t last = s->hist_len ? s->tok_hist[(s->hist_head + HC_MAX_HIST - 1) % HC_MAX_HIST]
-                                    : 0xFFFF;
-        hc_table_predict(p, s, s->hist_len ? s->last_site : 0, last, 1, out);
+        hc_table_predict_next(s, out);
         return;
     }
     if (s->have_pred) {

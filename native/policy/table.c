@@ -1,27 +1,44 @@
 /* heapcast policy runtime: the `table` kind, a distilled lookup for nanosecond budgets.
  *
  * The compiler ran the model over traces and stored, per key, the labels it predicted most often
- * there (top-k, and the share of the top one). Keys, most specific first (docs/policy-format.md):
- *   (call site, token, hash of the K tokens before the row) for each K of tab.ctx_lens, longest
- *   first (a back-off over context lengths, as an n-gram's), then
- *   (call site, token), (call site), (token), and a default when no key is known. A lookup is a hash and a short linear probe per level in
- * one open-addressing array of 64-bit keys, whose slot index is also the row of the label table.
+ * there (top-k, and the share of the top one). Keys (docs/policy-format.md): (call site, token) for
+ * every pair seen; (call site, token, hash of the K tokens before the row) for each K of
+ * tab.ctx_lens where the context changes the answer (a back-off over context lengths, as an
+ * n-gram's); (call site); (token); and a default when no key is known.
+ *
+ * A lookup is one probe in the common case: the (site, token) slot answers, and its flags say which
+ * context lengths hold entries under it, so only those are probed, longest first; an unseen
+ * (site, token) backs off to (site), then (token). The table is one open-addressing array (linear
+ * probing, load at most 1/2, 64-byte aligned) of 16-byte slots: key, list index and flags,
+ * confidence. A probe reads the aligned bucket of 4 slots (a cache line) that holds the key's home
+ * with no branch on which slot matched. A next/free stream computes the (site, token) key and
+ * prefetches its slot as the event before the prediction is fed (hc_table_prepare), so that the
+ * miss overlaps the program's own work.
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
-/* The key of a level (heapcast.policy.compile.table_key computes the same in numpy). */
 /* The key level of a context of K tokens. */
 #define CTX_LEVEL(k) (100 + (k))
+#define CTX_MUL 0x9E3779B97F4A7C15ull
+#define KEY_MUL 0xD6E8FEB86659FD93ull
 
-static inline uint64_t table_key(int level, uint32_t site, uint32_t token, uint64_t ctx) {
-    uint64_t k = hc_mix64(hc_mix64(((uint64_t)level << 56) ^ ((uint64_t)site << 16) ^ token) ^ ctx);
+/* The key of a level: (level, site, token, and the context's rolling hash for a context level)
+ * through one odd multiplication, a bijection, so that distinct inputs never share a key; the
+ * slot's home takes the high bits of a second multiplication. */
+static inline uint64_t key_of(uint64_t tag, uint64_t x) {
+    uint64_t k = (x ^ (tag << 56)) * KEY_MUL;
     return k ? k : 1;
 }
 
+/* The key of a level (0 token, 1 site, 2 site+token, 100+K a context of K tokens whose rolling
+ * hash is `ctx`); heapcast.policy.compile.table_key computes the same in numpy. */
 HC_EXPORT uint64_t hc_table_key(int level, uint32_t site, uint32_t token, uint64_t ctx) {
-    return table_key(level, site, token, ctx);
+    uint64_t x = ((uint64_t)site << 16) ^ token;
+    return key_of((uint64_t)level, level >= CTX_LEVEL(0) ? x ^ ctx * CTX_MUL : x);
 }
 
 int hc_table_load(hc_policy *p, char *err, size_t errlen) {
@@ -54,20 +71,15 @@ int hc_table_load(hc_policy *p, char *err, size_t errlen) {
         }
     }
     uint64_t cap = 1ull << bits;
-    const struct hc_tensor *k = hc_find_tensor(p, "tab.keys"), *l = hc_find_tensor(p, "tab.labels"),
-                           *c = hc_find_tensor(p, "tab.conf"), *d = hc_find_tensor(p, "tab.default"),
+    const struct hc_tensor *sl = hc_find_tensor(p, "tab.slots"), *l = hc_find_tensor(p, "tab.lists"),
+                           *d = hc_find_tensor(p, "tab.default"),
                            *dc = hc_find_tensor(p, "tab.default_conf");
-    if (!k || k->dtype != DT_U64 || k->ndim != 1 || k->shape[0] != cap) {
-        snprintf(err, errlen, "tensor tab.keys: expected uint64[%llu]", (unsigned long long)cap);
+    if (!sl || sl->dtype != DT_U64 || sl->ndim != 2 || sl->shape[0] != cap || sl->shape[1] != 2) {
+        snprintf(err, errlen, "tensor tab.slots: expected uint64[%llu, 2]", (unsigned long long)cap);
         return -1;
     }
-    if (!l || l->dtype != DT_I16 || l->ndim != 2 || l->shape[0] != cap || l->shape[1] != HC_TOPK) {
-        snprintf(err, errlen, "tensor tab.labels: expected int16[%llu, %d]",
-                 (unsigned long long)cap, HC_TOPK);
-        return -1;
-    }
-    if (!c || c->dtype != DT_F32 || c->ndim != 1 || c->shape[0] != cap) {
-        snprintf(err, errlen, "tensor tab.conf: expected float32[%llu]", (unsigned long long)cap);
+    if (!l || l->dtype != DT_I16 || l->ndim != 2 || l->shape[0] < 1 || l->shape[1] != HC_TOPK) {
+        snprintf(err, errlen, "tensor tab.lists: expected int16[lists, %d]", HC_TOPK);
         return -1;
     }
     if (!d || d->dtype != DT_I16 || d->ndim != 1 || d->shape[0] != HC_TOPK || !dc ||
@@ -76,66 +88,192 @@ int hc_table_load(hc_policy *p, char *err, size_t errlen) {
                  "float32[1]", HC_TOPK);
         return -1;
     }
+    /* the context keys' filter: a lookup probes a context only if its bit is set */
+    const struct hc_tensor *fl = hc_find_tensor(p, "tab.ctx_filter");
+    if (!fl || fl->dtype != DT_U64 || fl->ndim != 1 || fl->shape[0] < 1 ||
+        (fl->shape[0] & (fl->shape[0] - 1)) || fl->shape[0] > (1ull << 26)) {
+        snprintf(err, errlen, "tensor tab.ctx_filter: expected uint64[2^k words]");
+        return -1;
+    }
+    p->tab_filter = fl->data;
+    p->tab_filter_shift = 64 - 6 - __builtin_ctzll(fl->shape[0]);
     /* levels that hold entries (bit `level`): the others are not probed */
     const struct hc_tensor *lm = hc_find_tensor(p, "tab.level_mask");
     p->tab_level_mask = lm && lm->dtype == DT_I32 && lm->ndim == 1 && lm->shape[0] == 1
                             ? *(const int32_t *)lm->data : -1;
-    p->tab_keys = k->data;
-    p->tab_labels = l->data;
-    p->tab_conf = c->data;
+    /* buckets of 4 slots are read as cache lines: slots that the file does not place on a
+     * 64-byte boundary are copied to memory that is (once, at load) */
+    p->tab_slots = sl->data;
+    if ((uintptr_t)sl->data % 64) {
+        struct hc_tab_slot *copy = hc_map_anon((size_t)cap * sizeof *copy);
+        if (!copy) {
+            snprintf(err, errlen, "tensor tab.slots: out of memory for its aligned copy");
+            return -1;
+        }
+        memcpy(copy, sl->data, (size_t)cap * sizeof *copy);
+        p->tab_slots = copy;
+        p->tab_copy_len = (size_t)cap * sizeof *copy;
+    }
+    p->tab_lists = l->data;
     p->tab_cap = cap;
     const int16_t *dl = d->data;
     for (int i = 0; i < HC_TOPK; i++) p->tab_default[i] = dl[i];
     p->tab_default_conf = *(const float *)dc->data;
-    uint64_t used = 0;
-    for (uint64_t i = 0; i < cap; i++) used += p->tab_keys[i] != 0;
+    uint64_t used = 0, n_lists = l->shape[0];
+    for (uint64_t i = 0; i < cap; i++) {
+        if (!p->tab_slots[i].key) continue;
+        used++;
+        uint32_t info = p->tab_slots[i].info;
+        if (TAB_LIST(info) >= n_lists || TAB_FLAGS(info) >> nctx) {
+            snprintf(err, errlen, "tensor tab.slots: slot %llu names list %u of %llu and "
+                     "context flags 0x%x of %d context lengths", (unsigned long long)i,
+                     TAB_LIST(info), (unsigned long long)n_lists, TAB_FLAGS(info), nctx);
+            return -1;
+        }
+    }
     if (used == cap) {
-        snprintf(err, errlen, "tensor tab.keys: no empty slot (a lookup of an unknown key would "
+        snprintf(err, errlen, "tensor tab.slots: no empty slot (a lookup of an unknown key would "
                  "never end)");
         return -1;
     }
-    for (uint64_t i = 0; i < cap * HC_TOPK; i++)
-        if (p->tab_labels[i] < -1 || p->tab_labels[i] >= p->cfg[CFG_N_LABELS]) {
-            snprintf(err, errlen, "tensor tab.labels: label %d out of range", p->tab_labels[i]);
+    for (uint64_t i = 0; i < n_lists * HC_TOPK; i++)
+        if (p->tab_lists[i] < -1 || p->tab_lists[i] >= p->cfg[CFG_N_LABELS]) {
+            snprintf(err, errlen, "tensor tab.lists: label %d out of range", p->tab_lists[i]);
             return -1;
         }
     return 0;
 }
 
-static inline int64_t find(const hc_policy *p, uint64_t key) {
-    uint64_t mask = p->tab_cap - 1;
-    uint64_t i = (key * 0x9E3779B97F4A7C15ull) >> (64 - p->cfg[CFG_TAB_BITS]);
+static inline uint64_t home(const hc_policy *p, uint64_t key) {
+    return (key * 0x9E3779B97F4A7C15ull) >> (64 - p->cfg[CFG_TAB_BITS]);
+}
+
+/* The slot of `key`, or NULL. The key, if present, sits at or after its home and before the first
+ * empty slot from there, so the aligned bucket of 4 slots that holds its home answers unless every
+ * slot from the home to the bucket's end holds another key (rare at a load of at most 1/2). */
+#ifdef HC_PROBE_COUNT
+long hc_probes;
+#endif
+static inline const struct hc_tab_slot *find(const hc_policy *p, uint64_t key) {
+#ifdef HC_PROBE_COUNT
+    hc_probes++;
+#endif
+    uint64_t mask = p->tab_cap - 1, h = home(p, key), b = h & ~3ull;
+    unsigned from = (unsigned)(h & 3);
     for (;;) {
-        uint64_t k = p->tab_keys[i];
-        if (k == key) return (int64_t)i;
-        if (k == 0) return -1;
-        i = (i + 1) & mask;
+        const struct hc_tab_slot *q = &p->tab_slots[b];
+        unsigned eq = (unsigned)(q[0].key == key) | (unsigned)(q[1].key == key) << 1 |
+                      (unsigned)(q[2].key == key) << 2 | (unsigned)(q[3].key == key) << 3;
+        unsigned empty = ((unsigned)(q[0].key == 0) | (unsigned)(q[1].key == 0) << 1 |
+                          (unsigned)(q[2].key == 0) << 2 | (unsigned)(q[3].key == 0) << 3) >> from;
+        if (__builtin_expect(eq | empty, 1)) return eq ? &q[__builtin_ctz(eq)] : NULL;
+        b = (b + 4) & mask;
+        from = 0;
     }
+}
+
+static void fill(const hc_policy *p, const struct hc_tab_slot *e, uint32_t level,
+                 hc_prediction *out) {
+    const int16_t *l = e ? p->tab_lists + (size_t)TAB_LIST(e->info) * HC_TOPK : p->tab_default;
+    for (int j = 0; j < HC_TOPK; j++) out->label[j] = l[j];
+    out->conf = e ? e->conf : p->tab_default_conf;
+    out->level = e ? level : 0;
+}
+
+static inline uint64_t st_key(uint32_t site, uint16_t token) {
+    return key_of(2, ((uint64_t)site << 16) ^ token);
+}
+
+/* The lookup of (site, token) whose key is `kst`, with the stream's contexts unless s is NULL. */
+static void lookup(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
+                   uint64_t kst, hc_prediction *out) {
+    const struct hc_tab_slot *e = find(p, kst);
+    int nctx = p->cfg[CFG_TAB_CTX];
+    if (e) {
+        unsigned flags = s ? TAB_FLAGS(e->info) : 0;
+        uint64_t x = ((uint64_t)site << 16) ^ token;
+        while (flags) {                      /* the longest context that holds this one */
+            int c = __builtin_ctz(flags);
+            flags &= flags - 1;
+            uint64_t k = key_of((uint64_t)CTX_LEVEL(p->tab_ctx_lens[c]), x ^ s->ctx_h[c] * CTX_MUL);
+            uint64_t bit = k >> p->tab_filter_shift;
+            if (!(p->tab_filter[bit >> 6] >> (bit & 63) & 1)) continue;   /* surely absent */
+            const struct hc_tab_slot *ec = find(p, k);
+            if (ec) {
+                fill(p, ec, (uint32_t)(3 + nctx - c), out);
+                return;
+            }
+        }
+        fill(p, e, 3, out);
+        return;
+    }
+    if (p->tab_level_mask >> 2 & 1 && (e = find(p, key_of(1, (uint64_t)site << 16)))) {
+        fill(p, e, 2, out);
+        return;
+    }
+    if (p->tab_level_mask >> 1 & 1 && (e = find(p, key_of(0, token)))) {
+        fill(p, e, 1, out);
+        return;
+    }
+    fill(p, NULL, 0, out);
 }
 
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out) {
-    int nctx = use_ctx && s ? p->cfg[CFG_TAB_CTX] : 0;
-    uint64_t ctx[HC_MAX_CTX];
-    for (int i = 0; i < nctx; i++) ctx[i] = hc_mix64(s->ctx_h[i]);
-    /* most specific first; `level` counts from the coarsest key (1: token) up */
-    int top = 3 + nctx;
-    for (int lv = top; lv >= 1; lv--) {
-        if (!(p->tab_level_mask >> lv & 1)) continue;
-        uint64_t key;
-        if (lv > 3) key = table_key(CTX_LEVEL(p->tab_ctx_lens[top - lv]), site, token, ctx[top - lv]);
-        else if (lv == 3) key = table_key(2, site, token, 0);
-        else if (lv == 2) key = table_key(1, site, 0, 0);
-        else key = table_key(0, 0, token, 0);
-        int64_t slot = find(p, key);
-        if (slot < 0) continue;
-        const int16_t *l = p->tab_labels + (size_t)slot * HC_TOPK;
-        for (int j = 0; j < HC_TOPK; j++) out->label[j] = l[j];
-        out->conf = p->tab_conf[slot];
-        out->level = (uint32_t)lv;
-        return;
+    lookup(p, use_ctx ? s : NULL, site, token, st_key(site, token), out);
+}
+
+/* next/free: the lookup of the next event is keyed by the last event fed (site, token) and the
+ * tokens before it; its first probe's slot is prefetched now. */
+void hc_table_prepare(hc_stream *s) {
+    const hc_policy *p = s->p;
+    s->tab_token = s->hist_len ? s->tok_hist[(s->hist_head + HC_MAX_HIST - 1) % HC_MAX_HIST]
+                               : 0xFFFF;
+    s->tab_site = s->hist_len ? s->last_site : 0;
+    s->tab_kst = st_key(s->tab_site, s->tab_token);
+    __builtin_prefetch(&p->tab_slots[home(p, s->tab_kst) & ~3ull]);
+    s->tab_ready = 1;
+}
+
+void hc_table_predict_next(hc_stream *s, hc_prediction *out) {
+    if (!s->tab_ready) hc_table_prepare(s);
+    lookup(s->p, s, s->tab_site, s->tab_token, s->tab_kst, out);
+}
+
+/* ---------------------------------------------------------------- context hashes */
+
+/* The context of a table's key: the rolling hash h = sum over i = 1..K of (t_i + 1) P^(K - i) of
+ * the K newest tokens t_1 (newest) .. t_K, padding before the stream's start (what
+ * heapcast.policy.compile.context_hash computes). A new token t moves it in O(1):
+ * h' = (t + 1) P^(K - 1) + (h - (t_K + 1)) / P, the division by the odd P a multiplication by its
+ * inverse modulo 2^64. */
+#define CTX_P 0x100000001B3ull
+#define CTX_PAD 0xFFFFull
+
+#define CTX_INV 0xCE965057AFF6957Bull   /* P^-1 modulo 2^64: CTX_P * CTX_INV == 1 */
+_Static_assert(CTX_P * CTX_INV == 1, "CTX_INV is the inverse of CTX_P");
+
+void hc_table_ctx_reset(hc_stream *s) {
+    const hc_policy *p = s->p;
+    for (int j = 0; j < p->cfg[CFG_TAB_CTX]; j++) {
+        uint64_t h = 0;
+        for (int i = 0; i < p->tab_ctx_lens[j]; i++) h = h * CTX_P + CTX_PAD + 1;
+        s->ctx_h[j] = h;
     }
-    for (int j = 0; j < HC_TOPK; j++) out->label[j] = p->tab_default[j];
-    out->conf = p->tab_default_conf;
-    out->level = 0;
+    /* the history before the stream's start reads as padding: no branch for it in the push */
+    for (int i = 0; i < HC_MAX_HIST; i++) s->tok_hist[i] = (uint16_t)CTX_PAD;
+    s->tab_ready = 0;
+}
+
+/* Pushes a token into a table stream's history, moving each context hash by one token. */
+void hc_table_push(hc_stream *s, uint16_t token) {
+    const hc_policy *p = s->p;
+    uint32_t head = s->hist_head;
+    for (int j = 0; j < p->cfg[CFG_TAB_CTX]; j++) {
+        uint64_t out = s->tok_hist[(head - (uint32_t)p->tab_ctx_lens[j]) % HC_MAX_HIST];
+        s->ctx_h[j] = ((uint64_t)token + 1) * p->tab_pow[j] + (s->ctx_h[j] - (out + 1)) * CTX_INV;
+    }
+    s->tok_hist[head] = token;
+    s->hist_head = (head + 1) % HC_MAX_HIST;
+    if (s->hist_len < HC_MAX_HIST) s->hist_len++;
 }

@@ -29,7 +29,6 @@
 #define PRED_MAGIC "HCPRED1"
 #define PRED_BUF 2048
 #define MAX_THREADS 4096
-#define MAP_LOG2 22
 
 struct pred_rec { uint64_t seq; int32_t label[HC_TOPK]; float conf; };   /* 32 bytes */
 
@@ -95,38 +94,72 @@ static void unlock(volatile int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); 
 
 /* ---------------------------------------------------------------- live blocks: address -> size */
 
-/* Open addressing with backward-shift deletion, under one lock. Past 3/4 load new blocks are
- * not kept (their frees then read as frees of unknown blocks). */
-static uint64_t *g_map;                 /* [2^MAP_LOG2][2]: address, size */
+/* Open addressing with backward-shift deletion, under one lock. The home slot of an address is
+ * its own bits (address / 16, the higher bits folded in), not a scrambling hash: malloc hands out
+ * neighbouring addresses together and programs free them together, so neighbouring blocks share
+ * cache lines and pages of the map and its working set is the program's own (a scrambling hash
+ * made every event a cache and TLB miss on py_dicts). The map starts at 2^MAP_MIN_LOG2 slots and
+ * doubles past half load; at 2^MAP_MAX_LOG2 slots and 3/4 load new blocks are not kept (their
+ * frees then read as frees of unknown blocks). */
+#define MAP_MIN_LOG2 16
+#define MAP_MAX_LOG2 26
+static uint64_t *g_map;                 /* [2^g_map_log2][2]: address, size */
 static uint64_t g_map_used;
+static int g_map_log2;
 
-static inline uint64_t map_home(uint64_t a) {
-    return (a * 0x9E3779B97F4A7C15ull) >> (64 - MAP_LOG2);
+static inline uint64_t map_home(uint64_t a, int log2) {
+    return ((a >> 4) ^ (a >> (4 + log2))) & ((1ull << log2) - 1);
+}
+
+static void map_insert(uint64_t *map, int log2, uint64_t a, uint64_t size) {
+    uint64_t mask = (1ull << log2) - 1;
+    for (uint64_t i = map_home(a, log2);; i = (i + 1) & mask) {
+        if (map[2 * i] == a || map[2 * i] == 0) {
+            map[2 * i] = a;
+            map[2 * i + 1] = size;
+            return;
+        }
+    }
+}
+
+/* Doubles the map (under the lock); 0 if it cannot (then it stays as it is). */
+static int map_grow(void) {
+    if (g_map_log2 >= MAP_MAX_LOG2) return 0;
+    uint64_t *next = hc_map_anon((size_t)16 << (g_map_log2 + 1));
+    if (!next) return 0;
+    for (uint64_t i = 0; i < 1ull << g_map_log2; i++)
+        if (g_map[2 * i]) map_insert(next, g_map_log2 + 1, g_map[2 * i], g_map[2 * i + 1]);
+    hc_unmap(g_map, (size_t)16 << g_map_log2);
+    g_map = next;
+    g_map_log2++;
+    return 1;
 }
 
 static void map_put(uint64_t a, uint64_t size) {
-    uint64_t mask = (1ull << MAP_LOG2) - 1, i = map_home(a);
     lock(&g_map_lock);
-    for (;;) {
+    uint64_t mask = (1ull << g_map_log2) - 1;
+    for (uint64_t i = map_home(a, g_map_log2);; i = (i + 1) & mask) {
         if (g_map[2 * i] == a) { g_map[2 * i + 1] = size; break; }
         if (g_map[2 * i] == 0) {
-            if (g_map_used * 4 < (3ull << MAP_LOG2)) {
+            if (2 * (g_map_used + 1) > 1ull << g_map_log2 && map_grow()) {
+                map_insert(g_map, g_map_log2, a, size);
+                g_map_used++;
+            } else if (4 * (g_map_used + 1) <= 3ull << g_map_log2) {
                 g_map[2 * i] = a;
                 g_map[2 * i + 1] = size;
                 g_map_used++;
             }
             break;
         }
-        i = (i + 1) & mask;
     }
     unlock(&g_map_lock);
 }
 
 /* Removes `a`; its size, or -1 if it was not a live block. */
 static int64_t map_take(uint64_t a) {
-    uint64_t mask = (1ull << MAP_LOG2) - 1, i = map_home(a);
     int64_t size = -1;
     lock(&g_map_lock);
+    uint64_t mask = (1ull << g_map_log2) - 1, i = map_home(a, g_map_log2);
     for (;; i = (i + 1) & mask) {
         if (g_map[2 * i] == 0) goto done;
         if (g_map[2 * i] == a) break;
@@ -135,7 +168,7 @@ static int64_t map_take(uint64_t a) {
     g_map_used--;
     for (uint64_t j = (i + 1) & mask;; j = (j + 1) & mask) {   /* backward shift */
         if (g_map[2 * j] == 0) break;
-        uint64_t h = map_home(g_map[2 * j]);
+        uint64_t h = map_home(g_map[2 * j], g_map_log2);
         if (((j - h) & mask) >= ((j - i) & mask)) {
             g_map[2 * i] = g_map[2 * j];
             g_map[2 * i + 1] = g_map[2 * j + 1];
@@ -231,7 +264,8 @@ int hc_hook_init(const char *policy_path, const char *dir, int every, int featur
     g_uses_time = g_pol->cfg[CFG_KIND] == HC_KIND_RNN &&
                   (g_pol->cfg[CFG_N_DT] || g_pol->cfg[CFG_NG_DT]);
     memcpy(g_dir, dir, strlen(dir) + 1);
-    g_map = hc_map_anon((size_t)16 << MAP_LOG2);
+    g_map_log2 = MAP_MIN_LOG2;
+    g_map = hc_map_anon((size_t)16 << MAP_MIN_LOG2);
     if (!g_map || !open_pred_file()) return 0;
     if (!g_thread_streams && !(g_proc_stream = hc_stream_open(g_pol))) return 0;
     __atomic_store_n(&hc_hook_on, 1, __ATOMIC_RELEASE);

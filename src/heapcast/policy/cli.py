@@ -20,7 +20,8 @@ def _cmd_compile(a) -> int:
         return 0
     from .compile import compile_policy
     spec = compile_policy(a.model, a.output, kind=a.kind, int8=a.int8, prune=a.prune,
-                          data=a.data, ctx=_lengths(a.ctx), max_rows=a.max_rows)
+                          data=a.data, ctx=_lengths(a.ctx), max_rows=a.max_rows,
+                          min_count=a.min_count)
     if a.json:
         print(json.dumps(spec, indent=2, default=str))
     else:
@@ -54,6 +55,9 @@ def add_parsers(sub) -> None:
     c.add_argument("--ctx", default=",".join(map(str, DEFAULT_CTX)), metavar="K1,K2,...",
                    help="table: context lengths in tokens of the most specific keys, backed off "
                         "longest first (default %(default)s; 0: none)")
+    c.add_argument("--min-count", type=int, default=1, metavar="N",
+                   help="table: keep a context key only if it was seen N times or more (default "
+                        "1; 2 makes tables 3-4x smaller and a little less accurate)")
     c.add_argument("--max-rows", type=int, default=2_000_000,
                    help="table: distil on at most N rows (default 2,000,000)")
     c.add_argument("--onnx", action="store_true",

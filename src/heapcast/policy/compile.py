@@ -21,13 +21,15 @@ import numpy as np
 
 from ..forecast.features import mix64
 from ..forecast.modelfile import ModelError
-from .fileformat import KINDS, TASK_IDS, VOCAB_IDS, PolicyError, cfg_array, write_policy
+from .fileformat import ABI, KINDS, TASK_IDS, VOCAB_IDS, PolicyError, cfg_array, write_policy
 from .native import TOPK, index_build
 
 COMPILE_KINDS = tuple(KINDS)
 CTX_LEVEL = 100          # the key level of a context of K tokens is CTX_LEVEL + K
 _PAD_TOKEN = 0xFFFF
 _P = np.uint64(0x100000001B3)
+_CTX_MUL = np.uint64(0x9E3779B97F4A7C15)
+_KEY_MUL = np.uint64(0xD6E8FEB86659FD93)
 
 
 def _sha256(path) -> str:
@@ -42,18 +44,23 @@ DEFAULT_CTX = (32, 16, 4)
 
 
 def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, prune: float = 0.0,
-                   data=None, ctx=DEFAULT_CTX, max_rows: int = 2_000_000) -> dict:
+                   data=None, ctx=DEFAULT_CTX, max_rows: int = 2_000_000,
+                   min_count: int = 1) -> dict:
     """Compiles the model file at `model_path` into a POLICY at `output`; returns its spec.
 
     `kind`: "rnn" (the default GRU's network) or "table" (distilled on `data`: traces or
     datasets, by default the model's training traces; `ctx`: the context lengths, in tokens,
-    of its most specific keys, backed off longest first; `max_rows` rows at most). `int8` and `prune` (a fraction of hidden units to
-    drop) apply to rnn. PolicyError (a ValueError) names the file and why it cannot compile."""
+    of its most specific keys, backed off longest first; context keys seen fewer than
+    `min_count` times left out; `max_rows` rows at most). `int8` and `prune` (a fraction of
+    hidden units to drop) apply to rnn. PolicyError (a ValueError) names the file and why it
+    cannot compile."""
     from ..forecast.models import load_model
     if kind not in KINDS:
         raise PolicyError(f"unknown policy kind {kind!r} (known: {', '.join(KINDS)})")
     if not 0.0 <= prune < 1.0:
         raise PolicyError(f"--prune {prune}: expected a fraction of hidden units in [0, 1)")
+    if min_count < 1:
+        raise PolicyError(f"--min-count {min_count}: expected 1 or more")
     if kind == "table" and (int8 or prune):
         raise PolicyError("--int8 and --prune apply to --kind rnn (a table has no weights)")
     model_path = Path(model_path)
@@ -72,7 +79,7 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
     if kind == "rnn":
         tensors = _rnn_tensors(model, model_path, int8, prune, spec)
     else:
-        tensors = _table_tensors(model, model_path, data, ctx, max_rows, spec)
+        tensors = _table_tensors(model, model_path, data, ctx, max_rows, spec, min_count)
     write_policy(output, tensors, spec)
     spec["output"] = str(output)
     spec["bytes"] = Path(output).stat().st_size
@@ -165,7 +172,7 @@ def _rnn_tensors(model, path, int8: bool, prune: float, spec: dict) -> dict:
     t["class_of_label"] = col_of
     ng = _ngram_tensors(model, t) if hints else {}
     shift = model.task != "lifetime"
-    t["cfg"] = cfg_array(abi=1, kind=KINDS["rnn"], task=TASK_IDS[model.task],
+    t["cfg"] = cfg_array(abi=ABI, kind=KINDS["rnn"], task=TASK_IDS[model.task],
                          vocab=VOCAB_IDS[model.vocab], n_labels=model.n_labels, shift=shift,
                          hidden=H, n_out=n_out, n_in_tokens=len(model.input_tokens) + 2,
                          site_buckets=site_buckets, n_dt=64 if c["dt_embed"] else 0,
@@ -209,24 +216,28 @@ def _ngram_tensors(model, t: dict) -> dict:
 # ---- table ----------------------------------------------------------------------------------
 
 def table_key(level: int, site: np.ndarray, token: np.ndarray, ctx) -> np.ndarray:
-    """The table's key of each row at `level` (native/policy/table.c computes the same)."""
-    x = (np.uint64(level) << np.uint64(56)) ^ (site.astype(np.uint64) << np.uint64(16)) \
-        ^ token.astype(np.uint64)
-    k = mix64(mix64(x) ^ np.asarray(ctx, np.uint64))
+    """The table's key of each row at `level` (0 token, 1 site, 2 site+token, CTX_LEVEL + K a
+    context of K tokens whose rolling hash is `ctx`, see context_hash), as native/policy/table.c
+    hc_table_key computes it: one odd multiplication of (level, site, token, context), a
+    bijection, so distinct inputs never share a key."""
+    x = (site.astype(np.uint64) << np.uint64(16)) ^ token.astype(np.uint64)
+    if level >= CTX_LEVEL:
+        x = x ^ (np.asarray(ctx, np.uint64) * _CTX_MUL)
+    k = (x ^ (np.uint64(level) << np.uint64(56))) * _KEY_MUL
     k[k == 0] = 1
     return k
 
 
 def context_hash(tokens: np.ndarray, pos: np.ndarray, k: int) -> np.ndarray:
-    """Hash of the k tokens before each row (newest first, padding before a stream's start), as
-    native/policy/policy.c hc_table_ctx computes it from a stream's history."""
+    """The rolling hash of the k tokens before each row (newest first, padding before a stream's
+    start), as native/policy/table.c hc_table_ctx_push keeps it for a stream."""
     h = np.zeros(len(tokens), np.uint64)
     tok = tokens.astype(np.uint64)
     for i in range(1, k + 1):
         ok = pos >= i
         t = np.where(ok, tok[np.where(ok, np.arange(len(tok)) - i, 0)], np.uint64(_PAD_TOKEN))
         h = h * _P + t + np.uint64(1)
-    return mix64(h)
+    return h
 
 
 def table_inputs(data) -> tuple:
@@ -264,10 +275,10 @@ def _votes(keys: np.ndarray, labels: np.ndarray):
     top[np.cumsum(key_start)[sel] - 1, rank[sel]] = pl[sel]
     total = np.add.reduceat(pc, ks)
     conf = (pc[ks] / total).astype(np.float32)
-    return keys_u, top, conf
+    return keys_u, top, conf, total
 
 
-def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict) -> dict:
+def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count: int) -> dict:
     from ..forecast.dataset import load_features
     from ..forecast.tasks import DEFAULT_ORDER, make_task
     from ..forecast.train import spread_rows
@@ -299,41 +310,69 @@ def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict) -> dict:
     site, tok = table_inputs(td)
     site, tok = site[rows], tok[rows]
     zero = np.zeros(len(rows), np.uint64)
-    # (level, keys of the rows, keys of their parent level): longest context first; an entry
-    # whose top label is its parent's is left out (the lookup falls through to the same answer)
+    # (level, keys of the rows): longest context first, then (site, token), site, token
     chain = [(CTX_LEVEL + k, table_key(CTX_LEVEL + k, site, tok,
                                        context_hash(td.tokens, td.position_in_stream(), k)[rows]))
              for k in lens]
     chain += [(2, table_key(2, site, tok, zero)), (1, table_key(1, site, tok * 0, zero)),
               (0, table_key(0, site * 0, tok, zero))]
     answers = [_votes(keys, pred) for _, keys in chain]
+    nctx = len(lens)
+    st_keys = answers[nctx][0]
+    st_flags = np.zeros(len(st_keys), np.uint64)
     entries = []
     for i, (level, keys) in enumerate(chain):
-        ku, top, conf = answers[i]
-        keep = np.ones(len(ku), bool)
-        if level != 1 and level != 0:          # the parent of a context level or of (site, token)
-            pku, ptop, _ = answers[i + 1]
+        ku, top, conf, seen = answers[i]
+        flags = np.zeros(len(ku), np.uint64)
+        if level >= CTX_LEVEL:
+            # a context whose top label is its parent's changes nothing, and one seen fewer than
+            # min_count times may be an anecdote: both are left out (the lookup backs off, as an
+            # n-gram's); min_count > 1 trades a little accuracy for a smaller, faster table
             first_row = np.unique(keys, return_index=True)[1]
-            keep = ptop[np.searchsorted(pku, chain[i + 1][1][first_row]), 0] != top[:, 0]
-        entries.append((level, ku[keep], top[keep], conf[keep]))
+            pku, ptop = answers[i + 1][:2]
+            keep = (seen >= min_count) & \
+                (ptop[np.searchsorted(pku, chain[i + 1][1][first_row]), 0] != top[:, 0])
+            # the (site, token) slot says which context lengths hold entries under it
+            under = np.searchsorted(st_keys, chain[nctx][1][first_row[keep]])
+            st_flags[under] |= np.uint64(1 << i)
+        else:
+            keep = np.ones(len(ku), bool)
+        entries.append([level, ku[keep], top[keep], conf[keep], flags[keep]])
+    entries[nctx][4] = st_flags
     keys = np.concatenate([e[1] for e in entries])
     labels = np.concatenate([e[2] for e in entries])
     conf = np.concatenate([e[3] for e in entries])
+    flags = np.concatenate([e[4] for e in entries])
     keys, first = np.unique(keys, return_index=True)     # a cross-level collision keeps one
-    labels, conf = labels[first], conf[first]
+    labels, conf, flags = labels[first], conf[first], flags[first]
     bits = max(4, (2 * len(keys)).bit_length())
     slots = index_build(keys, bits)
     filled = slots > 0
-    tab_keys = np.zeros(1 << bits, np.uint64)
-    tab_labels = np.full((1 << bits, TOPK), -1, np.int16)
-    tab_conf = np.zeros(1 << bits, np.float32)
-    tab_keys[filled] = keys[slots[filled] - 1]
-    tab_labels[filled] = labels[slots[filled] - 1]
-    tab_conf[filled] = conf[slots[filled] - 1]
-    _, default, dconf = _votes(np.zeros(len(pred), np.uint64), pred)
-    t = {"tab.keys": tab_keys, "tab.labels": tab_labels, "tab.conf": tab_conf,
+    # one 16-byte slot per key: key; index of its top-k list (distinct lists stored once) with
+    # the context flags in the high byte; confidence (docs/policy-format.md)
+    lists, list_of = np.unique(labels, axis=0, return_inverse=True)
+    if len(lists) >= 1 << 24:
+        raise PolicyError(f"{path}: {len(lists):,} distinct top-{TOPK} lists; a table holds at "
+                          f"most {1 << 24:,}")
+    tab_slots = np.zeros((1 << bits, 2), np.uint64)
+    # a one-hash Bloom filter of the context keys, 16 bits per key (about 6% false positives):
+    # a lookup probes a context slot only when the filter says it may be there
+    ctx_keys = np.concatenate([e[1] for e in entries[:nctx]] or [np.zeros(0, np.uint64)])
+    fbits = max(6, int(16 * len(ctx_keys)).bit_length())
+    filt = np.zeros(1 << (fbits - 6), np.uint64)
+    pos = ctx_keys >> np.uint64(64 - fbits)     # a key's high bits (keys are multiplicative hashes)
+    np.bitwise_or.at(filt, (pos >> np.uint64(6)).astype(np.int64),
+                     np.uint64(1) << (pos & np.uint64(63)))
+    e = slots[filled] - 1
+    tab_slots[filled, 0] = keys[e]
+    tab_slots[filled, 1] = list_of.reshape(-1)[e].astype(np.uint64) | \
+        (flags[e] << np.uint64(24)) | (conf[e].view(np.uint32).astype(np.uint64) << np.uint64(32))
+    _, default, dconf, _ = _votes(np.zeros(len(pred), np.uint64), pred)
+    if not len(lists):
+        lists = np.full((1, TOPK), -1, np.int16)
+    t = {"tab.slots": tab_slots, "tab.lists": lists.astype(np.int16), "tab.ctx_filter": filt,
          "tab.default": default[0], "tab.default_conf": dconf[:1],
-         "cfg": cfg_array(abi=1, kind=KINDS["table"], task=TASK_IDS[model.task],
+         "cfg": cfg_array(abi=ABI, kind=KINDS["table"], task=TASK_IDS[model.task],
                           vocab=VOCAB_IDS[model.vocab], n_labels=model.n_labels,
                           shift=model.task != "lifetime", tab_ctx=len(lens), tab_bits=bits)}
     if lens:

@@ -20,7 +20,7 @@ from safetensors.numpy import save
 from ..forecast.modelfile import ModelError, write_atomic
 
 FORMAT = "heapcast-policy"
-ABI = 1
+ABI = 2
 KINDS = {"table": 1, "rnn": 2}
 TASK_IDS = {"next": 0, "free": 1, "lifetime": 2}
 VOCAB_IDS = {"seed64": 0, "rich": 1}
