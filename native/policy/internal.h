@@ -176,5 +176,7 @@ void hc_table_prepare(hc_stream *s);
 void hc_table_predict_next(hc_stream *s, hc_prediction *out);
 void hc_table_ctx_reset(hc_stream *s);
 void hc_table_push(hc_stream *s, uint16_t token);
+void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, uint64_t n,
+                        hc_prediction *out);
 
 #endif

@@ -252,8 +252,8 @@ static int parse_tensor(struct parser *q, struct hc_tensor *t, const char *data,
     t->ndim = 0;
     if (expect(q, '{')) return -1;
     for (;;) {
-        const char *k;
-        uint32_t kn;
+        const char *k = NULL;
+        uint32_t kn = 0;
         if (string(q, &k, &kn) || expect(q, ':')) return -1;
         if (eq(k, kn, "dtype")) {
             const char *v;
@@ -307,8 +307,8 @@ static int parse_header(hc_policy *p, const char *path, char *err, size_t errlen
     int have_meta = 0;
     if (expect(&q, '{')) return -1;
     for (;;) {
-        const char *k;
-        uint32_t kn;
+        const char *k = NULL;
+        uint32_t kn = 0;
         if (string(&q, &k, &kn) || expect(&q, ':')) return -1;
         if (eq(k, kn, "__metadata__")) {
             if (parse_metadata(&q, &m)) return -1;
@@ -559,6 +559,11 @@ HC_EXPORT int hc_run(const hc_policy *p, const hc_event *ev, const int32_t *labe
     if (!s) return -1;
     s->skip_until = warm_from;
     int shift = p->cfg[CFG_SHIFT];
+    if (shift && p->cfg[CFG_KIND] == HC_KIND_TABLE) {
+        hc_table_run_shift(s, ev, want, n, out);
+        hc_stream_close(s);
+        return 0;
+    }
     for (uint64_t j = 0; j < n; j++) {
         if (shift) {
             if (want[j]) hc_stream_predict(s, &out[j]);

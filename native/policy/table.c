@@ -240,6 +240,26 @@ void hc_table_predict_next(hc_stream *s, hc_prediction *out) {
     lookup(s->p, s, s->tab_site, s->tab_token, s->tab_kst, out);
 }
 
+/* hc_run for a next/free table: the stream loop with the lookup and the push inlined (what
+ * hc_stream_predict and hc_stream_feed do per event, without their per-call dispatch). */
+void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, uint64_t n,
+                        hc_prediction *out) {
+    const hc_policy *p = s->p;
+    uint32_t site = 0;
+    uint16_t token = 0xFFFF;
+    uint64_t kst = st_key(site, token);
+    for (uint64_t j = 0; j < n; j++) {
+        if (want[j]) lookup(p, s, site, token, kst, &out[j]);
+        token = hc_event_token(p, &ev[j]);
+        site = ev[j].site;
+        hc_table_push(s, token);
+        kst = st_key(site, token);
+        __builtin_prefetch(&p->tab_slots[home(p, kst) & ~3ull]);
+    }
+    s->last_site = site;
+    s->events += n;
+}
+
 /* ---------------------------------------------------------------- context hashes */
 
 /* The context of a table's key: the rolling hash h = sum over i = 1..K of (t_i + 1) P^(K - i) of

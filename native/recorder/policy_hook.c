@@ -92,61 +92,64 @@ static void lock(volatile int *l) {
 
 static void unlock(volatile int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
 
-/* ---------------------------------------------------------------- live blocks: address -> size */
+/* ---------------------------------------------------------------- live blocks: address -> token */
 
-/* Open addressing with backward-shift deletion, under one lock. The home slot of an address is
- * its own bits (address / 16, the higher bits folded in), not a scrambling hash: malloc hands out
+/* What a free needs of the block it frees is its token (the policy's token of a free of that
+ * size): each live block's is kept in one 8-byte entry, the address in the low 48 bits (a user
+ * address is below 2^48; a block above it is not kept) and the token in the high 16.
+ * Open addressing with backward-shift deletion, under one lock. The home slot of an address is
+ * its own bits (address / 32, the higher bits folded in), not a scrambling hash: malloc hands out
  * neighbouring addresses together and programs free them together, so neighbouring blocks share
- * cache lines and pages of the map and its working set is the program's own (a scrambling hash
- * made every event a cache and TLB miss on py_dicts). The map starts at 2^MAP_MIN_LOG2 slots and
- * doubles past half load; at 2^MAP_MAX_LOG2 slots and 3/4 load new blocks are not kept (their
- * frees then read as frees of unknown blocks). */
+ * the map's cache lines and pages, and the map mirrors the heap at 1/4 of its size (a scrambling
+ * hash made every event a cache and TLB miss on py_dicts). The map starts at 2^MAP_MIN_LOG2 slots
+ * and doubles past half load; at 2^MAP_MAX_LOG2 slots and 3/4 load new blocks are not kept
+ * (their frees then read as frees of unknown blocks). */
 #define MAP_MIN_LOG2 16
-#define MAP_MAX_LOG2 26
-static uint64_t *g_map;                 /* [2^g_map_log2][2]: address, size */
+#define MAP_MAX_LOG2 27
+#define ADDR_MASK ((1ull << 48) - 1)
+static uint64_t *g_map;                 /* [2^g_map_log2]: address | token << 48, 0 empty */
 static uint64_t g_map_used;
 static int g_map_log2;
 
 static inline uint64_t map_home(uint64_t a, int log2) {
-    return ((a >> 4) ^ (a >> (4 + log2))) & ((1ull << log2) - 1);
+    return ((a >> 5) ^ (a >> (5 + log2))) & ((1ull << log2) - 1);
 }
 
-static void map_insert(uint64_t *map, int log2, uint64_t a, uint64_t size) {
+static void map_insert(uint64_t *map, int log2, uint64_t entry) {
     uint64_t mask = (1ull << log2) - 1;
-    for (uint64_t i = map_home(a, log2);; i = (i + 1) & mask) {
-        if (map[2 * i] == a || map[2 * i] == 0) {
-            map[2 * i] = a;
-            map[2 * i + 1] = size;
+    for (uint64_t i = map_home(entry & ADDR_MASK, log2);; i = (i + 1) & mask)
+        if (!map[i]) {
+            map[i] = entry;
             return;
         }
-    }
 }
 
 /* Doubles the map (under the lock); 0 if it cannot (then it stays as it is). */
 static int map_grow(void) {
     if (g_map_log2 >= MAP_MAX_LOG2) return 0;
-    uint64_t *next = hc_map_anon((size_t)16 << (g_map_log2 + 1));
+    uint64_t *next = hc_map_anon((size_t)8 << (g_map_log2 + 1));
     if (!next) return 0;
     for (uint64_t i = 0; i < 1ull << g_map_log2; i++)
-        if (g_map[2 * i]) map_insert(next, g_map_log2 + 1, g_map[2 * i], g_map[2 * i + 1]);
-    hc_unmap(g_map, (size_t)16 << g_map_log2);
+        if (g_map[i]) map_insert(next, g_map_log2 + 1, g_map[i]);
+    hc_unmap(g_map, (size_t)8 << g_map_log2);
     g_map = next;
     g_map_log2++;
     return 1;
 }
 
-static void map_put(uint64_t a, uint64_t size) {
+static void map_put(uint64_t a, uint16_t token) {
+    if (a > ADDR_MASK) return;
+    uint64_t entry = a | (uint64_t)token << 48;
     lock(&g_map_lock);
     uint64_t mask = (1ull << g_map_log2) - 1;
     for (uint64_t i = map_home(a, g_map_log2);; i = (i + 1) & mask) {
-        if (g_map[2 * i] == a) { g_map[2 * i + 1] = size; break; }
-        if (g_map[2 * i] == 0) {
+        if ((g_map[i] & ADDR_MASK) == a) { g_map[i] = entry; break; }
+        if (g_map[i] == 0) {
             if (2 * (g_map_used + 1) > 1ull << g_map_log2 && map_grow()) {
-                map_insert(g_map, g_map_log2, a, size);
+                map_insert(g_map, g_map_log2, entry);
                 g_map_used++;
             } else if (4 * (g_map_used + 1) <= 3ull << g_map_log2) {
-                g_map[2 * i] = a;
-                g_map[2 * i + 1] = size;
+                g_map[i] = entry;
                 g_map_used++;
             }
             break;
@@ -155,30 +158,30 @@ static void map_put(uint64_t a, uint64_t size) {
     unlock(&g_map_lock);
 }
 
-/* Removes `a`; its size, or -1 if it was not a live block. */
-static int64_t map_take(uint64_t a) {
-    int64_t size = -1;
+/* Removes `a`; the token of its free, or -1 if it was not a live block. */
+static int32_t map_take(uint64_t a) {
+    int32_t token = -1;
+    if (a > ADDR_MASK) return -1;
     lock(&g_map_lock);
     uint64_t mask = (1ull << g_map_log2) - 1, i = map_home(a, g_map_log2);
     for (;; i = (i + 1) & mask) {
-        if (g_map[2 * i] == 0) goto done;
-        if (g_map[2 * i] == a) break;
+        if (g_map[i] == 0) goto done;
+        if ((g_map[i] & ADDR_MASK) == a) break;
     }
-    size = (int64_t)g_map[2 * i + 1];
+    token = (int32_t)(g_map[i] >> 48);
     g_map_used--;
     for (uint64_t j = (i + 1) & mask;; j = (j + 1) & mask) {   /* backward shift */
-        if (g_map[2 * j] == 0) break;
-        uint64_t h = map_home(g_map[2 * j], g_map_log2);
+        if (g_map[j] == 0) break;
+        uint64_t h = map_home(g_map[j] & ADDR_MASK, g_map_log2);
         if (((j - h) & mask) >= ((j - i) & mask)) {
-            g_map[2 * i] = g_map[2 * j];
-            g_map[2 * i + 1] = g_map[2 * j + 1];
+            g_map[i] = g_map[j];
             i = j;
         }
     }
-    g_map[2 * i] = 0;
+    g_map[i] = 0;
 done:
     unlock(&g_map_lock);
-    return size;
+    return token;
 }
 
 /* ---------------------------------------------------------------- the predictions file */
@@ -265,7 +268,7 @@ int hc_hook_init(const char *policy_path, const char *dir, int every, int featur
                   (g_pol->cfg[CFG_N_DT] || g_pol->cfg[CFG_NG_DT]);
     memcpy(g_dir, dir, strlen(dir) + 1);
     g_map_log2 = MAP_MIN_LOG2;
-    g_map = hc_map_anon((size_t)16 << MAP_MIN_LOG2);
+    g_map = hc_map_anon((size_t)8 << MAP_MIN_LOG2);
     if (!g_map || !open_pred_file()) return 0;
     if (!g_thread_streams && !(g_proc_stream = hc_stream_open(g_pol))) return 0;
     __atomic_store_n(&hc_hook_on, 1, __ATOMIC_RELEASE);
@@ -396,14 +399,18 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
     }
     /* the live-block map, as the trace tools' block matching sees it */
     if (op == HC_FREE) {
-        int64_t was = addr ? map_take(addr) : -1;
+        int32_t tok = addr ? map_take(addr) : -1;
         ev.free_null = addr == 0;
-        ev.free_unknown = addr != 0 && was < 0;
-        ev.size = was > 0 ? (uint64_t)was : 0;
+        ev.free_unknown = addr != 0 && tok < 0;
+        ev.size = 0;
+        if (tok >= 0) ev.token = (uint16_t)tok;
     } else if (op <= HC_PVALLOC) {
         if ((op == HC_REALLOC || op == HC_REALLOCARRAY) && old && (addr || size == 0))
             map_take(old);
-        if (addr) map_put(addr, size);
+        if (addr) {          /* the token its free will have */
+            hc_event fr = {.op = HC_OP_FREE, .token = 0xFFFF, .size = size};
+            map_put(addr, hc_event_token(g_pol, &fr));
+        }
     }
     ev.token = hc_event_token(g_pol, &ev);   /* once: the runtime reads it as given */
     if (g_thread_streams) {          /* next: predicted before it happens, on its thread */

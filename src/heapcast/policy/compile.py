@@ -45,7 +45,7 @@ DEFAULT_CTX = (32, 16, 4)
 
 def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, prune: float = 0.0,
                    data=None, ctx=DEFAULT_CTX, max_rows: int = 2_000_000,
-                   min_count: int = 1) -> dict:
+                   min_count: int = 2) -> dict:
     """Compiles the model file at `model_path` into a POLICY at `output`; returns its spec.
 
     `kind`: "rnn" (the default GRU's network) or "table" (distilled on `data`: traces or
