@@ -113,7 +113,7 @@ struct hc_stream {
     uint32_t hist_head;
     /* table, next/free: the next lookup's (site, token) and key, computed (and its slot
      * prefetched) when the event before it was fed (hc_table_prepare) */
-    uint64_t tab_kst;
+    uint64_t tab_kst, tab_ctx_keys[HC_MAX_CTX];
     uint32_t tab_site;
     uint16_t tab_token;
     int tab_ready;

@@ -184,9 +184,14 @@ static inline uint64_t st_key(uint32_t site, uint16_t token) {
     return key_of(2, ((uint64_t)site << 16) ^ token);
 }
 
-/* The lookup of (site, token) whose key is `kst`, with the stream's contexts unless s is NULL. */
+static inline uint64_t ctx_key(const hc_policy *p, const hc_stream *s, uint64_t x, int c) {
+    return key_of((uint64_t)CTX_LEVEL(p->tab_ctx_lens[c]), x ^ s->ctx_h[c] * CTX_MUL);
+}
+
+/* The lookup of (site, token) whose key is `kst`, with the stream's contexts unless s is NULL
+ * (their keys in ck[] when computed already, else NULL). */
 static void lookup(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
-                   uint64_t kst, hc_prediction *out) {
+                   uint64_t kst, const uint64_t *ck, hc_prediction *out) {
     const struct hc_tab_slot *e = find(p, kst);
     int nctx = p->cfg[CFG_TAB_CTX];
     if (e) {
@@ -195,7 +200,7 @@ static void lookup(const hc_policy *p, const hc_stream *s, uint32_t site, uint16
         while (flags) {                      /* the longest context that holds this one */
             int c = __builtin_ctz(flags);
             flags &= flags - 1;
-            uint64_t k = key_of((uint64_t)CTX_LEVEL(p->tab_ctx_lens[c]), x ^ s->ctx_h[c] * CTX_MUL);
+            uint64_t k = ck ? ck[c] : ctx_key(p, s, x, c);
             uint64_t bit = k >> p->tab_filter_shift;
             if (!(p->tab_filter[bit >> 6] >> (bit & 63) & 1)) continue;   /* surely absent */
             const struct hc_tab_slot *ec = find(p, k);
@@ -220,11 +225,12 @@ static void lookup(const hc_policy *p, const hc_stream *s, uint32_t site, uint16
 
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out) {
-    lookup(p, use_ctx ? s : NULL, site, token, st_key(site, token), out);
+    lookup(p, use_ctx ? s : NULL, site, token, st_key(site, token), NULL, out);
 }
 
 /* next/free: the lookup of the next event is keyed by the last event fed (site, token) and the
- * tokens before it; its first probe's slot is prefetched now. */
+ * tokens before it. Its keys are computed now and the slots and filter words they may read are
+ * prefetched, so that in a running program those misses overlap the program's own work. */
 void hc_table_prepare(hc_stream *s) {
     const hc_policy *p = s->p;
     s->tab_token = s->hist_len ? s->tok_hist[(s->hist_head + HC_MAX_HIST - 1) % HC_MAX_HIST]
@@ -232,12 +238,18 @@ void hc_table_prepare(hc_stream *s) {
     s->tab_site = s->hist_len ? s->last_site : 0;
     s->tab_kst = st_key(s->tab_site, s->tab_token);
     __builtin_prefetch(&p->tab_slots[home(p, s->tab_kst) & ~3ull]);
+    uint64_t x = ((uint64_t)s->tab_site << 16) ^ s->tab_token;
+    for (int c = 0; c < p->cfg[CFG_TAB_CTX]; c++) {
+        uint64_t k = s->tab_ctx_keys[c] = ctx_key(p, s, x, c), bit = k >> p->tab_filter_shift;
+        __builtin_prefetch(&p->tab_filter[bit >> 6]);
+        __builtin_prefetch(&p->tab_slots[home(p, k) & ~3ull]);
+    }
     s->tab_ready = 1;
 }
 
 void hc_table_predict_next(hc_stream *s, hc_prediction *out) {
     if (!s->tab_ready) hc_table_prepare(s);
-    lookup(s->p, s, s->tab_site, s->tab_token, s->tab_kst, out);
+    lookup(s->p, s, s->tab_site, s->tab_token, s->tab_kst, s->tab_ctx_keys, out);
 }
 
 /* hc_run for a next/free table: the stream loop with the lookup and the push inlined (what
@@ -249,7 +261,7 @@ void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, u
     uint16_t token = 0xFFFF;
     uint64_t kst = st_key(site, token);
     for (uint64_t j = 0; j < n; j++) {
-        if (want[j]) lookup(p, s, site, token, kst, &out[j]);
+        if (want[j]) lookup(p, s, site, token, kst, NULL, &out[j]);
         token = hc_event_token(p, &ev[j]);
         site = ev[j].site;
         hc_table_push(s, token);

@@ -65,7 +65,7 @@ _Static_assert(sizeof(struct feat_rec) == 64, "feature record");
 
 struct hook_thread {
     hc_stream *s;
-    uint64_t count;                     /* events this stream was fed */
+    uint64_t countdown;                 /* events before this stream's next prediction */
     uint32_t n, nf;                     /* records in buf, fbuf */
     uint32_t index;
     struct pred_rec buf[PRED_BUF];
@@ -77,7 +77,7 @@ static hc_policy *g_pol;
 static int g_every = 1, g_fd = -1, g_ffd = -1, g_thread_streams, g_uses_time, g_features;
 static char g_dir[4096];
 static hc_stream *g_proc_stream;
-static uint64_t g_proc_count;
+static uint64_t g_proc_countdown;    /* allocations before the next lifetime prediction */
 static volatile int g_proc_lock, g_map_lock;
 static struct hook_thread *g_threads[MAX_THREADS];
 static int g_nthreads;
@@ -137,10 +137,10 @@ static int map_grow(void) {
     return 1;
 }
 
+/* map_put and map_take run under the lock that hc_hook_event holds for them. */
 static void map_put(uint64_t a, uint16_t token) {
     if (a > ADDR_MASK) return;
     uint64_t entry = a | (uint64_t)token << 48;
-    lock(&g_map_lock);
     uint64_t mask = (1ull << g_map_log2) - 1;
     for (uint64_t i = map_home(a, g_map_log2);; i = (i + 1) & mask) {
         if ((g_map[i] & ADDR_MASK) == a) { g_map[i] = entry; break; }
@@ -155,14 +155,12 @@ static void map_put(uint64_t a, uint16_t token) {
             break;
         }
     }
-    unlock(&g_map_lock);
 }
 
 /* Removes `a`; the token of its free, or -1 if it was not a live block. */
 static int32_t map_take(uint64_t a) {
     int32_t token = -1;
     if (a > ADDR_MASK) return -1;
-    lock(&g_map_lock);
     uint64_t mask = (1ull << g_map_log2) - 1, i = map_home(a, g_map_log2);
     for (;; i = (i + 1) & mask) {
         if (g_map[i] == 0) goto done;
@@ -180,7 +178,6 @@ static int32_t map_take(uint64_t a) {
     }
     g_map[i] = 0;
 done:
-    unlock(&g_map_lock);
     return token;
 }
 
@@ -288,11 +285,11 @@ void hc_hook_fork_child(void) {
             g_threads[i]->n = g_threads[i]->nf = 0;                          /* parent's records */
     if (t_state) {
         t_state->n = t_state->nf = 0;
-        t_state->count = 0;
+        t_state->countdown = 0;
         if (t_state->s) hc_stream_reset(t_state->s);
     }
     if (g_proc_stream) hc_stream_reset(g_proc_stream);
-    g_proc_count = 0;
+    g_proc_countdown = 0;
     g_skipped = 0;
     if (!open_pred_file()) __atomic_store_n(&hc_hook_on, 0, __ATOMIC_RELEASE);
 }
@@ -397,6 +394,9 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ev.ts_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     }
+    /* one lock per event: the map's, or for lifetime the process stream's, which covers both */
+    volatile int *lk = g_thread_streams ? &g_map_lock : &g_proc_lock;
+    lock(lk);
     /* the live-block map, as the trace tools' block matching sees it */
     if (op == HC_FREE) {
         int32_t tok = addr ? map_take(addr) : -1;
@@ -414,30 +414,32 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
     }
     ev.token = hc_event_token(g_pol, &ev);   /* once: the runtime reads it as given */
     if (g_thread_streams) {          /* next: predicted before it happens, on its thread */
+        unlock(lk);
         int32_t label = (int32_t)ev.token;
-        if (ht->count % (uint64_t)g_every == 0) {
+        int now = ht->countdown == 0;
+        if (now) {
             hc_prediction pr;
             struct feat_rec *f = g_features ? features_begin(ht, ht->s, seq, &ev, label) : NULL;
             hc_stream_predict(ht->s, &pr);
             if (f) features_end(ht, f, &pr);
             log_prediction(ht, seq, &pr);
         }
-        hc_stream_feed_ex(ht->s, &ev, label, (ht->count + 1) % (uint64_t)g_every == 0);
-        ht->count++;
+        ht->countdown = now ? (uint64_t)g_every - 1 : ht->countdown - 1;
+        hc_stream_feed_ex(ht->s, &ev, label, ht->countdown == 0);
     } else {                          /* lifetime: one stream per process */
-        int alloc = op <= HC_PVALLOC;
-        lock(&g_proc_lock);
-        if (alloc && g_proc_count++ % (uint64_t)g_every == 0) {
+        int alloc = op <= HC_PVALLOC, now = alloc && g_proc_countdown == 0;
+        if (alloc) g_proc_countdown = now ? (uint64_t)g_every - 1 : g_proc_countdown - 1;
+        if (now) {
             hc_prediction pr;
             struct feat_rec *f = g_features ? features_begin(ht, g_proc_stream, seq, &ev, -1)
                                             : NULL;
             hc_predict_alloc(g_pol, g_proc_stream, &ev, &pr);
             if (f) features_end(ht, f, &pr);
-            unlock(&g_proc_lock);
+            unlock(lk);
             log_prediction(ht, seq, &pr);
         } else {
             hc_stream_feed_ex(g_proc_stream, &ev, -1, 0);
-            unlock(&g_proc_lock);
+            unlock(lk);
         }
     }
 out:
