@@ -43,8 +43,8 @@ HC_EXPORT uint64_t hc_table_key(int level, uint32_t site, uint32_t token, uint64
 
 int hc_table_load(hc_policy *p, char *err, size_t errlen) {
     int bits = p->cfg[CFG_TAB_BITS];
-    if (bits < 1 || bits > 31) {
-        snprintf(err, errlen, "cfg[tab_bits] is %d: expected 1..31", bits);
+    if (bits < 2 || bits > 31) {     /* a probe reads buckets of 4 slots */
+        snprintf(err, errlen, "cfg[tab_bits] is %d: expected 2..31", bits);
         return -1;
     }
     int nctx = p->cfg[CFG_TAB_CTX];
@@ -262,7 +262,7 @@ void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, u
     uint64_t kst = st_key(site, token);
     for (uint64_t j = 0; j < n; j++) {
         if (want[j]) lookup(p, s, site, token, kst, NULL, &out[j]);
-        token = hc_event_token(p, &ev[j]);
+        token = ev[j].token != 0xFFFF ? ev[j].token : hc_event_token(p, &ev[j]);
         site = ev[j].site;
         hc_table_push(s, token);
         kst = st_key(site, token);
