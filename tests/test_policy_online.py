@@ -46,6 +46,7 @@ def test_table_policy_online_equals_offline(work, tmp_path):
     assert header["task"] == "lifetime" and header["kind"] == "table" and not header["truncated"]
     assert (np.diff(recs["seq"].astype(np.int64)) > 0).all()
     assert ((recs["label"][:, 0] >= 0) & (recs["label"][:, 0] < 6)).all()
+    assert ((recs["conf"] > 0) & (recs["conf"] <= 1)).all()
 
 
 def test_rnn_policy_online_equals_offline_and_every_n(work, tmp_path, capsys):
@@ -126,6 +127,20 @@ def test_bad_policies_are_refused_before_the_program_starts(work, tmp_path, caps
     junk.write_bytes(b"x" * 200)
     with pytest.raises(TraceError, match=r"junk\.pred, offset 0: not a predictions file"):
         read_predictions(junk)
+    # version 1 files (32-byte records) are still read; an unknown version is refused
+    from heapcast.policy.online import HEADER, RECORD
+    h = np.zeros(1, HEADER)
+    h["magic"], h["version"], h["task"], h["vocab"] = b"HCPRED1\0", 1, 0, 1
+    r = np.zeros(2, RECORD)
+    r["seq"], r["label"], r["conf"] = [7, 9], [[3, 1, -1, -1, -1], [2, -1, -1, -1, -1]], 0.5
+    old = tmp_path / "old.pred"
+    old.write_bytes(h.tobytes() + r.tobytes())
+    header, recs = read_predictions(old)
+    assert header["task"] == "next" and np.array_equal(recs, r)
+    h["version"] = 9
+    old.write_bytes(h.tobytes())
+    with pytest.raises(TraceError, match=r"old\.pred, offset 8: predictions format version 9"):
+        read_predictions(old)
 
 
 def test_development_mode_logs_features_and_fine_tunes(work, tmp_path):

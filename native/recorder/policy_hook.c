@@ -30,7 +30,11 @@
 #define PRED_BUF 2048
 #define MAX_THREADS 4096
 
-struct pred_rec { uint64_t seq; int32_t label[HC_TOPK]; float conf; };   /* 32 bytes */
+/* A prediction, 16 bytes (version 2): the seq of the event it predicted (bits 0-39), the top
+ * label's confidence in 1/255 (bits 40-47) and the top label (bits 48-63), then labels 2-5; labels
+ * are int16, -1 padding. */
+struct pred_rec { uint64_t seq_conf_top; int16_t label[HC_TOPK - 1]; };
+#define PRED_VERSION 2
 
 struct pred_header {                    /* 128 bytes at the start of <pid>.pred */
     char magic[8];
@@ -42,7 +46,7 @@ struct pred_header {                    /* 128 bytes at the start of <pid>.pred 
     char pad[16];
 };
 _Static_assert(sizeof(struct pred_header) == 128, "pred header");
-_Static_assert(sizeof(struct pred_rec) == 32, "pred record");
+_Static_assert(sizeof(struct pred_rec) == 16, "pred record");
 
 /* Development mode (--log-features): what the policy read and decided, per decision. */
 struct feat_rec {                       /* 64 bytes */
@@ -235,7 +239,7 @@ static int open_pred_file(void) {
     struct pred_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, PRED_MAGIC, 8);
-    h.version = 1;
+    h.version = PRED_VERSION;
     h.task = (uint32_t)hc_policy_task(g_pol);
     h.every = (uint32_t)g_every;
     h.kind = (uint32_t)hc_policy_kind(g_pol);
@@ -244,6 +248,7 @@ static int open_pred_file(void) {
     write_all(&h, sizeof h);
     if (g_ffd >= 0) {
         memcpy(h.magic, "HCFEAT1", 8);
+        h.version = 1;
         write_fd(g_ffd, &h, sizeof h);
     }
     return 1;
@@ -335,9 +340,10 @@ static inline int kind_of(int op) {
 
 static inline void log_prediction(struct hook_thread *ht, uint64_t seq, const hc_prediction *pr) {
     struct pred_rec *r = &ht->buf[ht->n];
-    r->seq = seq;
-    memcpy(r->label, pr->label, sizeof r->label);
-    r->conf = pr->conf;
+    float c = pr->conf < 0 ? 0 : pr->conf > 1 ? 1 : pr->conf;
+    r->seq_conf_top = (seq & ((1ull << 40) - 1)) | (uint64_t)(uint8_t)(c * 255.0f + 0.5f) << 40 |
+                      (uint64_t)(uint16_t)(int16_t)pr->label[0] << 48;
+    for (int i = 1; i < HC_TOPK; i++) r->label[i - 1] = (int16_t)pr->label[i];
     if (++ht->n == PRED_BUF) flush_thread(ht);
 }
 
