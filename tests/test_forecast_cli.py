@@ -135,6 +135,19 @@ def test_heapcast_command_has_the_forecast_verbs(runs):
         assert verb in sub.choices
 
 
+def test_the_whole_command_line_is_built_without_numpy():
+    """`heapcast --help` (every verb's parser) imports no numpy, torch, pyarrow or matplotlib:
+    they load when a command that needs them runs."""
+    import subprocess
+    code = ("import sys; from heapcast.cli import build_parser; "
+            "sub = next(a for a in build_parser()._actions if a.dest == 'verb'); "
+            "heavy = [m for m in ('numpy', 'torch', 'pyarrow', 'matplotlib') if m in sys.modules]; "
+            "print(len(sub.choices), heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    verbs, heavy = out.stdout.split(" ", 1)
+    assert int(verbs) >= 12 and heavy.strip() == "[]", out.stdout
+
+
 def test_multi_trace_training_with_validation(runs, tmp_path, capsys):
     from heapcast.forecast.features import featurize
     from heapcast.forecast.models import load_model

@@ -10,12 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..trace.format import TraceError
-from .features import ORDERS
-from .models import DEFAULT_MODEL, MODELS
-from .protocols import PROTOCOLS, SPLITS
-from .tasks import TASKS
-from .vocab import VOCABS
+from ..trace.base import TraceError
+from .names import DEFAULT_MODEL, MODEL_NAMES, ORDERS, PROTOCOLS, SPLITS, TASKS, VOCAB_NAMES
 
 
 def _cmd_dataset(a) -> int:
@@ -88,10 +84,10 @@ def add_parsers(sub) -> None:
     t.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
     t.add_argument("-o", "--output", type=Path, required=True, metavar="MODEL",
                    help="model file to write (.safetensors)")
-    t.add_argument("--model", choices=list(MODELS), default=None,
+    t.add_argument("--model", choices=list(MODEL_NAMES), default=None,
                    help=f"default: {DEFAULT_MODEL} (the stateful GRU)")
     t.add_argument("--task", choices=TASKS, default="next")
-    t.add_argument("--vocab", choices=[v for v in VOCABS if v != "article"], default=None,
+    t.add_argument("--vocab", choices=[v for v in VOCAB_NAMES if v != "article"], default=None,
                    help="token vocabulary (default: seed64 for --model seed, else rich)")
     t.add_argument("--validate", nargs="+", type=Path, metavar="RUN",
                    help="validation recordings (neither trained nor tested on) on which the "

@@ -34,9 +34,9 @@ from ..stats import size_classes
 from ..trace.format import FREE
 from ..trace.model import Process, Trace, is_python_frame
 from .lifetime import lifetime_labels
+from .names import ORDERS  # noqa: F401 (re-exported)
 from .vocab import rich_tokens, seed64_tokens
 
-ORDERS = ("thread", "process")
 COLUMNS = {
     "seed64": np.uint8, "rich": np.uint16, "site": np.uint32, "stack": np.uint32,
     "proc": np.uint16, "tid": np.uint32, "ts": np.uint64, "dt": np.uint8,

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .names import PROTOCOLS, SPLITS  # noqa: F401 (re-exported)
 from .tasks import TaskData
 
-PROTOCOLS = ("article", "time", "cross-run", "cross-program")
-SPLITS = ("all", "article", "time")
 WINDOW = 100
 HOLDOUT = 0.15
 

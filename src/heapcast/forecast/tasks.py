@@ -19,9 +19,9 @@ import numpy as np
 
 from .features import Features
 from .lifetime import LIFETIME_CLASSES
+from .names import TASKS  # noqa: F401 (re-exported)
 from .vocab import get_vocab
 
-TASKS = ("next", "free", "lifetime")
 #: `free` labels (docs/vocabularies.md, "Free labels", version 2): 0..FREE_YOUNG-1 name the
 #: youngest live blocks (LIFO end), FREE_YOUNG..FREE_BEYOND-1 the oldest (FIFO end).
 FREE_YOUNG = 64

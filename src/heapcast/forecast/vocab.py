@@ -23,6 +23,7 @@ from ..heap import Blocks
 from ..stats import size_classes
 from ..trace.format import (ALIGNED_ALLOC, CALLOC, FREE, MALLOC, MEMALIGN, MMAP, MREMAP, MUNMAP,
                             POSIX_MEMALIGN, PVALLOC, REALLOC, REALLOCARRAY, VALLOC)
+from .names import VOCAB_NAMES
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,9 @@ VOCABS = {
     "article": Vocab("article", 1, 7, "uint8", "the article's buggy target: seed64.bit_length()"),
     "rich": Vocab("rich", 1, RICH_SIZE, "uint16", "op kind x 4 size classes per power of two"),
 }
+
+
+assert tuple(VOCABS) == VOCAB_NAMES, "heapcast.forecast.names.VOCAB_NAMES lists every vocabulary"
 
 
 def get_vocab(name: str) -> Vocab:

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from .replay import ALL_POLICIES, LabError
+from .names import ALL_POLICIES, LabError
 
 
 def _cmd_simulate(a) -> int:

@@ -18,21 +18,13 @@ from ..trace.reader import iter_process_blocks, load
 from . import classes
 from .native import NO_CLASS, POLICY_IDS, Replay
 
-CLASSIC = ("first-fit", "next-fit", "best-fit", "buddy", "segregated", "glibc")
-CLAIRVOYANT = ("oracle-lifetime",)
-LEARNED = ("learned-lifetime",)
-#: Every policy, in the order they are reported.
-ALL_POLICIES = CLASSIC + CLAIRVOYANT + LEARNED
+from .names import ALL_POLICIES, CLAIRVOYANT, CLASSIC, LEARNED, LabError  # noqa: F401
 #: The fits that lifetime segregation is layered over (kernels NAME@FIT in native.POLICY_IDS).
 LAYERED_FITS = ("first-fit", "next-fit", "best-fit")
 #: A process with at most this many events is decoded once and kept while its passes run.
 IN_MEMORY_EVENTS = 1 << 23
 BLOCK_EVENTS = 1 << 20
 SERIES_POINTS = 1000
-
-
-class LabError(ValueError):
-    """A simulation that cannot be run as asked (unknown policy, missing model support, ...)."""
 
 
 def parse_policies(spec) -> list:

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from .compile import COMPILE_KINDS, DEFAULT_CTX
+from .names import COMPILE_KINDS, DEFAULT_CTX
 
 
 def _cmd_compile(a) -> int:

@@ -22,9 +22,9 @@ import numpy as np
 from ..forecast.features import mix64
 from ..forecast.modelfile import ModelError
 from .fileformat import ABI, KINDS, TASK_IDS, VOCAB_IDS, PolicyError, cfg_array, write_policy
+from .names import COMPILE_KINDS, DEFAULT_CTX  # noqa: F401 (re-exported)
 from .native import TOPK, index_build
 
-COMPILE_KINDS = tuple(KINDS)
 CTX_LEVEL = 100          # the key level of a context of K tokens is CTX_LEVEL + K
 _PAD_TOKEN = 0xFFFF
 _P = np.uint64(0x100000001B3)
@@ -40,7 +40,6 @@ def _sha256(path) -> str:
     return h.hexdigest()
 
 
-DEFAULT_CTX = (32, 16, 4)
 
 
 def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, prune: float = 0.0,

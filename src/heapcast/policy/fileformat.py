@@ -18,10 +18,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
 from ..forecast.modelfile import ModelError, write_atomic
+from .names import KINDS  # noqa: F401 (re-exported)
 
 FORMAT = "heapcast-policy"
 ABI = 2
-KINDS = {"table": 1, "rnn": 2}
 TASK_IDS = {"next": 0, "free": 1, "lifetime": 2}
 VOCAB_IDS = {"seed64": 0, "rich": 1}
 #: The int32 settings tensor `cfg`, in order (native/policy/internal.h, enum CFG_*).

@@ -16,6 +16,8 @@ import numpy as np
 from ..forecast.evaluate import metrics
 from ..forecast.tasks import DEFAULT_ORDER, make_task
 from ..trace.format import TraceError
+from .fileformat import TASK_IDS, VOCAB_IDS
+from .names import KINDS as KIND_IDS
 
 MAGIC = b"HCPRED1\0"
 HEADER = np.dtype([("magic", "S8"), ("version", "<u4"), ("task", "<u4"), ("every", "<u4"),
@@ -34,9 +36,9 @@ FEATURE = np.dtype([("seq", "<u8"), ("stream", "<u4"), ("site", "<u4"), ("token"
                     ("cache", "<i4", 3), ("pred", "<i4", 3), ("pred_conf", "<f4")])
 assert HEADER.itemsize == 128 and RECORD.itemsize == 32 and RECORD_V2.itemsize == 16
 assert FEATURE.itemsize == 64
-TASKS = ("next", "free", "lifetime")
-VOCABS = ("seed64", "rich")
-KINDS = {1: "table", 2: "rnn"}
+TASKS = tuple(TASK_IDS)           # by the number the header holds
+VOCABS = tuple(VOCAB_IDS)
+KINDS = {number: name for name, number in KIND_IDS.items()}
 
 
 def read_predictions(path) -> tuple[dict, np.ndarray]:

@@ -9,6 +9,7 @@ import importlib
 from pathlib import Path
 
 from ..modelfile import ModelError, read_model_file, save_model_file
+from ..names import DEFAULT_MODEL, MODEL_NAMES  # noqa: F401 (re-exported)
 from ..tasks import FREE_LABELS_VERSION
 from ..vocab import get_vocab
 
@@ -22,7 +23,7 @@ MODELS = {
     "transformer": "transformer:TransformerModel",
     "seed": "seed:SeedModel",
 }
-DEFAULT_MODEL = "gru"
+assert tuple(MODELS) == MODEL_NAMES, "heapcast.forecast.names.MODEL_NAMES lists every model"
 #: Models trained over long contiguous streams (truncated backpropagation, checkpoints, DDP).
 STREAM_MODELS = ("gru", "lstm", "transformer")
 NEURAL = (*STREAM_MODELS, "seed")
