@@ -104,6 +104,12 @@ def test_report_in_chromium(recorded, tmp_path):
     assert console == [] and requests == []
     assert "time range 0.0000" in ranged and "allocations (in range)" in ranged
     assert "in the selected time range" in ranged
+    # ... and the other measures of the flame graph too (a link can name the measure)
+    for metric, title in (("at_peak", "bytes live at the peak"), ("temporary", "temporary allocations"),
+                          ("leaked_bytes", "bytes never freed")):
+        page, console, requests = open_page(out, tmp_path / metric, f"#range=0,{t_peak:.6f}&metric={metric}")
+        assert console == [] and requests == []
+        assert f"{title} in the selected time range" in page, metric
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "report.png"
@@ -124,11 +130,23 @@ def test_report_data_numbers_match_stats(recorded):
     assert data["flame"]["top_down"]["values"]["count"][0] == sum(r["count"] for r in data["sites"])
     assert data["flame"]["bottom_up"]["values"]["count"][0] == data["flame"]["top_down"]["values"]["count"][0]
     assert sum(sum(p["allocs"]) for p in data["processes"]) == sum(r["count"] for r in data["sites"])
-    # Filtering by time range: per location and coarse bucket, adding up to the same allocations.
+    # Filtering by time range: per location and coarse bucket, adding up to the same allocations,
+    # temporary allocations and bytes never freed; the bytes live at each bucket's own peak, at
+    # the bucket of each process's peak, are that process's bytes at its peak.
     for tree in data["flame"].values():
-        assert sum(sum(loc["counts"]) for loc in tree["ranged"]) == tree["values"]["count"][0]
+        for metric in ("count", "temporary", "leaked_bytes"):
+            total = sum(sum(loc["by"][metric][1]) for loc in tree["ranged"] if metric in loc["by"])
+            assert total == tree["values"][metric][0], metric
         for loc in tree["ranged"]:
-            assert all(tree["values"]["count"][n] >= sum(loc["counts"]) for n in loc["nodes"])
+            got = sum(loc["by"]["count"][1]) if "count" in loc["by"] else 0
+            assert all(tree["values"]["count"][n] >= got for n in loc["nodes"])
+        at_peak = 0
+        for p in data["processes"]:
+            b = max(range(len(p["range_peak"])), key=lambda i: p["range_peak"][i])
+            at_peak += sum(d[1][d[0].index(b)] for loc in tree["ranged"] if loc["pid"] == p["pid"]
+                           for d in [loc["by"].get("at_peak", [[], []])] if b in d[0])
+        assert 0 < at_peak == tree["values"]["at_peak"][0] - sum(
+            v for i, v in enumerate(tree["values"]["at_peak"]) if tree["labels"][i] == "inherited at fork")
     # Bytes live at the peak, by call site, add up to the peak (in the process that reached it).
     assert data["flame"]["top_down"]["values"]["at_peak"][0] == s["peak_live_bytes"]
     peak = max(max(p["live_max"]) for p in data["processes"])

@@ -40,6 +40,8 @@ def _process_series(p, a, t0) -> dict:
            "rss_t": _seconds(rss_t, t0), "rss": np.asarray(rss).tolist(),
            "mapped": s["mapped_max"][used].tolist() if "mapped_max" in s else None,
            "range_t": _seconds(a.range_ts, t0),
+           # live bytes at each coarse bucket's own peak (-1: no event), to find a range's peak
+           "range_peak": a.range_peak.tolist() if a.range_peak is not None else None,
            "class_by_range": {str(c): a.class_by_range[:, c].tolist()
                               for c in np.flatnonzero(a.class_by_range.sum(0)).tolist()}}
     out["divergence"] = _divergence(p, a, t0)

@@ -32,7 +32,7 @@ class CallTree:
         self.symbolizer = symbolizer
         self.max_locations = max_locations
         self.trees = {False: {}, True: {}}      # inverted -> {path tuple: values}
-        self.ranged = []    # (pid, innermost-first path, allocations per coarse time bucket)
+        self.ranged = []    # (pid, innermost-first path, {metric: per coarse time bucket})
 
     def add(self, p, agg) -> None:
         """Adds process `p`'s per-location aggregates (stats.aggregate.ProcessAggregate)."""
@@ -55,13 +55,18 @@ class CallTree:
         names = {}
         for a, s in zip(addrs.tolist(), self.symbolizer.symbolize(p, addrs)):
             names[a] = frame_label(a, s)
-        by_range = agg.loc_by_range
+        # per coarse time bucket: allocations, temporary ones and bytes never freed by the bucket
+        # of the allocation, bytes live at the bucket's own peak (stats.aggregate)
+        by_range = {"count": agg.loc_by_range, "temporary": agg.loc_temp_by_range,
+                    "leaked_bytes": agg.loc_leak_by_range, "at_peak": agg.loc_peak_by_range}
         for loc, frames in zip(keep, stacks):
             path = tuple(names[a] for a in frames) or ("unknown call site",)
             vals = [int(values[m][loc]) for m in METRICS]
             self._add_path(path, vals)
-            if by_range is not None and vals[1] and loc < by_range.shape[1]:
-                self.ranged.append((p.pid, path, by_range[:, loc].tolist()))
+            per = {m: _sparse(t[:, loc]) for m, t in by_range.items()
+                   if t is not None and loc < t.shape[1] - 1 and t[:, loc].any()}
+            if per:
+                self.ranged.append((p.pid, path, per))
         if inherited:
             self._add_path(("inherited at fork",), [inherited, 0, 0, 0])
 
@@ -88,9 +93,16 @@ class CallTree:
             out["parents"].append(str(index.get(path[:-1], 0)))
             for i, m in enumerate(METRICS):
                 out["values"][m].append(tree[path][i])
-        # For filtering allocations by a time range: each location's nodes and counts per bucket.
+        # For filtering by a time range: each location's nodes, and per metric its non-zero coarse
+        # time buckets and their values ([buckets], [values]).
         out["ranged"] = [{"pid": pid, "nodes": [index[path[:d]] for d in range(1, len(path) + 1)],
-                          "counts": counts}
-                         for pid, innermost_first, counts in self.ranged
+                          "by": per}
+                         for pid, innermost_first, per in self.ranged
                          for path in [innermost_first if inverted else innermost_first[::-1]]]
         return out
+
+
+def _sparse(column: np.ndarray) -> list:
+    """[non-zero bucket indices], [their values]."""
+    nz = np.flatnonzero(column)
+    return [nz.tolist(), column[nz].tolist()]

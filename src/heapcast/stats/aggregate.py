@@ -89,6 +89,13 @@ class ProcessAggregate:
     series: dict | None = None
     class_by_range: np.ndarray | None = None     # allocations per (coarse bucket, size class)
     loc_by_range: np.ndarray | None = None       # allocations per (coarse bucket, location id)
+    # kept with loc_by_range, per (coarse bucket, location id; the last column takes inherited
+    # blocks and ids beyond the table): temporary allocations and bytes never freed, by the bucket
+    # of the allocation; bytes live at the bucket's own peak (range_peak: the live bytes then)
+    loc_temp_by_range: np.ndarray | None = None
+    loc_leak_by_range: np.ndarray | None = None
+    loc_peak_by_range: np.ndarray | None = None
+    range_peak: np.ndarray | None = None
     range_ts: np.ndarray | None = None           # ts of each coarse bucket's last event
 
 
@@ -138,7 +145,12 @@ class ProcessPass:
             a.class_by_range = np.zeros((max(self.coarse.n, 1), NCLASS), np.int64)
             a.range_ts = np.zeros(max(self.coarse.n, 1), np.uint64)
             if max(self.coarse.n, 1) * nloc <= LOC_RANGE_CELLS:
-                a.loc_by_range = np.zeros((max(self.coarse.n, 1), nloc), np.int64)
+                shape = (max(self.coarse.n, 1), nloc)
+                a.loc_by_range = np.zeros(shape, np.int64)
+                a.loc_temp_by_range = np.zeros(shape, np.int64)
+                a.loc_leak_by_range = np.zeros(shape, np.int64)
+                a.loc_peak_by_range = np.zeros(shape, np.int64)
+                a.range_peak = np.full(shape[0], -1, np.int64)
 
     def _loc_arrays(self, need: int) -> None:
         """Grows the per-location arrays for location ids < need (ids beyond the table)."""
@@ -217,6 +229,8 @@ class ProcessPass:
                                                minlength=nl).astype(np.int64)
                                  - np.bincount(src_slot[gone], weights=m.released["size"][gone]
                                                .astype(np.float64), minlength=nl).astype(np.int64))
+        if a.loc_peak_by_range is not None:
+            self._range_peaks(live, acq, locs, sizes, m, src_slot)
         self.live_bytes = int(live[-1])
         a.loc_live += _sum_by(locs, sizes, nl).astype(np.int64)
         a.loc_live -= _sum_by(src_slot, m.released["size"], nl).astype(np.int64)
@@ -245,6 +259,9 @@ class ProcessPass:
         acq_before = self.ordinal + np.cumsum(acquires) - acquires
         temporary = acq_before[at] - src["ordinal"] == 1
         a.loc_temporary += np.bincount(src["loc"][temporary], minlength=nl)
+        if a.loc_temp_by_range is not None:
+            self._by_range(a.loc_temp_by_range, src["index"][temporary], src["loc"][temporary],
+                           np.ones(int(np.count_nonzero(temporary)), np.int64))
         a.inherited_released += inherited
         if self.detail:
             scls = size_classes(src["size"])
@@ -279,6 +296,44 @@ class ProcessPass:
         nl = len(a.loc_count)
         a.loc_leaked_count += sign * np.bincount(blocks["loc"], minlength=nl)
         a.loc_leaked_bytes += sign * _sum_by(blocks["loc"], blocks["size"], nl).astype(np.int64)
+        if a.loc_leak_by_range is not None:
+            self._by_range(a.loc_leak_by_range, blocks["index"], blocks["loc"],
+                           sign * blocks["size"].astype(np.int64))
+
+    def _by_range(self, table: np.ndarray, index: np.ndarray, loc: np.ndarray,
+                  values: np.ndarray) -> None:
+        """Adds `values` to table[coarse bucket of the event `index`, location (clamped)]."""
+        if not len(values):
+            return
+        nb, nl = table.shape
+        b = np.minimum(index.astype(np.int64) // self.coarse.width, nb - 1)
+        lo = int(b.min())        # a chunk's blocks fall in few buckets: a small bincount
+        key = (b - lo) * nl + np.clip(loc.astype(np.int64), 0, nl - 1)
+        span = (int(b.max()) - lo + 1) * nl
+        table[lo:lo + span // nl] += np.bincount(key, weights=values, minlength=span).astype(
+            np.int64).reshape(-1, nl)
+
+    def _range_peaks(self, live, acq, locs, sizes, m, src_slot) -> None:
+        """Per coarse bucket of this chunk: if its live bytes peak here above what the bucket held
+        so far, the bytes of each location live at that moment (as loc_at_peak for the run)."""
+        a = self.agg
+        ids, starts = self.coarse.segments(self.index, len(live))
+        ends = np.r_[starts[1:], len(live)]
+        nl = a.loc_peak_by_range.shape[1]
+        for b, s, e in zip(ids.tolist(), starts.tolist(), ends.tolist()):
+            j = s + int(np.argmax(live[s:e]))
+            if live[j] <= a.range_peak[b]:
+                continue
+            a.range_peak[b] = int(live[j])
+            upto, gone = acq <= j, m.released_at <= j
+            n = len(a.loc_live)
+            snap = (a.loc_live + np.bincount(locs[upto], weights=sizes[upto].astype(np.float64),
+                                             minlength=n).astype(np.int64)
+                    - np.bincount(src_slot[gone], weights=m.released["size"][gone]
+                                  .astype(np.float64), minlength=n).astype(np.int64))
+            row = snap[:nl].copy()
+            row[-1] = snap[nl - 1:].sum()      # inherited blocks, ids beyond the table
+            a.loc_peak_by_range[b] = row
 
     def _series(self, ev, m, acq, sizes, cls, live) -> None:
         """Per time bucket: live bytes max/min, time of its last event, allocations and frees."""

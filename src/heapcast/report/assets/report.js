@@ -132,12 +132,25 @@ let METRIC = "at_peak", INVERTED = false;
 function drawFlame() {
   const t = INVERTED ? D.flame.bottom_up : D.flame.top_down;
   let v = t.values[METRIC];
-  const ranged = RANGE !== null && METRIC === "count" && t.ranged.length > 0;
-  if (ranged) {         // allocations made in the selected time range only
+  const ranged = RANGE !== null && t.ranged.length > 0 &&
+    (METRIC !== "at_peak" || D.processes.every(p => p.range_peak));
+  if (ranged) {
+    // allocations, temporary ones and bytes never freed: of the blocks allocated in the range;
+    // bytes live at the peak: at the range's own peak (each process's highest bucket in it)
     v = new Array(t.ids.length).fill(0);
-    const sel = Object.fromEntries(D.processes.map(p => [p.pid, inRange(p.range_t)]));
+    const sel = {}, peak = {};
+    for (const p of D.processes) {
+      sel[p.pid] = inRange(p.range_t);
+      let best = -1;
+      peak[p.pid] = -1;
+      (p.range_peak || []).forEach((x, i) => { if (sel[p.pid][i] && x > best) { best = x; peak[p.pid] = i; } });
+    }
     for (const loc of t.ranged) {
-      const s = sel[loc.pid], c = loc.counts.reduce((a, x, i) => a + (s[i] ? x : 0), 0);
+      const d = loc.by[METRIC];
+      if (!d) continue;
+      let c = 0;
+      if (METRIC === "at_peak") { const k = d[0].indexOf(peak[loc.pid]); c = k >= 0 ? d[1][k] : 0; }
+      else for (let k = 0; k < d[0].length; k++) if (sel[loc.pid][d[0][k]]) c += d[1][k];
       if (!c) continue;
       v[0] += c;
       for (const n of loc.nodes) v[n] += c;
@@ -328,8 +341,15 @@ drawLifetimes("events", "life-events", "events");
 drawModel();
 drawLab();
 drawDiff();
-// A link can carry a time range: report.html#range=START,END (seconds).
-const linked = location.hash.match(/^#range=([0-9.e+-]+),([0-9.e+-]+)$/);
+// A link can carry a time range and the flame graph's measure:
+// report.html#range=START,END (seconds), #metric=NAME, or #range=START,END&metric=NAME.
+const linkMetric = location.hash.match(/metric=([a-z_]+)/);
+if (linkMetric && METRIC_NAMES[linkMetric[1]]) {
+  METRIC = linkMetric[1];
+  document.querySelectorAll("#flame-controls button").forEach(b => b.classList.toggle("on", b.textContent === METRIC_NAMES[METRIC]));
+  drawFlame();
+}
+const linked = location.hash.match(/range=([0-9.e+-]+),([0-9.e+-]+)/);
 if (linked) {
   const r = [+linked[1], +linked[2]];
   Plotly.relayout("mem", { "xaxis.range": r });
