@@ -147,6 +147,18 @@ def test_report_data_numbers_match_stats(recorded):
                            for d in [loc["by"].get("at_peak", [[], []])] if b in d[0])
         assert 0 < at_peak == tree["values"]["at_peak"][0] - sum(
             v for i, v in enumerate(tree["values"]["at_peak"]) if tree["labels"][i] == "inherited at fork")
+    # The table's filtered columns too: over all buckets, each row's whole-run values; at each
+    # process's peak bucket, the bytes it had live at its peak.
+    peak_bucket = {str(p["pid"]): max(range(len(p["range_peak"])), key=lambda i: p["range_peak"][i])
+                   for p in data["processes"]}
+    for column in ("count", "temporary", "leaked_bytes", "at_peak"):
+        got = [0] * len(data["sites"])
+        for pid, per in data["site_ranges"].items():
+            for r, (buckets, values) in per[column].items():
+                got[int(r)] += sum(v for b, v in zip(buckets, values)
+                                   if column != "at_peak" or b == peak_bucket[pid])
+        assert got == [s[column] for s in data["sites"]], column
+        assert sum(got) > 0 or column == "leaked_bytes"     # (this program frees everything)
     # Bytes live at the peak, by call site, add up to the peak (in the process that reached it).
     assert data["flame"]["top_down"]["values"]["at_peak"][0] == s["peak_live_bytes"]
     peak = max(max(p["live_max"]) for p in data["processes"])
@@ -256,7 +268,8 @@ def test_python_trace_page_names_the_scripts_lines(tmp_path):
     own = {(s["module"], s["offset"]) for s in data["summary"]["top_program_lines_by_bytes"]}
     assert (str(PY_SCRIPT), lines["dict_big"]) in own
     # Time-range filtering still maps every table row's allocations (Python rows included).
-    ranged = {int(k): sum(v) for per in data["site_ranges"].values() for k, v in per.items()}
+    ranged = {int(k): sum(v[1]) for per in data["site_ranges"].values()
+              for k, v in per["count"].items()}
     assert ranged[data["sites"].index(row)] == row["count"]
 
     out = heapcast.report(r.path, output=tmp_path / "py.html")

@@ -102,6 +102,28 @@ def test_streaming_equals_whole_process(seed):
         assert stats(trace, top=8, chunk=chunk) == want, chunk
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_time_range_aggregates_add_up(seed):
+    """Per (coarse bucket, location): temporary allocations and bytes never freed add up to the
+    run's, and the bucket that holds a process's peak has its bytes live at the peak, whatever
+    the chunking (forks, inherited blocks and leaks included)."""
+    from heapcast.stats.aggregate import aggregate
+    trace = random_trace(seed)
+    for chunk in (1, 7, 1 << 20):
+        aggs, _ = aggregate(trace, detail=True, chunk=chunk)
+        for a in aggs:
+            nl = a.loc_peak_by_range.shape[1]
+            assert a.loc_temp_by_range.sum(0)[:nl - 1].tolist() == a.loc_temporary[:nl - 1].tolist()
+            assert a.loc_leak_by_range.sum(0)[:nl - 1].tolist() == \
+                np.maximum(a.loc_leaked_bytes[:nl - 1], 0).tolist()
+            if a.range_peak.max() < 0:
+                continue
+            top = int(np.argmax(a.range_peak))
+            assert a.range_peak[top] == a.peak["bytes"]
+            assert a.loc_peak_by_range[top][:nl - 1].tolist() == a.loc_at_peak[:nl - 1].tolist()
+        assert any(a.loc_leak_by_range.any() for a in aggs)     # the random traces leak
+
+
 def test_recorded_trace_equals_whole_process(tmp_path, build):
     """A real recording with a fork (churn.c), read back in chunks smaller than a process."""
     import heapcast

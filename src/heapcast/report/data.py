@@ -84,15 +84,21 @@ def _sites(trace, aggs, symbolizer) -> tuple[CallSites, list]:
     return sites, rows
 
 
+#: The table's columns that a time range filters, and the per-(bucket, location) aggregate of each.
+RANGE_COLUMNS = {"count": "loc_by_range", "temporary": "loc_temp_by_range",
+                 "leaked_bytes": "loc_leak_by_range", "at_peak": "loc_peak_by_range"}
+
+
 def _site_ranges(trace, aggs, sites, rows) -> dict | None:
-    """Allocations of each table row per coarse time bucket of each process (pid -> rows x
-    buckets), for filtering the table by a selected time range; None where not kept."""
+    """Per process (pid) and filtered column (RANGE_COLUMNS): each table row's non-zero coarse
+    time buckets and their values ([buckets], [values]), for filtering the table by a selected
+    time range; None where not kept."""
     row_of = {id(r): i for i, r in enumerate(rows)}
     index = {key: row_of[id(site)] for key, site in sites.sites.items() if id(site) in row_of}
     out = {}
     for p, a in zip(trace.processes, aggs):
         lbr = a.loc_by_range
-        if lbr is None:
+        if lbr is None or any(getattr(a, f) is None for f in RANGE_COLUMNS.values()):
             return None
         nloc = min(lbr.shape[1] - 1, len(p.locations))
         used = np.flatnonzero(lbr[:, :nloc].sum(0))
@@ -100,13 +106,17 @@ def _site_ranges(trace, aggs, sites, rows) -> dict | None:
             continue
         addrs = p.locations.callsites[used]
         syms = sites.symbolizer.symbolize(p, addrs, a.loc_first_seq[used])
-        per_row = np.zeros((len(rows), lbr.shape[0]), np.int64)
-        for loc, addr, s in zip(used.tolist(), addrs.tolist(), syms):
-            r = index.get(site_key(s.module, s.offset, s.function, bool(addr & PY_FRAME_TAG),
-                                   p.pid, addr))
-            if r is not None:
-                per_row[r] += lbr[:, loc]
-        out[str(p.pid)] = {str(r): per_row[r].tolist() for r in np.flatnonzero(per_row.sum(1)).tolist()}
+        row = np.array([index.get(site_key(s.module, s.offset, s.function,
+                                           bool(addr & PY_FRAME_TAG), p.pid, addr), -1)
+                        for addr, s in zip(addrs.tolist(), syms)], np.int64)
+        mine = row >= 0
+        out[str(p.pid)] = per = {}
+        for column, field in RANGE_COLUMNS.items():
+            per_row = np.zeros((len(rows), lbr.shape[0]), np.int64)
+            np.add.at(per_row, row[mine], getattr(a, field)[:, used[mine]].T)
+            per[column] = {str(r): [nz.tolist(), per_row[r][nz].tolist()]
+                           for r in np.flatnonzero(per_row.any(1)).tolist()
+                           for nz in [np.flatnonzero(per_row[r])]}
     return out
 
 

@@ -138,19 +138,13 @@ function drawFlame() {
     // allocations, temporary ones and bytes never freed: of the blocks allocated in the range;
     // bytes live at the peak: at the range's own peak (each process's highest bucket in it)
     v = new Array(t.ids.length).fill(0);
-    const sel = {}, peak = {};
-    for (const p of D.processes) {
-      sel[p.pid] = inRange(p.range_t);
-      let best = -1;
-      peak[p.pid] = -1;
-      (p.range_peak || []).forEach((x, i) => { if (sel[p.pid][i] && x > best) { best = x; peak[p.pid] = i; } });
-    }
+    const chosen = rangeSelection();
     for (const loc of t.ranged) {
-      const d = loc.by[METRIC];
+      const d = loc.by[METRIC], { sel, peak } = chosen[loc.pid];
       if (!d) continue;
       let c = 0;
-      if (METRIC === "at_peak") { const k = d[0].indexOf(peak[loc.pid]); c = k >= 0 ? d[1][k] : 0; }
-      else for (let k = 0; k < d[0].length; k++) if (sel[loc.pid][d[0][k]]) c += d[1][k];
+      if (METRIC === "at_peak") { const k = d[0].indexOf(peak); c = k >= 0 ? d[1][k] : 0; }
+      else for (let k = 0; k < d[0].length; k++) if (sel[d[0][k]]) c += d[1][k];
       if (!c) continue;
       v[0] += c;
       for (const n of loc.nodes) v[n] += c;
@@ -190,22 +184,39 @@ const COLUMNS = [["function", "function", "t"], ["module", "module", "t"], ["off
   ["leaked_count", "never freed", ""], ["leaked_bytes", "bytes never freed", ""]];
 // A Python call site's module is its file and its offset its line: shown as file:line.
 function siteWhere(s) { return s.python ? `${s.module}:${s.offset}` : s.module; }
-function rangeCounts() {
-  if (RANGE === null || !D.site_ranges) return null;
-  const counts = new Array(D.sites.length).fill(0);
+// Each process's selected coarse buckets, and the one holding its peak within the selection.
+function rangeSelection() {
+  const out = {};
   for (const p of D.processes) {
-    const per = D.site_ranges[String(p.pid)] || {};
     const sel = inRange(p.range_t);
-    for (const [r, row] of Object.entries(per)) counts[+r] += row.reduce((s, v, i) => s + (sel[i] ? v : 0), 0);
+    let best = -1, peak = -1;
+    (p.range_peak || []).forEach((x, i) => { if (sel[i] && x > best) { best = x; peak = i; } });
+    out[p.pid] = { sel, peak };
   }
-  return counts;
+  return out;
+}
+// The filtered columns of the table in the selected range: allocations, temporary ones and bytes
+// never freed of the blocks allocated in it, bytes live at its peak.
+const RANGE_COLUMNS = ["count", "temporary", "leaked_bytes", "at_peak"];
+function rangeValues() {
+  if (RANGE === null || !D.site_ranges) return null;
+  const out = Object.fromEntries(RANGE_COLUMNS.map(c => [c, new Array(D.sites.length).fill(0)]));
+  const chosen = rangeSelection();
+  for (const p of D.processes) {
+    const per = D.site_ranges[String(p.pid)] || {}, { sel, peak } = chosen[p.pid];
+    for (const c of RANGE_COLUMNS)
+      for (const [r, [buckets, values]] of Object.entries(per[c] || {}))
+        for (let k = 0; k < buckets.length; k++)
+          if (c === "at_peak" ? buckets[k] === peak : sel[buckets[k]]) out[c][+r] += values[k];
+  }
+  return out;
 }
 function drawTable() {
   const q = document.getElementById("search").value.trim().toLowerCase();
-  const counts = rangeCounts();
-  let rows = D.sites.map((s, i) => ({ ...s, count: counts ? counts[i] : s.count }));
+  const ranged = rangeValues();
+  let rows = D.sites.map((s, i) => ranged ? { ...s, ...Object.fromEntries(RANGE_COLUMNS.map(c => [c, ranged[c][i]])) } : s);
   if (q) rows = rows.filter(s => (s.function + " " + siteWhere(s)).toLowerCase().includes(q));
-  if (counts) rows = rows.filter(s => s.count > 0);
+  if (ranged) rows = rows.filter(s => s.count > 0 || s.at_peak > 0);
   rows.sort((a, b) => {
     const x = a[SORT], y = b[SORT];
     const c = typeof x === "string" ? x.localeCompare(y) : x - y;
@@ -214,7 +225,7 @@ function drawTable() {
   const t = document.getElementById("sites");
   t.replaceChildren();
   t.append(el("tr", {}, ...COLUMNS.map(([k, h, c]) => el("th", { class: c, onclick: () => { DESC = SORT === k ? !DESC : true; SORT = k; drawTable(); } },
-    h + (k === "count" && counts ? " (in range)" : "") + (SORT === k ? (DESC ? " ▾" : " ▴") : "")))));
+    h + (ranged ? (RANGE_COLUMNS.includes(k) ? " (in range)" : (c === "t" || k === "offset" ? "" : " (whole run)")) : "") + (SORT === k ? (DESC ? " ▾" : " ▴") : "")))));
   for (const s of rows.slice(0, 300)) {
     t.append(el("tr", {}, el("td", { class: "t" }, s.function), el("td", { class: "t" }, siteWhere(s)),
       el("td", {}, s.python ? "python" : "0x" + s.offset.toString(16)), el("td", {}, num(s.count)), el("td", {}, bytes(s.bytes)), el("td", {}, bytes(s.at_peak)),
