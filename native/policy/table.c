@@ -151,13 +151,7 @@ static inline uint64_t home(const hc_policy *p, uint64_t key) {
 /* The slot of `key`, or NULL. The key, if present, sits at or after its home and before the first
  * empty slot from there, so the aligned bucket of 4 slots that holds its home answers unless every
  * slot from the home to the bucket's end holds another key (rare at a load of at most 1/2). */
-#ifdef HC_PROBE_COUNT
-long hc_probes;
-#endif
 static inline const struct hc_tab_slot *find(const hc_policy *p, uint64_t key) {
-#ifdef HC_PROBE_COUNT
-    hc_probes++;
-#endif
     uint64_t mask = p->tab_cap - 1, h = home(p, key), b = h & ~3ull;
     unsigned from = (unsigned)(h & 3);
     for (;;) {
