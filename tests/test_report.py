@@ -104,6 +104,7 @@ def test_report_in_chromium(recorded, tmp_path):
     assert console == [] and requests == []
     assert "time range 0.0000" in ranged and "allocations (in range)" in ranged
     assert "in the selected time range" in ranged
+    assert "blocks allocated in the time range" in ranged       # the lifetime heatmaps
     # ... and the other measures of the flame graph too (a link can name the measure)
     for metric, title in (("at_peak", "bytes live at the peak"), ("temporary", "temporary allocations"),
                           ("leaked_bytes", "bytes never freed")):
@@ -147,6 +148,12 @@ def test_report_data_numbers_match_stats(recorded):
                            for d in [loc["by"].get("at_peak", [[], []])] if b in d[0])
         assert 0 < at_peak == tree["values"]["at_peak"][0] - sum(
             v for i, v in enumerate(tree["values"]["at_peak"]) if tree["labels"][i] == "inherited at fork")
+    # The histogram's bytes and the lifetime heatmaps by time bucket add up to the run's.
+    assert sum(sum(v) for p in data["processes"] for v in p["class_bytes_by_range"].values()) == \
+        sum(c["bytes"] for c in data["size_classes"])
+    for kind in ("ns", "events"):
+        total = sum(sum(p["life_by_range"][kind][3]) for p in data["processes"])
+        assert total == sum(map(sum, data["lifetimes"][kind]["counts"])) > 0, kind
     # The table's filtered columns too: over all buckets, each row's whole-run values; at each
     # process's peak bucket, the bytes it had live at its peak.
     peak_bucket = {str(p["pid"]): max(range(len(p["range_peak"])), key=lambda i: p["range_peak"][i])

@@ -43,7 +43,14 @@ def _process_series(p, a, t0) -> dict:
            # live bytes at each coarse bucket's own peak (-1: no event), to find a range's peak
            "range_peak": a.range_peak.tolist() if a.range_peak is not None else None,
            "class_by_range": {str(c): a.class_by_range[:, c].tolist()
-                              for c in np.flatnonzero(a.class_by_range.sum(0)).tolist()}}
+                              for c in np.flatnonzero(a.class_by_range.sum(0)).tolist()},
+           "class_bytes_by_range": {str(c): a.class_bytes_by_range[:, c].tolist()
+                                    for c in np.flatnonzero(a.class_bytes_by_range.sum(0)).tolist()},
+           # freed blocks by the bucket of their allocation: [buckets], [classes], [octaves],
+           # [blocks] per lifetime measure
+           "life_by_range": {kind: [(keys // (NCLASS * 66)).tolist(), (keys // 66 % NCLASS).tolist(),
+                                    (keys % 66).tolist(), blocks.tolist()]
+                             for kind, (keys, blocks) in a.life_by_range.items()}}
     out["divergence"] = _divergence(p, a, t0)
     return out
 

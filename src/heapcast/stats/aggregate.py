@@ -88,6 +88,10 @@ class ProcessAggregate:
     # over time (report)
     series: dict | None = None
     class_by_range: np.ndarray | None = None     # allocations per (coarse bucket, size class)
+    class_bytes_by_range: np.ndarray | None = None   # bytes allocated per (coarse bucket, class)
+    # freed blocks per (coarse bucket of the allocation, size class, lifetime octave), sparse:
+    # {"ns" | "events": (keys bucket * NCLASS * 66 + class * 66 + octave, sorted; blocks)}
+    life_by_range: dict | None = None
     loc_by_range: np.ndarray | None = None       # allocations per (coarse bucket, location id)
     # kept with loc_by_range, per (coarse bucket, location id; the last column takes inherited
     # blocks and ids beyond the table): temporary allocations and bytes never freed, by the bucket
@@ -143,6 +147,9 @@ class ProcessPass:
                 a.series["mapped_max"] = np.zeros(nb, np.int64)
                 self.mapped = 0
             a.class_by_range = np.zeros((max(self.coarse.n, 1), NCLASS), np.int64)
+            a.class_bytes_by_range = np.zeros((max(self.coarse.n, 1), NCLASS), np.int64)
+            empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            a.life_by_range = {"ns": empty, "events": empty}
             a.range_ts = np.zeros(max(self.coarse.n, 1), np.uint64)
             if max(self.coarse.n, 1) * nloc <= LOC_RANGE_CELLS:
                 shape = (max(self.coarse.n, 1), nloc)
@@ -270,6 +277,14 @@ class ProcessPass:
             sh.life_events_by_class += np.bincount(
                 scls * 66 + size_classes(life_events.astype(np.uint64)),
                 minlength=NCLASS * 66).reshape(NCLASS, 66)
+            bucket = np.minimum(src["index"] // self.coarse.width, self.coarse.n - 1) * (NCLASS * 66)
+            for kind, life in (("ns", ns), ("events", life_events)):
+                new, blocks = np.unique(bucket + scls * 66 + size_classes(life.astype(np.uint64)),
+                                        return_counts=True)
+                keys, counts = a.life_by_range[kind]
+                keys, at = np.unique(np.concatenate([keys, new]), return_inverse=True)
+                a.life_by_range[kind] = (keys, np.bincount(at.reshape(-1), weights=np.concatenate(
+                    [counts, blocks]).astype(np.float64)).astype(np.int64))
 
         # Blocks shadowed by a double acquire are never freed; last chunk's that were, after all,
         # were no double acquire.
@@ -360,6 +375,9 @@ class ProcessPass:
         nb = len(self.agg.class_by_range)
         self.agg.class_by_range += np.bincount(coarse * NCLASS + cls, minlength=nb * NCLASS)[
             :nb * NCLASS].reshape(nb, NCLASS)
+        self.agg.class_bytes_by_range += np.bincount(
+            coarse * NCLASS + cls, weights=sizes.astype(np.float64),
+            minlength=nb * NCLASS)[:nb * NCLASS].reshape(nb, NCLASS).astype(np.int64)
         ids, starts = self.coarse.segments(self.index, len(ev))
         self.agg.range_ts[ids] = ev["ts"][np.r_[starts[1:], len(ev)] - 1]
         lbr = self.agg.loc_by_range

@@ -122,6 +122,8 @@ function setRange(r) {
   RANGE = r;
   document.getElementById("range").textContent = r ? `time range ${r[0].toFixed(4)} – ${r[1].toFixed(4)} s (double-click the chart to reset)` : "whole run";
   drawSizes();
+  drawLifetimes("ns", "life-ns", "ns");
+  drawLifetimes("events", "life-events", "events");
   drawTable();
   drawFlame();
 }
@@ -251,11 +253,11 @@ let SIZE_BYTES = false;
 function drawSizes() {
   let classes = D.size_classes.map(c => c.class);
   let counts = D.size_classes.map(c => SIZE_BYTES ? c.bytes : c.count);
-  if (RANGE !== null && !SIZE_BYTES) {
+  if (RANGE !== null) {
     const byClass = {};
     for (const p of D.processes) {
       const sel = inRange(p.range_t);
-      for (const [c, row] of Object.entries(p.class_by_range))
+      for (const [c, row] of Object.entries(SIZE_BYTES ? p.class_bytes_by_range : p.class_by_range))
         byClass[c] = (byClass[c] || 0) + row.reduce((s, v, i) => s + (sel[i] ? v : 0), 0);
     }
     counts = classes.map(c => byClass[c] || 0);
@@ -263,7 +265,7 @@ function drawSizes() {
   const leak = Object.fromEntries(D.lifetimes.never_freed.map(c => [c.class, SIZE_BYTES ? c.bytes : c.count]));
   const fmt = SIZE_BYTES ? bytes : num;
   Plotly.react("sizes", [
-    { type: "bar", x: classes.map(classLabel), y: counts, name: SIZE_BYTES ? "bytes allocated" : (RANGE ? "allocations in range" : "allocations"),
+    { type: "bar", x: classes.map(classLabel), y: counts, name: (SIZE_BYTES ? "bytes allocated" : "allocations") + (RANGE ? " in range" : ""),
       marker: { color: "#2f6fdb" }, customdata: counts.map(fmt), hovertemplate: "%{x} B<br>%{customdata}<extra></extra>" },
     { type: "bar", x: classes.map(classLabel), y: classes.map(c => leak[c] || 0), name: "never freed",
       marker: { color: "#d9480f" }, customdata: classes.map(c => fmt(leak[c] || 0)), hovertemplate: "%{x} B<br>never freed %{customdata}<extra></extra>" },
@@ -272,13 +274,22 @@ function drawSizes() {
        yaxis: { title: SIZE_BYTES ? "bytes" : "blocks", type: "log", tickformat: ".2~s", dtick: 1 } }, CONFIG);
 }
 function drawLifetimes(key, div, unit) {
-  const L = D.lifetimes[key];
+  const L = { ...D.lifetimes[key] };
   if (!L.classes.length) { document.getElementById(div).textContent = "no block was freed"; return; }
+  const ranged = RANGE !== null && D.processes.every(p => p.life_by_range);
+  if (ranged) {   // the blocks allocated in the selected time range (and freed)
+    const row = new Map(L.classes.map((c, i) => [c, i])), lo = L.octaves[0];
+    L.counts = L.counts.map(r => r.map(() => 0));
+    for (const p of D.processes) {
+      const sel = inRange(p.range_t), [b, c, o, n] = p.life_by_range[key];
+      for (let k = 0; k < b.length; k++) if (sel[b[k]] && row.has(c[k])) L.counts[row.get(c[k])][o[k] - lo] += n[k];
+    }
+  }
   const x = L.octaves.map(o => o === 0 ? "0" : (unit === "ns" ? "≥" + dur(2 ** (o - 1)) : "≥" + (2 ** (o - 1)).toLocaleString("en-US")));
   Plotly.newPlot(div, [{ type: "heatmap", x, y: L.classes.map(c => classLabel(c) + " B"), z: L.counts.map(r => r.map(v => v ? Math.log10(v) : null)),
     customdata: L.counts, colorscale: "Viridis", hovertemplate: "size %{y}<br>lifetime %{x} " + (unit === "ns" ? "" : "events") + "<br>%{customdata:,} blocks<extra></extra>",
     colorbar: { title: "log10 blocks" } }],
-    { height: 400, margin: { l: 150, r: 10, t: 30, b: 80 }, title: { text: unit === "ns" ? "lifetime (time)" : "lifetime (events in between)", font: { size: 13 } },
+    { height: 400, margin: { l: 150, r: 10, t: 30, b: 80 }, title: { text: (unit === "ns" ? "lifetime (time)" : "lifetime (events in between)") + (ranged ? ", blocks allocated in the time range" : ""), font: { size: 13 } },
       xaxis: { title: unit === "ns" ? "lifetime" : "events", tickangle: -40 }, yaxis: { title: "" } }, CONFIG);
 }
 
