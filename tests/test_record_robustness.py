@@ -172,10 +172,8 @@ def test_trace_files_are_private(build, tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "t").st_mode) & 0o077 == 0
 
 
-def test_recorder_built_with_ubsan(build, own, tmp_path):
-    """The recorder compiled with -fsanitize=undefined (fatal) records threads, fork and signals
-    with stacks. (ASan cannot check it: ASan's runtime must come first in the preload list, and
-    then its malloc, not the recorder's, is what the program calls.)"""
+def _ubsan_recorder(tmp_path):
+    """The recorder (and its policy runtime) compiled with -fsanitize=undefined, fatal."""
     lib = tmp_path / "librecorder_ubsan.so"
     compiled = subprocess.run(
         ["gcc", "-std=gnu11", "-O1", "-g", "-shared", "-fPIC", "-fno-omit-frame-pointer",
@@ -185,6 +183,14 @@ def test_recorder_built_with_ubsan(build, own, tmp_path):
         capture_output=True, text=True)
     if compiled.returncode != 0:
         pytest.skip(f"cannot build with -fsanitize=undefined: {compiled.stderr.strip()[-200:]}")
+    return lib
+
+
+def test_recorder_built_with_ubsan(build, own, tmp_path):
+    """The recorder compiled with -fsanitize=undefined (fatal) records threads, fork and signals
+    with stacks. (ASan cannot check it: ASan's runtime must come first in the preload list, and
+    then its malloc, not the recorder's, is what the program calls.)"""
+    lib = _ubsan_recorder(tmp_path)
     for name in ("threads", "fork", "signal"):
         out = tmp_path / name
         out.mkdir()
@@ -218,3 +224,31 @@ def test_recorder_under_valgrind_memcheck(build, tmp_path, capfd):
     assert int(np.count_nonzero(workers["op"] == OP["calloc"])) == printed["calloc"]
     assert int(np.count_nonzero(workers["op"] == OP["realloc"])) == printed["realloc"]
     _replays_cleanly(guest)
+
+
+def test_online_table_policy_under_ubsan(build, tmp_path):
+    """A compiled table run online (next events, per thread, every event) by the recorder built
+    with -fsanitize=undefined, in a threaded program and a forking one: the live-block map grows
+    and is shared across threads, the lookups probe, the predictions are logged."""
+    from heapcast.forecast.train import train
+    from heapcast.policy import compile_policy
+    from heapcast.policy.online import read_predictions
+    lib = _ubsan_recorder(tmp_path)
+    for name in ("threads", "fork"):
+        first = heapcast.record([build(name)], output=tmp_path / f"{name}-a", progress=False)
+        assert first.exit_code == 0
+        model, table = tmp_path / f"{name}.safetensors", tmp_path / f"{name}.table"
+        train([tmp_path / f"{name}-a"], model, model="ngram", task="next")
+        compile_policy(model, table, kind="table", ctx=(8, 2), min_count=1)
+        out = tmp_path / name
+        out.mkdir()
+        env = dict(os.environ, LD_PRELOAD=str(lib), HEAPCAST_DIR=str(out), HEAPCAST_STACKS="0",
+                   HEAPCAST_POLICY=str(table), HEAPCAST_POLICY_EVERY="1",
+                   UBSAN_OPTIONS="print_stacktrace=1")
+        done = subprocess.run([build(name)], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "runtime error" not in done.stderr, done.stderr
+        preds = sorted(out.glob("*.pred"))
+        logged = sum(len(read_predictions(p)[1]) for p in preds)
+        assert logged > (1000 if name == "threads" else 0), (name, logged)
+        assert len(preds) == (1 if name == "threads" else len(list(out.glob("*.raw")))), name
+
