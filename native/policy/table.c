@@ -11,9 +11,9 @@
  * (site, token) backs off to (site), then (token). The table is one open-addressing array (linear
  * probing, load at most 1/2, 64-byte aligned) of 16-byte slots: key, list index and flags,
  * confidence. A probe reads the aligned bucket of 4 slots (a cache line) that holds the key's home
- * with no branch on which slot matched. A next/free stream computes the (site, token) key and
- * prefetches its slot as the event before the prediction is fed (hc_table_prepare), so that the
- * miss overlaps the program's own work.
+ * with no branch on which slot matched. A next/free stream computes the keys of its next lookup
+ * and prefetches their slots and filter words as the event before the prediction is fed
+ * (hc_table_prepare), so that the misses overlap the program's own work.
  */
 #include <stdio.h>
 #include <stdlib.h>
