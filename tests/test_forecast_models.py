@@ -14,10 +14,9 @@ from heapcast.forecast.protocols import split_masks
 from heapcast.forecast.tasks import make_task
 from heapcast.trace.format import CALLOC, EVENT_DTYPE, FREE, MALLOC
 from heapcast.trace.model import LocationTable, Process, Trace
+from model_configs import TINY
 
 torch = pytest.importorskip("torch")
-TINY = {"hidden": 32, "batch": 8, "bptt": 32, "lr": 0.01, "threads": 1, "embed": 16,
-        "site_embed": 8, "site_buckets": 64, "warmup": 32}
 
 
 def periodic_trace(periods=300):

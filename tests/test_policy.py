@@ -23,10 +23,9 @@ from heapcast.policy.compile import context_hash, table_key
 from heapcast.policy.evaluate import evaluate_policy, predict_streams
 from heapcast.policy.fileformat import ABI, cfg_array, write_policy
 from heapcast.policy.native import Policy, library
+from model_configs import TINY
 
 torch = pytest.importorskip("torch")
-TINY = {"hidden": 32, "batch": 8, "bptt": 32, "lr": 0.01, "threads": 1, "embed": 16,
-        "site_embed": 8, "site_buckets": 64, "warmup": 32}
 
 
 @pytest.fixture(scope="module")

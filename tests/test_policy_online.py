@@ -16,9 +16,8 @@ from heapcast.policy.evaluate import evaluate_policy
 from heapcast.policy.online import evaluate_online, read_predictions
 from heapcast.recording import RecordError
 from heapcast.trace.format import TraceError
+from model_configs import TINY
 
-TINY = {"hidden": 32, "batch": 8, "bptt": 32, "lr": 0.01, "threads": 1, "embed": 16,
-        "site_embed": 8, "site_buckets": 64, "warmup": 32}
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +46,21 @@ def test_table_policy_online_equals_offline(work, tmp_path):
     assert (np.diff(recs["seq"].astype(np.int64)) > 0).all()
     assert ((recs["label"][:, 0] >= 0) & (recs["label"][:, 0] < 6)).all()
     assert ((recs["conf"] > 0) & (recs["conf"] <= 1)).all()
+
+
+def test_next_event_table_online_equals_offline(work, tmp_path):
+    """A next-event table: the recorder's per-thread stream (predict, then feed and prepare the
+    next lookup) and `evaluate POLICY`'s whole-stream loop give the same predictions."""
+    train([work["a"]], tmp_path / "next.safetensors", model="ngram", task="next")
+    compile_policy(tmp_path / "next.safetensors", tmp_path / "next.table", kind="table",
+                   min_count=1)
+    r = heapcast.record([work["exe"], "2000", "2"], output=tmp_path / "b",
+                        policy=tmp_path / "next.table", progress=False)
+    assert r.exit_code == 0
+    online = evaluate_online(tmp_path / "b")
+    offline = evaluate_policy(tmp_path / "next.table", [tmp_path / "b"], "cross-run")
+    assert online["events"] == offline["events"] > 5000
+    assert online["top1"] == offline["top1"] and online["top5"] == offline["top5"]
 
 
 def test_rnn_policy_online_equals_offline_and_every_n(work, tmp_path, capsys):

@@ -57,8 +57,8 @@ def add_parsers(sub) -> None:
                         "longest first (default %(default)s; 0: none)")
     c.add_argument("--min-count", type=int, default=2, metavar="N",
                    help="table: keep a context key only if it was seen N times or more in the "
-                        "distilled rows (default 2; 1 keeps every context: tables 3-5x larger "
-                        "and slower, 0.2-0.4 points of top-1 better on jq and sqlite3)")
+                        "distilled rows (default 2; 1 keeps every context: tables 1.8-3.5x "
+                        "larger, 0.2-0.4 points of top-1 better on jq and sqlite3)")
     c.add_argument("--max-rows", type=int, default=2_000_000,
                    help="table: distil on at most N rows (default 2,000,000)")
     c.add_argument("--onnx", action="store_true",
