@@ -109,8 +109,8 @@ def named_traces(names) -> dict:
     """{column name: trace path}: corpus runs ("python-a"), "sqlite-workload", or paths."""
     import corpus
     out = {}
-    wanted = names or [f"{p.name}-{r}" for p in corpus.PROGRAMS for r in "ab"] + \
-        ["sqlite-workload"]
+    wanted = names or [f"{p.name}-{r}" for p in corpus.PROGRAMS if not p.extra
+                       for r in "ab"] + ["sqlite-workload"]
     have = corpus.ensure(None, quiet=True) if any("-" in n and not Path(n).exists()
                                                   and n != "sqlite-workload"
                                                   for n in wanted) else {}

@@ -197,3 +197,35 @@ def test_gru_on_two_runs_with_a_calibrated_trust(runs, tmp_path, capsys):
     assert np.allclose(m.net.cache_boost.detach().numpy(), cal["cache_boost"], atol=1e-3)
     assert cal["loss_last_epoch"] <= cal["loss_first_epoch"]
     assert main(["evaluate", str(model), str(runs["c"]), "--protocol", "cross-run"]) == 2
+
+
+def test_gru_chooses_memory_and_size_on_validation(runs, tmp_path, capsys, monkeypatch):
+    """Without --hidden, the recurrent size is the best of the probes on the validation run and
+    the in-run memory's orders the best of its candidates there; a size given is kept."""
+    pytest.importorskip("torch")
+    from heapcast.forecast import select
+    from heapcast.forecast.features import featurize
+    from heapcast.forecast.models import load_model
+    from heapcast.forecast.tasks import make_task
+    monkeypatch.setattr(select, "HIDDEN_CANDIDATES", (8, 16))
+    monkeypatch.setattr(select, "PROBE_EVENTS", 3000)
+    model = tmp_path / "g.safetensors"
+    s = run_json(capsys, "train", runs["a"], "-o", model, "--validate", runs["c"],
+                 "--batch", "8", "--threads", "1", "--set", "embed=8", "--json", "-q")
+    v = s["validation"]
+    hid, mem = v["hidden"], v["memory"]
+    assert [c["hidden"] for c in hid["candidates"]] == [8, 16]
+    assert hid["hidden"] == max(hid["candidates"], key=lambda c: c["top1"])["hidden"]
+    assert len(mem["candidates"]) == len(select.MEMORY_CANDIDATES)
+    assert mem["orders"] == max(mem["candidates"], key=lambda c: c["top1"])["orders"]
+    m = load_model(model)
+    assert m.config["hidden"] == hid["hidden"] and m.config["cache_orders"] == mem["orders"]
+    assert m.net.rnn.hidden_size == hid["hidden"]
+    # The memory's scores are recomputed from the validation run alone.
+    val = make_task(featurize([runs["c"]], "thread"), "next", "rich")
+    assert select.choose_memory(m, val) == (mem["orders"], mem["candidates"])
+    # A size the user gives is not chosen.
+    s = run_json(capsys, "train", runs["a"], "-o", tmp_path / "h.safetensors", "--validate",
+                 runs["c"], "--hidden", "12", "--batch", "8", "--threads", "1", "--json", "-q")
+    assert "hidden" not in s["validation"] and load_model(tmp_path / "h.safetensors") \
+        .config["hidden"] == 12

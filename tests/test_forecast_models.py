@@ -252,3 +252,56 @@ def test_top_k_is_best_first_lowest_index_on_ties(k):
     assert (np.diff(got, axis=1)[same] > 0).all()
     if k <= 2:
         assert (got == want).all()
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm", "transformer"])
+def test_threaded_step_is_the_single_thread_gradient(cell):
+    """A training step dealt to three worker threads (a group of segments each) leaves the same
+    gradient, loss and states as one thread over all segments, up to float rounding."""
+    from heapcast.forecast.models.rnn import StreamNet, _GroupPool, _group_step
+    cfg = {**TINY, "heads": 2, "layers": 1, "memory": 8, "dt_embed": 4, "hint_embed": 8}
+    torch.manual_seed(0)
+    net = StreamNet(cell, 20, 64, 64, 12, cfg, hints=True, caches=2)
+    g = torch.Generator().manual_seed(1)
+    t, b = 16, 9
+    chunk = [torch.randint(0, n, (t, b), generator=g) for n in (20, 64, 64, 13, 13, 8, 13, 13)]
+    lab = torch.randint(-1, 12, (t, b), generator=g)
+    params = list(net.parameters())
+    labelled = int((lab >= 0).sum())
+    results = []
+    for groups in ([(0, b)], [(0, 3), (3, 6), (6, 9)]):
+        pool = _GroupPool(len(groups))
+        try:
+            loss, states = _group_step(net, params, [*chunk, lab], [None] * len(groups), groups,
+                                       labelled, pool)
+        finally:
+            pool.close()
+        results.append((loss, [p.grad.clone() for p in params], states))
+    (loss1, grads1, _), (loss3, grads3, _) = results
+    assert loss1 == pytest.approx(loss3, rel=1e-6)
+    for a, c in zip(grads1, grads3):
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["gru", "transformer"])
+def test_two_training_threads_same_bytes_and_resume(tmp_path, feats, kind):
+    """With two training threads the same run writes the same bytes, and resuming from a
+    checkpoint (its state cut into the threads' groups) repeats the uninterrupted run."""
+    cfg = {**TINY, "threads": 2}
+    data = make_task(feats, "next", "rich")
+    runs = []
+    for _ in range(2):
+        m = create_model(kind, "next", "rich", cfg)
+        m.fit(data, np.ones(len(data), bool), epochs=2, progress=False)
+        runs.append(m.tensors())
+    ckpt = tmp_path / "run.ckpt"
+    first = create_model(kind, "next", "rich", cfg)
+    first.fit(data, np.ones(len(data), bool), epochs=2, max_steps=11, checkpoint=ckpt,
+              progress=False)
+    again = create_model(kind, "next", "rich", cfg)
+    again.fit(data, np.ones(len(data), bool), epochs=2, checkpoint=ckpt, resume=True,
+              progress=False)
+    runs.append(again.tensors())
+    for name, t in runs[0].items():
+        assert np.array_equal(t, runs[1][name]), name
+        assert np.array_equal(t, runs[2][name]), name

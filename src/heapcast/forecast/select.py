@@ -3,8 +3,10 @@
 `heapcast train A1 A2 --validate V -o M` learns from A1, A2 and chooses on V what a single run
 cannot tell: which n-gram context orders and whether call sites carry over to another input
 (`choose_ngram`: the n-gram model itself, or the n-gram whose hints the gru reads), and, for the
-gru, how far to trust those offline hints against its in-run memory (RNNModel.calibrate: the
-logit boosts of both, fitted on V). The test run is never read here; `heapcast evaluate` refuses
+gru, which context lengths its in-run memory keys on (`choose_memory`), its recurrent size
+(`choose_hidden`: small probe models, each scored on V) and how far to trust the offline hints
+against its in-run memory (RNNModel.calibrate: the logit boosts of both, fitted on V). A setting
+the user gave is kept, not chosen. The test run is never read here; `heapcast evaluate` refuses
 to score a model on its validation runs.
 """
 from __future__ import annotations
@@ -17,6 +19,13 @@ from .tasks import TaskData
 VALIDATION_ROWS = 200_000
 #: The longest context order of each n-gram candidate (the orders up to it are blended).
 ORDER_CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+#: Context lengths of the gru's in-run memory that choose_memory tries (the default first).
+MEMORY_CANDIDATES = ((4, 8, 16), (1, 2, 4), (2, 4, 8), (1, 4, 16), (8, 16, 32))
+#: Recurrent sizes that choose_hidden tries (the default first), on probes trained on at most
+#: PROBE_EVENTS training rows and scored on at most PROBE_ROWS validation rows.
+HIDDEN_CANDIDATES = (128, 64, 256)
+PROBE_EVENTS = 200_000
+PROBE_ROWS = 50_000
 
 
 def validation_rows(val: TaskData, limit: int = VALIDATION_ROWS) -> np.ndarray:
@@ -49,18 +58,83 @@ def choose_ngram(task: str, vocab: str, train: TaskData, train_mask: np.ndarray,
     return {"sites": best["sites"], "orders": best["orders"]}, candidates
 
 
-def tune_on_validation(model, data: TaskData, train_rows: np.ndarray, val: TaskData) -> dict:
-    """Sets into `model` (not yet fitted) the n-gram settings chosen on the validation data
-    `val`: its own (ngram) or its hints' (gru, lstm, transformer). Returns the record of the
-    choice (chosen settings, candidates, rows scored); call calibrate_on_validation after
-    fitting."""
+def choose_memory(model, val: TaskData, limit: int = VALIDATION_ROWS, candidates=None) -> tuple:
+    """(chosen in-run memory orders, every candidate with its validation top-1): each candidate
+    set of context lengths scored as the memory alone would predict on the validation run (the
+    label after the latest earlier occurrence of the longest of its contexts seen so far in the
+    run). It reads only the validation run, causally. Ties go to the earlier candidate."""
+    candidates = candidates or MEMORY_CANDIDATES
+    rows = validation_rows(val, limit)
+    if not len(rows):
+        raise ValueError("the validation runs have no labels of this task to choose on")
+    orders = sorted({m for c in candidates for m in c})
+    from .models.ngram import NGram
+    recent = NGram(model.task, model.vocab, {"sites": True, "orders": orders}) \
+        .recent_continuations(val.select(np.arange(len(val)) <= rows[-1]), orders)
+    y = val.labels[rows]
+    scored = []
+    for cand in candidates:
+        pred = np.full(len(rows), -1, np.int64)
+        for m in sorted(cand):              # longer contexts override shorter ones
+            lab = recent[m][rows]
+            pred = np.where(lab >= 0, lab, pred)
+        scored.append({"orders": list(cand), "top1": float(np.mean(pred == y))})
+    best = max(scored, key=lambda c: c["top1"])     # max keeps the first of equals
+    return best["orders"], scored
+
+
+def choose_hidden(model, data: TaskData, train_rows: np.ndarray, val: TaskData,
+                  candidates=None) -> tuple:
+    """(chosen recurrent size, every candidate with its validation top-1): for each size, a
+    probe of `model`'s kind and settings trained on at most PROBE_EVENTS of the training rows
+    (spread over them) and scored on the validation run's first PROBE_ROWS labelled rows. Ties
+    go to the earlier candidate."""
+    from .models import create_model
+    candidates = candidates or HIDDEN_CANDIDATES
+    rows = validation_rows(val, PROBE_ROWS)
+    y = val.labels[rows]
+    scored = []
+    for hidden in candidates:
+        probe = create_model(model.kind, model.task, model.vocab,
+                             {**model.config, "hidden": hidden})
+        probe.fit(data, train_rows, max_events=PROBE_EVENTS, progress=False)
+        top1 = float(np.mean(probe.predict(val, rows, 1)[:, 0] == y))
+        scored.append({"hidden": hidden, "top1": top1})
+    best = max(scored, key=lambda c: c["top1"])
+    return best["hidden"], scored
+
+
+def tune_on_validation(model, data: TaskData, train_rows: np.ndarray, val: TaskData,
+                       fixed=()) -> dict:
+    """Sets into `model` (not yet fitted) the settings chosen on the validation data `val`:
+    the n-gram's (ngram) or its hints' n-gram, the in-run memory's orders and the recurrent
+    size (gru, lstm, transformer), except the config keys in `fixed` (given by the user).
+    Returns the record of the choices (chosen settings, candidates, rows scored); call
+    calibrate_on_validation after fitting."""
     target = model.config if model.kind == "ngram" else model.config.get("ngram")
     if target is None:
         return {}
-    chosen, candidates = choose_ngram(model.task, model.vocab, data, train_rows, val,
-                                      {"topk": target.get("topk", 8)})
-    target.update(chosen)
-    return {"ngram": chosen, "candidates": candidates, "rows": int(len(validation_rows(val)))}
+    out = {}
+    if not ({"orders", "sites"} & set(fixed) if model.kind == "ngram" else "ngram" in fixed):
+        chosen, candidates = choose_ngram(model.task, model.vocab, data, train_rows, val,
+                                          {"topk": target.get("topk", 8)})
+        target.update(chosen)
+        out.update(ngram=chosen, candidates=candidates,
+                   rows=int(len(validation_rows(val))))
+    if model.kind == "ngram":
+        return out
+    if model.config.get("cache_orders") and "cache_orders" not in fixed \
+            and model.task != "lifetime":
+        orders, scored = choose_memory(model, val)
+        model.config["cache_orders"] = orders
+        out["memory"] = {"orders": orders, "candidates": scored}
+    if "hidden" not in fixed:
+        hidden, scored = choose_hidden(model, data, train_rows, val)
+        model.config["hidden"] = hidden
+        out["hidden"] = {"hidden": hidden, "candidates": scored,
+                         "probe_events": PROBE_EVENTS, "rows": int(len(validation_rows(
+                             val, PROBE_ROWS)))}
+    return out
 
 
 def calibrate_on_validation(model, val: TaskData) -> dict:

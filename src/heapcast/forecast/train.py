@@ -16,13 +16,15 @@ evaluate can refuse to score a model on what it was trained on.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
 from .dataset import load_features
-from .models import DEFAULT_MODEL, STREAM_MODELS, create_model, save_model
+from .models import (DEFAULT_MODEL, NEURAL, STREAM_MODELS, create_model, model_class,
+                     save_model)
 from .protocols import SPLITS, split_masks
 from .select import calibrate_on_validation, tune_on_validation
 from .tasks import DEFAULT_ORDER, TASKS, make_task
@@ -89,8 +91,11 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
         raise ValueError("epochs must be at least 1")
     vocab = vocab or default_vocab(model)
     order = order or DEFAULT_ORDER[task]
-    m = create_model(model, task, vocab, config)
+    importing = _import_in_background(model)
     feats = load_features(list(traces), order, need_ranks=task == "free")
+    if importing is not None:
+        importing.join()
+    m = create_model(model, task, vocab, config)
     data = make_task(feats, task, vocab)
     train_rows, _ = split_masks(data, split)
     if not (train_rows & (data.labels >= 0)).any():
@@ -98,7 +103,7 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     validation, val = None, None
     if validate:
         val, validation = _choose_on_validation(m, list(validate), feats, data, train_rows,
-                                                order)
+                                                order, fixed=set(config or {}))
     output = Path(output)
     options = {"epochs": epochs, "max_steps": max_steps, "progress": progress}
     if m.kind in STREAM_MODELS:
@@ -123,7 +128,27 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
             "world": int(os.environ.get("WORLD_SIZE", "1")), **training}
 
 
-def _choose_on_validation(m, validate: list, feats, data, train_rows, order: str):
+def _import_in_background(model: str):
+    """For a neural model, starts importing torch, the model's module and torch._dynamo (which
+    torch.optim imports when an optimizer is made: 1.5-3 s) on a thread while the traces load;
+    returns the thread (None for other models). An import error is left to the main thread,
+    which meets it again and reports it."""
+    if model not in NEURAL:
+        return None
+
+    def work():
+        try:
+            model_class(model)
+            import torch._dynamo  # noqa: F401
+        except Exception:
+            pass
+
+    thread = threading.Thread(target=work, name="heapcast-import", daemon=True)
+    thread.start()
+    return thread
+
+
+def _choose_on_validation(m, validate: list, feats, data, train_rows, order: str, fixed=()):
     """Loads the validation runs, refuses ones that are also training runs, and sets the
     settings chosen on them into model `m` (select.tune_on_validation); returns (their
     TaskData, the summary's `validation` record)."""
@@ -133,7 +158,8 @@ def _choose_on_validation(m, validate: list, feats, data, train_rows, order: str
     if same:
         raise ValueError(f"{', '.join(same)}: a training run cannot be a validation run too")
     val = make_task(vfeats, m.task, m.vocab)
-    return val, {"traces": vfeats.sources, **tune_on_validation(m, data, train_rows, val)}
+    return val, {"traces": vfeats.sources,
+                 **tune_on_validation(m, data, train_rows, val, fixed)}
 
 
 def _end_distributed() -> None:

@@ -138,6 +138,91 @@ def _detach(state):
     return tuple(s.detach() for s in state) if isinstance(state, tuple) else state.detach()
 
 
+def _thread_groups(batch: int, threads: int) -> list:
+    """Column ranges [lo, hi) dealing `batch` segments into up to `threads` equal groups."""
+    n = max(1, min(threads, batch))
+    edges = [batch * i // n for i in range(n + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _split_state(state, groups: list, dim: int) -> list:
+    """A recurrent state over all segments (segments along `dim`), cut into one per group
+    (None stays None)."""
+    if state is None:
+        return [None] * len(groups)
+    if isinstance(state, tuple):
+        return [tuple(s.narrow(dim, lo, hi - lo) for s in state) for lo, hi in groups]
+    return [state.narrow(dim, lo, hi - lo) for lo, hi in groups]
+
+
+def _join_state(states: list, dim: int):
+    """The inverse of _split_state."""
+    if states[0] is None:
+        return None
+    if isinstance(states[0], tuple):
+        return tuple(torch.cat(parts, dim) for parts in zip(*states))
+    return torch.cat(states, dim)
+
+
+class _GroupPool:
+    """Worker threads for _group_step, each set to one torch thread (the OpenMP thread count
+    is per calling thread); none for a single group."""
+
+    def __init__(self, n: int):
+        from concurrent.futures import ThreadPoolExecutor
+        self.threads = torch.get_num_threads()     # the workers' setting leaks to this thread
+        self.pool = ThreadPoolExecutor(n, initializer=torch.set_num_threads, initargs=(1,)) \
+            if n > 1 else None
+
+    def map(self, fn, items: list) -> list:
+        if self.pool is None:
+            return [fn(item) for item in items]
+        return [f.result() for f in [self.pool.submit(fn, item) for item in items]]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            torch.set_num_threads(self.threads)
+
+
+def _group_step(net, params: list, chunk: list, states: list, groups: list, labelled: int,
+                pool: _GroupPool):
+    """One training step, each group of segments on its own thread: sets every parameter's
+    .grad to the gradient of the step's mean loss over its `labelled` rows; returns (that loss,
+    the groups' new states)."""
+    def run(i):
+        lo, hi = groups[i]
+        *xs, lb = (t[:, lo:hi] for t in chunk)
+        logits, state = net(*xs, state=states[i])
+        if not labelled:
+            return None, 0.0, _detach(state)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), lb.reshape(-1),
+                                           ignore_index=-1, reduction="sum")
+        grads = torch.autograd.grad(loss / labelled, params, allow_unused=True)
+        return grads, float(loss.detach()), _detach(state)
+
+    out = pool.map(run, range(len(groups)))
+    if labelled:
+        for j, p in enumerate(params):      # in group order: the same sum on every run
+            parts = [g[j] for g, _, _ in out if g[j] is not None]
+            p.grad = sum(parts[1:], parts[0].clone()) if parts else None
+    return sum(loss for _, loss, _ in out) / max(labelled, 1), [st for _, _, st in out]
+
+
+def _ddp_step(net, chunk: list, state, labelled: int):
+    """One training step under torchrun: every rank joins DDP's gradient exchange, even one
+    whose chunk has no labels. Returns (the mean loss, the new state)."""
+    *xs, lb = chunk
+    logits, state = net(*xs, state=state)
+    if labelled:
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                           lb.reshape(-1), ignore_index=-1)
+    else:
+        loss = logits.sum() * 0.0
+    loss.backward()
+    return float(loss.detach()), _detach(state)
+
+
 class RNNModel(Model):
     """Stateful GRU (kind "gru", the default model) or LSTM (kind "lstm")."""
 
@@ -333,40 +418,53 @@ class RNNModel(Model):
             net = nn.parallel.DistributedDataParallel(
                 self.net, device_ids=[torch.device(device).index] if device.startswith("cuda")
                 else None)
+        # On CPU without torchrun, the step's segments are dealt to `threads` Python threads,
+        # one torch thread each: the step's ops are too small for torch's own intra-op threads
+        # (2 of them ran no faster than 1), while two halves of the batch run in parallel in
+        # 0.55-0.6x the time. The gradient is the same sum, added in a fixed order.
+        groups = _thread_groups(grid.shape[1], int(c.get("threads") or 1)) \
+            if world == 1 and device == "cpu" else [(0, grid.shape[1])]
+        params = list(self.net.parameters())
         step, state, losses = 0, None, []
         if resume and checkpoint is not None and os.path.exists(checkpoint):
             step, state = _load_checkpoint(checkpoint, self, opt, device)
+        # Segments run along dim 1 of a GRU/LSTM state, dim 0 of a Transformer's memory.
+        seg_dim = 0 if self.cell == "transformer" else 1
+        states = _split_state(state, groups, seg_dim)
         from tqdm import tqdm
         bar = tqdm(total=stop, initial=step, desc=f"train {self.kind}", unit="step",
                    disable=not progress or rank != 0, file=sys.stderr, leave=False)
+        pool = _GroupPool(len(groups))
         events = 0
-        while step < stop:
-            s = (step % steps_per_epoch) * c["bptt"]
-            if s == 0:
-                state = None
-            for g in opt.param_groups:           # linear decay to 10% of the rate
-                g["lr"] = c["lr"] * (1.0 - 0.9 * step / total)
-            *xs, lb = (t[s:s + c["bptt"]] for t in tensors)
-            logits, state = net(*xs, state=state)
-            state = _detach(state)
-            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                               lb.reshape(-1), ignore_index=-1)
-            opt.zero_grad(set_to_none=True)
-            labelled = bool((lb >= 0).any())
-            if not labelled and world > 1:
-                loss = logits.sum() * 0.0   # every rank must join DDP's gradient exchange
-            if labelled or world > 1:
-                loss.backward()
-                nn.utils.clip_grad_norm_(self.net.parameters(), c["clip"])
-                opt.step()
-            if labelled:
-                losses.append(float(loss.detach()))
-            events += int(rows_per_step[step % steps_per_epoch])
-            step += 1
-            bar.update()
-            if checkpoint is not None and rank == 0 and (step % steps_per_epoch == 0
-                                                         or step == stop):
-                _save_checkpoint(checkpoint, self, opt, step, state)
+        try:
+            while step < stop:
+                s = (step % steps_per_epoch) * c["bptt"]
+                if s == 0:
+                    states = [None] * len(groups)
+                for g in opt.param_groups:           # linear decay to 10% of the rate
+                    g["lr"] = c["lr"] * (1.0 - 0.9 * step / total)
+                chunk = [t[s:s + c["bptt"]] for t in tensors]
+                labelled = int((chunk[-1] >= 0).sum())
+                opt.zero_grad(set_to_none=True)
+                if world > 1:
+                    loss, states[0] = _ddp_step(net, chunk, states[0], labelled)
+                else:
+                    loss, states = _group_step(self.net, params, chunk, states, groups,
+                                               labelled, pool)
+                if labelled or world > 1:
+                    nn.utils.clip_grad_norm_(params, c["clip"])
+                    opt.step()
+                if labelled:
+                    losses.append(loss)
+                events += int(rows_per_step[step % steps_per_epoch])
+                step += 1
+                bar.update()
+                if checkpoint is not None and rank == 0 and (step % steps_per_epoch == 0
+                                                             or step == stop):
+                    _save_checkpoint(checkpoint, self, opt, step,
+                                     _join_state(states, seg_dim))
+        finally:
+            pool.close()
         bar.close()
         return training_summary(events * world, time.perf_counter() - t0, losses,
                                 rows=int(len(lab)), steps=int(stop), epochs=epochs)
