@@ -2,10 +2,12 @@
 Python line that allocated it (tests/programs/python/lines.py marks its lines "# at: NAME")."""
 from __future__ import annotations
 
+import glob
+import os
 import re
 import subprocess
 import sys
-import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +24,62 @@ PYFRAMES_H = Path(__file__).parents[1] / "native" / "recorder" / "pyframes.h"
 LINES = {m.group(1): i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1)
          if (m := re.search(r"# at: (\w+)", text))}
 
-pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11) or hasattr(sys, "gettotalrefcount"),
-                                reason="Python frames are read from CPython 3.11 release builds")
 
 
-def record(tmp_path, *what, pymalloc=True, **kw):
+@dataclass(frozen=True)
+class Py:
+    """A CPython that the recorder reads the frames of."""
+    exe: str
+    minor: int
+    include: str      # its headers (with internal/ where installed)
+
+    @property
+    def listcomp(self) -> str:
+        """The function a list comprehension runs in: its own before 3.12 (PEP 709 inlines it)."""
+        return "listcomp.<locals>.<listcomp>" if self.minor < 12 else "listcomp"
+
+
+def _interpreters() -> list:
+    """pytest params: this Python and, where installed, CPython 3.11, 3.12 and 3.13 (release
+    builds; pyenv's, or on PATH); one not found is a skipped param."""
+    roots = [os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv")]
+    params, seen = [], set()
+    for minor in (11, 12, 13):
+        found = [sys.executable] if sys.version_info[:2] == (3, minor) else []
+        for root in filter(None, roots):
+            found += sorted(glob.glob(f"{root}/versions/3.{minor}.*/bin/python3.{minor}"))
+        found.append(f"python3.{minor}")
+        py = None
+        for exe in found:
+            try:
+                out = subprocess.run([exe, "-c", "import sys, sysconfig; print(sys.version_info[1], "
+                                      "hasattr(sys, 'gettotalrefcount') or "
+                                      "bool(sysconfig.get_config_var('Py_GIL_DISABLED')), "
+                                      "sysconfig.get_paths()['include'])"],
+                                     capture_output=True, text=True, timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            fields = out.stdout.split(" ", 2) if out.returncode == 0 else []
+            if len(fields) == 3 and int(fields[0]) == minor and fields[1] == "False":
+                py = Py(exe, minor, fields[2].strip())
+                break
+        if py is not None and py.exe not in seen:
+            seen.add(py.exe)
+            params.append(pytest.param(py, id=f"3.{minor}"))
+        else:
+            params.append(pytest.param(None, id=f"3.{minor}", marks=pytest.mark.skip(
+                reason=f"no CPython 3.{minor} release build here")))
+    return params
+
+
+@pytest.fixture(scope="module", params=_interpreters())
+def py(request) -> Py:
+    return request.param
+
+
+def record(tmp_path, py: Py, *what, pymalloc=True, **kw):
     env = {} if pymalloc else {"PYTHONMALLOC": "malloc"}
-    r = heapcast.record([sys.executable, SCRIPT, *what], output=tmp_path / "t", env=env,
+    r = heapcast.record([py.exe, SCRIPT, *what], output=tmp_path / "t", env=env,
                         progress=False, **kw)
     assert r.exit_code == 0
     trace = heapcast.load(r.path)
@@ -65,62 +116,80 @@ def assert_at(p, e, name: str, function: str) -> None:
     assert (Path(s.module).name, s.offset, s.function) == (SCRIPT.name, LINES[name], function)
 
 
-def test_layout_matches_the_interpreter_headers(tmp_path):
-    """pyframes.h's CPython 3.11 offsets are the interpreter's own (its internal headers)."""
-    include = Path(sysconfig.get_paths()["include"])
+#: pyframes.h's PY_LAYOUT fields as each version's headers name them (None: not in it).
+HEADER_FIELDS = {
+    "rt_finalizing": ("offsetof(_PyRuntimeState, _finalizing)",) * 3,
+    "rt_tstate_current": ("offsetof(_PyRuntimeState, gilstate.tstate_current)", None, None),
+    "ts_thread_id": ("offsetof(PyThreadState, thread_id)",) * 3,
+    "ts_cframe": ("offsetof(PyThreadState, cframe)",) * 2 + (None,),
+    "cf_current": ("offsetof(_PyCFrame, current_frame)",) * 2 + (None,),
+    "ts_current_frame": (None, None, "offsetof(PyThreadState, current_frame)"),
+    "fr_code": ("offsetof(_PyInterpreterFrame, f_code)",) * 2
+               + ("offsetof(_PyInterpreterFrame, f_executable)",),
+    "fr_previous": ("offsetof(_PyInterpreterFrame, previous)",) * 3,
+    "fr_instr": ("offsetof(_PyInterpreterFrame, prev_instr)",) * 2
+                + ("offsetof(_PyInterpreterFrame, instr_ptr)",),
+    "fr_is_entry": ("offsetof(_PyInterpreterFrame, is_entry)", None, None),
+    "fr_owner": ("offsetof(_PyInterpreterFrame, owner)",) * 3,
+    "co_filename": ("offsetof(PyCodeObject, co_filename)",) * 3,
+    "co_qualname": ("offsetof(PyCodeObject, co_qualname)",) * 3,
+    "co_linetable": ("offsetof(PyCodeObject, co_linetable)",) * 3,
+    "co_firsttraceable": ("offsetof(PyCodeObject, _co_firsttraceable)",) * 3,
+    "co_code": ("offsetof(PyCodeObject, co_code_adaptive)",) * 3,
+    "str_length": ("offsetof(PyASCIIObject, length)",) * 3,
+    "str_state": ("offsetof(PyASCIIObject, state)",) * 3,
+    "str_ascii_data": ("sizeof(PyASCIIObject)",) * 3,
+    "str_data": ("sizeof(PyCompactUnicodeObject)",) * 3,
+}
+
+
+def test_layout_matches_the_interpreter_headers(py, tmp_path):
+    """pyframes.h's offsets for this CPython version are the interpreter's own (its internal
+    headers), and so are the frame owner values it reads."""
+    include = Path(py.include)
     if not (include / "internal" / "pycore_frame.h").exists():
         pytest.skip("this Python has no internal headers")
-    fields = {
-        "PY_RT_TSTATE_CURRENT": "offsetof(_PyRuntimeState, gilstate.tstate_current)",
-        "PY_RT_FINALIZING": "offsetof(_PyRuntimeState, _finalizing)",
-        "PY_TS_CFRAME": "offsetof(PyThreadState, cframe)",
-        "PY_TS_THREAD_ID": "offsetof(PyThreadState, thread_id)",
-        "PY_CF_CURRENT": "offsetof(_PyCFrame, current_frame)",
-        "PY_FR_CODE": "offsetof(_PyInterpreterFrame, f_code)",
-        "PY_FR_PREVIOUS": "offsetof(_PyInterpreterFrame, previous)",
-        "PY_FR_PREV_INSTR": "offsetof(_PyInterpreterFrame, prev_instr)",
-        "PY_FR_IS_ENTRY": "offsetof(_PyInterpreterFrame, is_entry)",
-        "PY_FR_OWNER": "offsetof(_PyInterpreterFrame, owner)",
-        "PY_OWNED_BY_GENERATOR": "FRAME_OWNED_BY_GENERATOR",
-        "PY_CO_FIRSTLINENO": "offsetof(PyCodeObject, co_firstlineno)",
-        "PY_CO_FILENAME": "offsetof(PyCodeObject, co_filename)",
-        "PY_CO_QUALNAME": "offsetof(PyCodeObject, co_qualname)",
-        "PY_CO_LINETABLE": "offsetof(PyCodeObject, co_linetable)",
-        "PY_CO_FIRSTTRACEABLE": "offsetof(PyCodeObject, _co_firsttraceable)",
-        "PY_CO_CODE": "offsetof(PyCodeObject, co_code_adaptive)",
-        "PY_STR_LENGTH": "offsetof(PyASCIIObject, length)",
-        "PY_STR_STATE": "offsetof(PyASCIIObject, state)",
-        "PY_STR_ASCII_DATA": "sizeof(PyASCIIObject)",
-        "PY_STR_DATA": "sizeof(PyCompactUnicodeObject)",
-    }
+    table = {m.group(1): [int(m.group(k)) for k in (2, 3, 4)] for m in re.finditer(
+        r"X\((\w+), (-?\d+), (-?\d+), (-?\d+)\)", PYFRAMES_H.read_text())}
+    assert set(table) == set(HEADER_FIELDS)
+    k = py.minor - 11
+    asserts = []
+    for name, exprs in HEADER_FIELDS.items():
+        if exprs[k] is None:
+            assert table[name][k] == -1, name
+        else:
+            asserts.append(f'_Static_assert({exprs[k]} == {table[name][k]}, "{name}");')
+    owners = {"PY_OWNED_BY_GENERATOR": "FRAME_OWNED_BY_GENERATOR"}
+    if py.minor >= 12:
+        owners["PY_OWNED_BY_CSTACK"] = "FRAME_OWNED_BY_CSTACK"
     defined = dict(re.findall(r"#define (PY_\w+) (\d+)", PYFRAMES_H.read_text()))
-    assert set(fields) <= set(defined)
+    asserts += [f'_Static_assert({expr} == {defined[name]}, "{name}");'
+                for name, expr in owners.items()]
+    asserts.append(f'_Static_assert(offsetof(PyObject, ob_type) == {defined["PY_OB_TYPE"]}, "ob");')
     src = tmp_path / "layout.c"
     src.write_text("#define Py_BUILD_CORE 1\n#include <Python.h>\n#include <internal/pycore_frame.h>\n"
-                   "#include <internal/pycore_runtime.h>\n"
-                   "#include <stddef.h>\n" + "".join(
-                       f'_Static_assert({expr} == {defined[name]}, "{name}");\n'
-                       for name, expr in fields.items()))
+                   "#include <internal/pycore_runtime.h>\n#include <stddef.h>\n"
+                   + "\n".join(asserts) + "\n")
     done = subprocess.run(["gcc", "-fsyntax-only", f"-I{include}", str(src)], capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("pymalloc", [True, False], ids=["pymalloc", "PYTHONMALLOC=malloc"])
-def test_known_lines_end_to_end(tmp_path, pymalloc):
-    trace = record(tmp_path, "basic", pymalloc=pymalloc)
+def test_known_lines_end_to_end(py, tmp_path, pymalloc):
+    trace = record(tmp_path, py, "basic", pymalloc=pymalloc)
     (p, e), = blocks_of_size(trace, 100_004)
     assert_at(p, e, "dict_big", "dict_growth")
     comps = blocks_of_size(trace, 1002)
     assert len(comps) >= 300
     for p, e in comps[-300:]:
-        assert_at(p, e, "listcomp", "listcomp.<locals>.<listcomp>")
+        assert_at(p, e, "listcomp", py.listcomp)
     # stats: the script's own lines among the top call sites
     d = heapcast.stats(trace, top=50)
     named = {(Path(s["module"]).name, s["offset"], s["function"]): s
              for s in d["top_callsites_by_bytes"] if s["python"]}
     assert named[(SCRIPT.name, LINES["dict_big"], "dict_growth")]["bytes"] >= 100_004
-    assert named[(SCRIPT.name, LINES["listcomp"], "listcomp.<locals>.<listcomp>")]["count"] >= 300
+    assert named[(SCRIPT.name, LINES["listcomp"], py.listcomp)]["count"] >= 300
     assert named[(SCRIPT.name, LINES["dict"], "dict_growth")]["bytes"] > 50_000  # its resizes
     assert f"{SCRIPT}:{LINES['dict_big']}" in format_stats(d)
     # without --stacks a location still holds the Python stack: the program's own lines under
@@ -132,8 +201,8 @@ def test_known_lines_end_to_end(tmp_path, pymalloc):
     assert not any(s["module"].startswith("<frozen") for s in d["top_program_lines_by_bytes"])
 
 
-def test_threads_each_see_their_own_frames(tmp_path):
-    trace = record(tmp_path, "threads")
+def test_threads_each_see_their_own_frames(py, tmp_path):
+    trace = record(tmp_path, py, "threads")
     tids = set()
     for k in range(4):
         found = blocks_of_size(trace, 70_001 + k)
@@ -144,8 +213,8 @@ def test_threads_each_see_their_own_frames(tmp_path):
     assert len(tids) == 4 and 0 not in tids   # four threads, none of them the main one
 
 
-def test_generator_and_async(tmp_path):
-    trace = record(tmp_path, "gen")
+def test_generator_and_async(py, tmp_path):
+    trace = record(tmp_path, py, "gen")
     for i in range(3):
         (p, e), = blocks_of_size(trace, 110_002 + i)
         assert_at(p, e, "gen", "gen")
@@ -156,8 +225,8 @@ def test_generator_and_async(tmp_path):
 
 
 @pytest.mark.parametrize("unwind", ["fp", "dwarf"])
-def test_exception_unwinds_frames_in_stacks(tmp_path, unwind):
-    trace = record(tmp_path, "exc", stacks=24, unwind=unwind)
+def test_exception_unwinds_frames_in_stacks(py, tmp_path, unwind):
+    trace = record(tmp_path, py, "exc", stacks=24, unwind=unwind)
     (p, e), = blocks_of_size(trace, 140_002)
     assert [s.function for s in frames_of(p, e["loc"])] == ["deep"] * 6 + ["catcher", "main",
                                                                            "<module>"]
@@ -171,8 +240,8 @@ def test_exception_unwinds_frames_in_stacks(tmp_path, unwind):
         assert names.index("<module>") < names.index("PyEval_EvalCode")
 
 
-def test_fork_and_exec(tmp_path):
-    trace = record(tmp_path, "fork", "exec")
+def test_fork_and_exec(py, tmp_path):
+    trace = record(tmp_path, py, "fork", "exec")
     (child, e), = blocks_of_size(trace, 160_002)
     assert child.forked_from and child.pid != trace.processes[0].pid
     assert_at(child, e, "child", "child_work")
@@ -181,8 +250,8 @@ def test_fork_and_exec(tmp_path):
     assert_at(p, e, "catcher", "catcher")
 
 
-def test_c_extension_and_subinterpreter(tmp_path):
-    trace = record(tmp_path, "ext", "sub")
+def test_c_extension_and_subinterpreter(py, tmp_path):
+    trace = record(tmp_path, py, "ext", "sub")
     p = trace.processes[0]
     ev = p.events
     at_zlib = [i for i in np.flatnonzero(np.isin(ev["op"], ALLOC_OPS))
@@ -195,22 +264,22 @@ def test_c_extension_and_subinterpreter(tmp_path):
     assert (s.module, s.function, s.offset) == ("<string>", "<module>", 1)
 
 
-def test_daemon_threads_allocating_while_the_interpreter_exits(tmp_path):
+def test_daemon_threads_allocating_while_the_interpreter_exits(py, tmp_path):
     """Py_Finalize frees the thread states of daemon threads that still run C code: the recorder
     stops reading Python frames then, and the program exits as it would untraced."""
     for k in range(3):
         (tmp_path / str(k)).mkdir()
-        trace = record(tmp_path / str(k), "daemon")
+        trace = record(tmp_path / str(k), py, "daemon")
         assert trace.processes[0].clean_exit
 
 
-def test_parquet_export_resolves_python_call_sites(tmp_path):
+def test_parquet_export_resolves_python_call_sites(py, tmp_path):
     import json
 
     import pyarrow.parquet as pq
 
     from heapcast.export import export_parquet
-    trace = record(tmp_path, "basic")
+    trace = record(tmp_path, py, "basic")
     table = pq.read_table(export_parquet(trace, tmp_path / "e.parquet"))
     frames = {k: (file, func, line) for k, file, func, line in
               json.loads(table.schema.metadata[b"heapcast.python_frames"])[0]}
@@ -220,22 +289,22 @@ def test_parquet_export_resolves_python_call_sites(tmp_path):
     assert frames[site & 0xFFFFFFFF] == (str(SCRIPT), "dict_growth", LINES["dict_big"])
 
 
-def test_no_python_records_native_call_sites(tmp_path):
-    trace = record(tmp_path, "basic", python=False)
+def test_no_python_records_native_call_sites(py, tmp_path):
+    trace = record(tmp_path, py, "basic", python=False)
     p = trace.processes[0]
     assert not p.python_frames and not is_python_frame(p.locations.flat).any()
     (p, e), = blocks_of_size(trace, 100_004)
     assert p.locations.frames(int(e["loc"]))[0] != 0
 
 
-def test_forecast_keys_of_python_call_sites_are_stable_across_runs(tmp_path):
+def test_forecast_keys_of_python_call_sites_are_stable_across_runs(py, tmp_path):
     """dataset/train/lab key call sites by location_keys: a Python line keys the same in every
     run (file name, function, line; not addresses), and different lines key differently."""
     from heapcast.forecast.features import location_keys
     keys = []
     for run in ("a", "b"):
         (tmp_path / run).mkdir()
-        trace = record(tmp_path / run, "basic")
+        trace = record(tmp_path / run, py, "basic")
         (p, big), = blocks_of_size(trace, 100_004)
         (_, comp) = blocks_of_size(trace, 1002)[-1]
         site_keys, _ = location_keys(p)

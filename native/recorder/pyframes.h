@@ -7,11 +7,12 @@
  * shadow stack costs a callback on every Python call and return (bench/record_overhead.py
  * --python measures both) and must be kept right by hand through every one of those cases.
  *
- * The price is that the layout is version-specific. This file knows CPython 3.11 (offsets checked
- * against the interpreter's internal headers by tests/test_python_callsites.py); another version
- * or a debug build (another object header) is detected at start and then only native call
- * sites are recorded. Reading a frame of the calling thread is safe without the GIL: only that
- * thread pushes and pops its frames, and while it is inside malloc it does neither.
+ * The price is that the layout is version-specific. This file knows CPython 3.11, 3.12 and 3.13
+ * (offsets checked against each interpreter's internal headers by tests/test_python_callsites.py);
+ * another version, a debug or a free-threaded build (another object header) is detected at start
+ * and then only native call sites are recorded. Reading a frame of the calling thread is safe
+ * without the GIL: only that thread pushes and pops its frames, and while it is inside malloc it
+ * does neither.
  *
  * Included by recorder.c only. */
 #ifndef HEAPCAST_PYFRAMES_H
@@ -20,28 +21,51 @@
 #include <link.h>
 #include <stdint.h>
 
-/* CPython 3.11 (64-bit, release build). */
-#define PY_RT_FINALIZING 24      /* _PyRuntime._finalizing: set when Py_Finalize starts */
-#define PY_RT_TSTATE_CURRENT 576 /* _PyRuntime.gilstate.tstate_current: the GIL holder's state */
-#define PY_TS_CFRAME 56          /* PyThreadState.cframe (_PyCFrame *) */
-#define PY_TS_THREAD_ID 152      /* PyThreadState.thread_id (pthread_self of its thread) */
-#define PY_CF_CURRENT 8          /* _PyCFrame.current_frame (_PyInterpreterFrame *) */
-#define PY_FR_CODE 32            /* _PyInterpreterFrame.f_code */
-#define PY_FR_PREVIOUS 48        /* _PyInterpreterFrame.previous */
-#define PY_FR_PREV_INSTR 56      /* _PyInterpreterFrame.prev_instr (_Py_CODEUNIT *) */
-#define PY_FR_IS_ENTRY 68        /* _PyInterpreterFrame.is_entry (bool): first frame of a C call */
-#define PY_FR_OWNER 69           /* _PyInterpreterFrame.owner (char) */
-#define PY_OWNED_BY_GENERATOR 1
-#define PY_CO_FIRSTLINENO 72     /* PyCodeObject.co_firstlineno (int) */
-#define PY_CO_FILENAME 112       /* PyCodeObject.co_filename (str) */
-#define PY_CO_QUALNAME 128       /* PyCodeObject.co_qualname (str) */
-#define PY_CO_LINETABLE 136      /* PyCodeObject.co_linetable (bytes) */
-#define PY_CO_FIRSTTRACEABLE 168 /* PyCodeObject._co_firsttraceable (int, code units) */
-#define PY_CO_CODE 184           /* PyCodeObject.co_code_adaptive (the bytecode) */
-#define PY_STR_LENGTH 16         /* PyASCIIObject.length (code points) */
-#define PY_STR_STATE 32          /* PyASCIIObject.state bit field: kind 2..4, compact 5, ascii 6 */
-#define PY_STR_ASCII_DATA 48     /* sizeof(PyASCIIObject): compact ASCII text follows */
-#define PY_STR_DATA 72           /* sizeof(PyCompactUnicodeObject); for legacy strings, data.any */
+/* The layouts (64-bit release builds): field, offset in 3.11, 3.12, 3.13 (-1: not in that
+ * version). Where the thread's frame chain starts: 3.11 and 3.12 PyThreadState.cframe ->
+ * _PyCFrame.current_frame, 3.13 PyThreadState.current_frame. A frame's instruction: 3.11 and
+ * 3.12 prev_instr, 3.13 instr_ptr (both the instruction that is running a call); its code:
+ * f_code, 3.13 f_executable. */
+#define PY_LAYOUT(X)                                                                              \
+    X(rt_finalizing, 24, 24, 608)      /* _PyRuntime._finalizing: set when Py_Finalize starts */ \
+    X(rt_tstate_current, 576, -1, -1)  /* _PyRuntime.gilstate.tstate_current: the GIL holder */ \
+    X(ts_thread_id, 152, 136, 152)     /* PyThreadState.thread_id (pthread_self) */              \
+    X(ts_cframe, 56, 56, -1)           /* PyThreadState.cframe (_PyCFrame *) */                  \
+    X(cf_current, 8, 0, -1)            /* _PyCFrame.current_frame */                             \
+    X(ts_current_frame, -1, -1, 72)    /* PyThreadState.current_frame */                         \
+    X(fr_code, 32, 0, 0)               /* _PyInterpreterFrame.f_code / f_executable */           \
+    X(fr_previous, 48, 8, 8)           /* _PyInterpreterFrame.previous */                        \
+    X(fr_instr, 56, 56, 56)            /* _PyInterpreterFrame.prev_instr / instr_ptr */          \
+    X(fr_is_entry, 68, -1, -1)         /* _PyInterpreterFrame.is_entry: first of a C call */     \
+    X(fr_owner, 69, 70, 70)            /* _PyInterpreterFrame.owner (char) */                    \
+    X(co_filename, 112, 112, 112)      /* PyCodeObject.co_filename (str) */                      \
+    X(co_qualname, 128, 128, 128)      /* PyCodeObject.co_qualname (str) */                      \
+    X(co_linetable, 136, 136, 136)     /* PyCodeObject.co_linetable (bytes) */                   \
+    X(co_firsttraceable, 168, 176, 184) /* PyCodeObject._co_firsttraceable (int, code units) */  \
+    X(co_code, 184, 192, 200)          /* PyCodeObject.co_code_adaptive (the bytecode) */        \
+    X(str_length, 16, 16, 16)          /* PyASCIIObject.length (code points) */                  \
+    X(str_state, 32, 32, 32)           /* PyASCIIObject.state: kind bits 2..4, compact 5, ascii 6 */ \
+    X(str_ascii_data, 48, 40, 40)      /* sizeof(PyASCIIObject): compact ASCII text follows */   \
+    X(str_data, 72, 56, 56)            /* sizeof(PyCompactUnicodeObject); legacy: data.any */
+#define PY_OWNED_BY_GENERATOR 1        /* _PyInterpreterFrame.owner values (every version) */
+#define PY_OWNED_BY_CSTACK 3           /* 3.12+: the shim frame below the frames of one C call */
+#define PY_OB_TYPE 8                   /* PyObject.ob_type (release, with the GIL) */
+
+struct py_layout {
+#define PY_FIELD(name, v11, v12, v13) int name;
+    PY_LAYOUT(PY_FIELD)
+#undef PY_FIELD
+};
+static const struct py_layout py_layouts[3] = {
+#define PY_V11(name, v11, v12, v13) .name = v11,
+#define PY_V12(name, v11, v12, v13) .name = v12,
+#define PY_V13(name, v11, v12, v13) .name = v13,
+    {PY_LAYOUT(PY_V11)}, {PY_LAYOUT(PY_V12)}, {PY_LAYOUT(PY_V13)},
+#undef PY_V11
+#undef PY_V12
+#undef PY_V13
+};
+static struct py_layout PL;      /* the running interpreter's, set by py_probe */
 
 /* A Python frame in a location's frames: a tag bit (user-space code addresses never have it)
  * and the id of a Python frame definition (a "P" line in the .mods file). */
@@ -50,57 +74,92 @@
 #define PY_PTR(p, off) (*(const char *const *)((const char *)(p) + (off)))
 #define PY_INT(p, off) (*(const int *)((const char *)(p) + (off)))
 
-static void *const *py_tstate_current;        /* &_PyRuntime.gilstate.tstate_current */
+static void *const *py_tstate_current;        /* 3.11: &_PyRuntime.gilstate.tstate_current */
 static void *const *py_finalizing;            /* &_PyRuntime._finalizing */
+static void *(*py_tstate_attached)(void);     /* 3.12+: the calling thread's attached state */
 static void *(*py_tstate_this_thread)(void);  /* PyGILState_GetThisThreadState */
 static int (*py_addr2line)(void *, int);      /* PyCode_Addr2Line: pure, never allocates */
 static uintptr_t py_eval_lo, py_eval_hi;      /* _PyEval_EvalFrameDefault's code */
 
-/* Finds a CPython 3.11 release build in the process; 1 if its frames can be read. Calls dlsym:
- * the caller makes the thread's own allocations pass through. */
+/* Finds a CPython 3.11, 3.12 or 3.13 release build in the process; 1 if its frames can be read.
+ * Calls dlsym: the caller makes the thread's own allocations pass through. */
 static int py_probe(void) {
     const unsigned long *version = dlsym(RTLD_DEFAULT, "Py_Version");
-    if (!version || (*version >> 16) != 0x030B) return 0;
-    if (dlsym(RTLD_DEFAULT, "_Py_RefTotal")) return 0;  /* debug build: another object layout */
+    if (!version || (*version >> 24) != 3) return 0;
+    unsigned minor = (unsigned)(*version >> 16) & 0xFF;
+    if (minor < 11 || minor > 13) return 0;
+    /* Debug builds: another object layout (3.11 exports _Py_RefTotal, 3.12 _Py_GetRefTotal,
+     * 3.13 _Py_GetGlobalRefTotal). */
+    if (dlsym(RTLD_DEFAULT, "_Py_RefTotal") || dlsym(RTLD_DEFAULT, "_Py_GetRefTotal") ||
+        dlsym(RTLD_DEFAULT, "_Py_GetGlobalRefTotal"))
+        return 0;
+    /* A free-threaded (or trace-refs) build moves ob_type: the code type's type must be the
+     * type type where a release build keeps it. */
+    char *code_type = dlsym(RTLD_DEFAULT, "PyCode_Type");
+    void *type_type = dlsym(RTLD_DEFAULT, "PyType_Type");
+    if (!code_type || !type_type || PY_PTR(code_type, PY_OB_TYPE) != (const char *)type_type)
+        return 0;
     char *runtime = dlsym(RTLD_DEFAULT, "_PyRuntime");
     void *mine = dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
     void *a2l = dlsym(RTLD_DEFAULT, "PyCode_Addr2Line");
     void *eval = dlsym(RTLD_DEFAULT, "_PyEval_EvalFrameDefault");
-    if (!runtime || !mine || !a2l || !eval) return 0;
+    void *attached = minor == 12 ? dlsym(RTLD_DEFAULT, "_PyThreadState_UncheckedGet")
+                   : minor == 13 ? dlsym(RTLD_DEFAULT, "PyThreadState_GetUnchecked") : NULL;
+    if (!runtime || !mine || !a2l || !eval || (minor > 11 && !attached)) return 0;
     Dl_info info;
     const ElfW(Sym) *sym = NULL;
     if (dladdr1(eval, &info, (void **)&sym, RTLD_DL_SYMENT) && sym && sym->st_size) {
         py_eval_lo = (uintptr_t)eval;
         py_eval_hi = (uintptr_t)eval + sym->st_size;
     }
-    py_finalizing = (void *const *)(runtime + PY_RT_FINALIZING);
+    PL = py_layouts[minor - 11];
+    py_finalizing = (void *const *)(runtime + PL.rt_finalizing);
     py_tstate_this_thread = (void *(*)(void))mine;
+    py_tstate_attached = (void *(*)(void))attached;
     py_addr2line = (int (*)(void *, int))a2l;
-    __atomic_store_n(&py_tstate_current, (void *const *)(runtime + PY_RT_TSTATE_CURRENT),
-                     __ATOMIC_RELEASE);
+    if (minor == 11)
+        __atomic_store_n(&py_tstate_current, (void *const *)(runtime + PL.rt_tstate_current),
+                         __ATOMIC_RELEASE);
     return 1;
 }
 
 /* A frame that has run its first traceable instruction (the prelude that copies free variables
- * and makes cells is not yet the function's code: CPython's own _PyFrame_IsIncomplete). */
+ * and makes cells is not yet the function's code: CPython's own _PyFrame_IsIncomplete), and is
+ * not a 3.12+ shim frame (whose "code" may not be a code object at all). */
 static inline int py_complete(const char *f) {
-    const char *code = PY_PTR(f, PY_FR_CODE);
-    return f[PY_FR_OWNER] == PY_OWNED_BY_GENERATOR ||
-           PY_PTR(f, PY_FR_PREV_INSTR) >= code + PY_CO_CODE + 2 * PY_INT(code, PY_CO_FIRSTTRACEABLE);
+    char owner = f[PL.fr_owner];
+    if (owner == PY_OWNED_BY_CSTACK) return 0;
+    const char *code = PY_PTR(f, PL.fr_code);
+    return owner == PY_OWNED_BY_GENERATOR ||
+           PY_PTR(f, PL.fr_instr) >= code + PL.co_code + 2 * PY_INT(code, PL.co_firsttraceable);
+}
+
+/* The frame below f, skipping 3.12+ shim frames. */
+static inline const char *py_previous(const char *f) {
+    do f = PY_PTR(f, PL.fr_previous);
+    while (f && f[PL.fr_owner] == PY_OWNED_BY_CSTACK);
+    return f;
 }
 
 /* The innermost frame of `f`'s chain that is complete, or NULL. */
 static inline const char *py_innermost(const char *f) {
-    while (f && !py_complete(f)) f = PY_PTR(f, PY_FR_PREVIOUS);
+    while (f && !py_complete(f)) f = PY_PTR(f, PL.fr_previous);
     return f;
 }
 
-/* The thread state of the calling thread: the one holding the GIL if that is this thread (which
- * covers subinterpreters), else this thread's own (it released the GIL, in C code). Not once
- * Py_Finalize has begun: it frees the states of threads that still run (daemon threads). */
+/* The thread state of the calling thread. 3.11: the one holding the GIL if that is this thread
+ * (which covers subinterpreters); 3.12+: the one attached to this thread (a thread-local).
+ * Else this thread's own (it released the GIL, in C code), but not once Py_Finalize has begun:
+ * it frees the states of threads that still run (daemon threads). */
 static inline const char *py_thread_state(uintptr_t self) {
-    const char *ts = __atomic_load_n(py_tstate_current, __ATOMIC_RELAXED);
-    if (LIKELY(ts && *(const uintptr_t *)(ts + PY_TS_THREAD_ID) == self)) return ts;
+    const char *ts;
+    if (py_tstate_attached) {
+        ts = py_tstate_attached();
+        if (LIKELY(ts != NULL)) return ts;
+    } else {
+        ts = __atomic_load_n(py_tstate_current, __ATOMIC_RELAXED);
+        if (LIKELY(ts && *(const uintptr_t *)(ts + PL.ts_thread_id) == self)) return ts;
+    }
     if (__atomic_load_n(py_finalizing, __ATOMIC_ACQUIRE)) return NULL;
     return py_tstate_this_thread();
 }
@@ -110,16 +169,17 @@ static inline const char *py_thread_state(uintptr_t self) {
 static inline const char *py_frame(uintptr_t self) {
     const char *ts = py_thread_state(self);
     if (!ts) return NULL;
-    const char *cf = PY_PTR(ts, PY_TS_CFRAME);
-    return cf ? py_innermost(PY_PTR(cf, PY_CF_CURRENT)) : NULL;
+    if (PL.ts_current_frame >= 0) return py_innermost(PY_PTR(ts, PL.ts_current_frame));
+    const char *cf = PY_PTR(ts, PL.ts_cframe);
+    return cf ? py_innermost(PY_PTR(cf, PL.cf_current)) : NULL;
 }
 
 /* The interning key of a frame's current instruction: the instruction's address names the code
  * object and the offset in it; the line table's address guards against a freed code object
  * whose memory another one took. */
 static inline uint64_t py_key(const char *f) {
-    uint64_t pc = (uint64_t)(uintptr_t)PY_PTR(f, PY_FR_PREV_INSTR);
-    uint64_t lt = (uint64_t)(uintptr_t)PY_PTR(PY_PTR(f, PY_FR_CODE), PY_CO_LINETABLE);
+    uint64_t pc = (uint64_t)(uintptr_t)PY_PTR(f, PL.fr_instr);
+    uint64_t lt = (uint64_t)(uintptr_t)PY_PTR(PY_PTR(f, PL.fr_code), PL.co_linetable);
     uint64_t h = (pc ^ (lt << 17) ^ (lt >> 13)) * 0xC2B2AE3D27D4EB4Full;
     return (h ^ (h >> 31)) | 1;
 }
@@ -135,9 +195,9 @@ static inline uint64_t py_key(const char *f) {
  * alive: the frames hold them). Two loads per frame. */
 static inline uint64_t py_stack_key(const char *f) {
     uint64_t h = py_key(f);
-    const char *p = PY_PTR(f, PY_FR_PREVIOUS);
-    for (int d = 1; p && d < PY_STACK_MAX; d++, p = PY_PTR(p, PY_FR_PREVIOUS)) {
-        h ^= (uint64_t)(uintptr_t)PY_PTR(p, PY_FR_PREV_INSTR);
+    const char *p = py_previous(f);
+    for (int d = 1; p && d < PY_STACK_MAX; d++, p = py_previous(p)) {
+        h ^= (uint64_t)(uintptr_t)PY_PTR(p, PL.fr_instr);
         h *= 0x9E3779B97F4A7C15ull;
         h ^= h >> 29;
     }
@@ -146,8 +206,8 @@ static inline uint64_t py_stack_key(const char *f) {
 
 /* The source line of a frame's current instruction (0 if it has none). */
 static int py_line(const char *f) {
-    const char *code = PY_PTR(f, PY_FR_CODE);
-    long off = PY_PTR(f, PY_FR_PREV_INSTR) - (code + PY_CO_CODE);
+    const char *code = PY_PTR(f, PL.fr_code);
+    long off = PY_PTR(f, PL.fr_instr) - (code + PL.co_code);
     int line = py_addr2line((void *)code, off < 0 ? -1 : (int)off);
     return line > 0 ? line : 0;
 }
@@ -156,12 +216,12 @@ static int py_line(const char *f) {
  * is cut). Reads the object's fields: no call into the interpreter, nothing allocated. */
 static size_t py_utf8(const char *o, char *out, size_t cap) {
     if (!o) return 0;
-    uint32_t state = *(const uint32_t *)(o + PY_STR_STATE);
-    uint64_t len = *(const uint64_t *)(o + PY_STR_LENGTH);
+    uint32_t state = *(const uint32_t *)(o + PL.str_state);
+    uint64_t len = *(const uint64_t *)(o + PL.str_length);
     unsigned kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
-    const unsigned char *d = compact ? (const unsigned char *)o + (ascii ? PY_STR_ASCII_DATA
-                                                                         : PY_STR_DATA)
-                                     : (const unsigned char *)PY_PTR(o, PY_STR_DATA);
+    const unsigned char *d = compact ? (const unsigned char *)o + (ascii ? PL.str_ascii_data
+                                                                         : PL.str_data)
+                                     : (const unsigned char *)PY_PTR(o, PL.str_data);
     if (!d || (kind != 1 && kind != 2 && kind != 4)) return 0;
     size_t n = 0;
     for (uint64_t i = 0; i < len; i++) {

@@ -843,10 +843,10 @@ static void table_put(uint64_t *tab, uint64_t h, uint32_t id) {
  * location definitions written after it, so a reader always finds it. */
 static uint32_t define_pyframe(struct tstate *t, const char *f) {
     if (g_mods_fd < 0) return 0;
-    const char *code = PY_PTR(f, PY_FR_CODE);
+    const char *code = PY_PTR(f, PL.fr_code);
     char file[512], func[256], line[16 + 2 * (sizeof file + sizeof func) + 16];
-    size_t nf = py_utf8(PY_PTR(code, PY_CO_FILENAME), file, sizeof file);
-    size_t nq = py_utf8(PY_PTR(code, PY_CO_QUALNAME), func, sizeof func);
+    size_t nf = py_utf8(PY_PTR(code, PL.co_filename), file, sizeof file);
+    size_t nq = py_utf8(PY_PTR(code, PL.co_qualname), func, sizeof func);
     uint32_t id = (uint32_t)__atomic_add_fetch(&H->locs, 1, __ATOMIC_RELAXED);
     uint64_t fields[2] = {id, (uint64_t)py_line(f)};
     static const char hex[] = "0123456789abcdef";
@@ -909,16 +909,20 @@ static int py_hybrid(struct tstate *t, uintptr_t *frames, int n, const char *f, 
             continue;
         }
         while (f && k < max) {
-            int entry = f[PY_FR_IS_ENTRY];
+            if (f[PL.fr_owner] == PY_OWNED_BY_CSTACK) {   /* 3.12+: below this call's frames */
+                f = PY_PTR(f, PL.fr_previous);
+                break;
+            }
+            int entry = PL.fr_is_entry >= 0 && f[PL.fr_is_entry];   /* 3.11: the first of them */
             if (py_complete(f)) {
                 uint64_t v = py_frame_value(t, f);
                 if (v) out[k++] = v;
             }
-            f = PY_PTR(f, PY_FR_PREVIOUS);
+            f = PY_PTR(f, PL.fr_previous);
             if (entry) break;
         }
     }
-    for (; f && k < max; f = PY_PTR(f, PY_FR_PREVIOUS)) {
+    for (; f && k < max; f = PY_PTR(f, PL.fr_previous)) {
         if (!py_complete(f)) continue;
         uint64_t v = py_frame_value(t, f);
         if (v) out[k++] = v;
@@ -961,7 +965,7 @@ static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const 
     }
     if (pf && !g_stack_depth) {  /* a new Python call site: its frames */
         n = 0;
-        for (const char *f = pf; f && n < PY_STACK_MAX; f = PY_PTR(f, PY_FR_PREVIOUS)) {
+        for (const char *f = pf; f && n < PY_STACK_MAX; f = py_previous(f)) {
             uint64_t v = py_frame_value(t, f);
             if (!v) return location_slow(t, callsite, NULL);
             frames[n++] = (uintptr_t)v;

@@ -88,7 +88,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
                    help="also trace programs started by exec (forked children are always traced)")
     r.add_argument("--mmap", action="store_true", help="also record mmap, munmap and mremap")
     r.add_argument("--python", action=argparse.BooleanOptionalAction, default=True,
-                   help="in CPython 3.11 programs, record the Python file, function and line as "
+                   help="in CPython 3.11-3.13 programs, record the Python file, function and line as "
                         "call sites (and Python frames in stacks); --no-python: native call "
                         "sites only (default: on)")
     r.add_argument("--policy", type=Path, metavar="POLICY",

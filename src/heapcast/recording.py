@@ -167,7 +167,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     The trace is written at exactly `output` (a directory; default: a new name in the current
     directory). The program's exit status is returned as a shell reports it (128+N for signal N).
     If the trace cannot be written, the program still runs, untouched, and the result says why.
-    `env`: extra environment variables for the program. `python`: in CPython 3.11 programs, a
+    `env`: extra environment variables for the program. `python`: in CPython 3.11-3.13 programs, a
     thread running Python code records its Python frames (file, function, line) as call sites
     and, with `stacks`, among its native frames; False records native call sites only.
     `policy`: a compiled POLICY that the recorder runs online on the program's events,

@@ -75,7 +75,10 @@ def compress():
 
 
 def subinterpreter():
-    import _xxsubinterpreters as interpreters
+    try:
+        import _interpreters as interpreters   # 3.13
+    except ImportError:
+        import _xxsubinterpreters as interpreters
     sub = interpreters.create()
     interpreters.run_string(sub, "x = bytearray(170_001)\n")  # in a subinterpreter: <string>:1
     interpreters.destroy(sub)
