@@ -78,6 +78,39 @@ def test_live_conversion_equals_conversion_after_exit(build, small_windows, keep
     assert size(out) == size(copy)
 
 
+def test_a_chunk_past_the_mapping_waits_for_the_next_poll(build, keep_raw, tmp_path):
+    """The raw file grows while the converter reads it: a chunk whose header it sees but whose
+    end lies past its mapping is read at a later poll, never taken for a damaged file (which made
+    the converter give up and leave the whole file to after the exit)."""
+    import mmap
+
+    from heapcast.trace.base import RAW_HEADER_SIZE
+    from heapcast.trace.raw import _CHUNK, CHUNK_MAGIC
+    record([build("phases"), "2", "10", "2000", "2000"], output=tmp_path / "t", progress=False)
+    (copy, _), = keep_raw
+    raw, = copy.glob("*.raw")
+    lp = live.LiveProcess(raw)
+    lp._map()
+    whole = len(lp.mm)
+    off, cut = RAW_HEADER_SIZE, None
+    while off + _CHUNK.size <= whole:
+        magic, _, size, _, _, _ = _CHUNK.unpack_from(lp.mm, off)
+        if magic == CHUNK_MAGIC and size > 4096:
+            cut = off + 4096        # this chunk's header is mapped, its end is not
+            break
+        off += size if magic == CHUNK_MAGIC and size else 4096
+    assert cut is not None
+    full = lp.mm
+    lp.mm = mmap.mmap(lp.fd, cut, access=mmap.ACCESS_READ)
+    lp._walk(whole)
+    assert all(c < off for c in lp.small), "a chunk past the mapping was read"
+    lp.mm.close()
+    lp.mm = full
+    lp._walk(whole)
+    assert off in lp.small or any(c.off == off for c in lp.copies.values())
+    lp.close()
+
+
 def test_without_live_conversion_the_trace_is_the_same(build, small_windows, keep_raw, tmp_path):
     r = record([build("phases"), "2", "10", "2000", "2000"], output=tmp_path / "t", live=False,
                progress=False)

@@ -132,8 +132,10 @@ class LiveProcess:
             if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
                 off += 4096   # being claimed: its header is not written yet
                 continue
-            if size < 4096 or size % 4096 or size > CHUNK_MAX or off + size > limit:
+            if size < 4096 or size % 4096 or size > CHUNK_MAX:
                 raise ValueError(f"{self.path}: chunk size {size} at {off}")
+            if off + size > limit:
+                break   # the file grew past the mapping (or the counters) since: next poll
             if magic == CHUNK_DRAINED:
                 pass
             elif size == CHUNK_MAX:
