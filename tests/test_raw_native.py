@@ -19,7 +19,7 @@ from heapcast.trace import native_raw
 from heapcast.trace.format import TraceError
 from heapcast.trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, FLAG_CLEAN_EXIT, FLAG_TSC, HEADER_SIZE, OP_EXT,
                                 OP_LOC, OP_LOCX, OP_TIME, RAW_MAGIC, SLOT, SLOT_DTYPE, Chunk,
-                                RawProcess, location_definition, raw_files)
+                                RawProcess, raw_files)
 
 _HEADER = struct.Struct("<8sIIIIiiiIQQQQQQQI")
 _COUNTERS = struct.Struct("<QQQIIQ")
@@ -63,12 +63,31 @@ def ref_scan(rp: RawProcess) -> tuple[list, dict]:
         seqs = slots["head"][:n][ev] >> 8
         if len(seqs):
             chunks.append((off, size, tid, n, int(seqs.min()), int(seqs.max())))
-        for i in np.flatnonzero(ops == OP_LOC):   # still Python in raw.py: shared, not copied
-            found = location_definition(rp.path, slots, int(i), n, off)
+        for i in np.flatnonzero(ops == OP_LOC):
+            found = ref_location_definition(rp.path, slots, int(i), n, off)
             if found:
                 locs[found[0]] = found[1]
         off += size
     return chunks, locs
+
+
+def ref_location_definition(path, slots, i: int, n: int, off: int):
+    """(location id, frames) of the HC_LOC slot i, one slot at a time (raw.py reads them all at
+    once: raw.location_definitions); None when the definition was cut short."""
+    s = slots[i]
+    count = int(s["ts"])
+    frames = [int(s["a"]), int(s["b"])][:count]
+    j = i + 1
+    while len(frames) < count and j < n:
+        x = slots[j]
+        if int(x["head"]) & 0xFF != OP_LOCX:
+            raise TraceError(path, off + SLOT * (j + 1), "expected the frames of a location "
+                             "definition (marker 0xFC)")
+        frames.extend([int(x["ts"]) | (int(x["loc"]) << 32), int(x["a"]), int(x["b"])])
+        j += 1
+    if len(frames) < count:
+        return None
+    return int(s["head"]) >> 8, tuple(frames[:count])
 
 
 def ref_ticks_to_ns(rp: RawProcess, ticks: np.ndarray) -> np.ndarray:
@@ -599,3 +618,38 @@ def test_finalize_writes_the_events_the_reference_decodes(build, tmp_path):
         got = proc.events
         for name, col in want[proc.pid].items():
             np.testing.assert_array_equal(got[name], col, err_msg=name)
+
+
+def test_location_definitions_read_at_once_and_stop_at_one_cut_short():
+    """raw.location_definitions, against the one-slot-at-a-time reference: every definition
+    before the one that is cut short, where a later read (start=) resumes."""
+    from heapcast.trace.raw import location_definitions
+    slots = np.zeros(9, SLOT_DTYPE)
+
+    def head(i, loc_id, count, a, b):
+        slots[i]["head"], slots[i]["ts"], slots[i]["a"], slots[i]["b"] = \
+            (loc_id << 8) | OP_LOC, count, a, b
+
+    def extra(i, f0, a, b):
+        slots[i]["head"], slots[i]["ts"], slots[i]["loc"] = OP_LOCX, f0 & 0xFFFFFFFF, f0 >> 32
+        slots[i]["a"], slots[i]["b"] = a, b
+
+    head(0, 7, 1, 0x1000, 0)                      # one frame
+    head(1, 8, 4, 0x11, 0x12)                     # 4 frames: 2 + one HC_LOCX slot
+    extra(2, (5 << 32) | 0x13, 0x14, 0x15)
+    head(4, 9, 2, 0x21, 0x22)                     # slot 3 is an event (ignored)
+    slots[3]["head"] = (42 << 8) | F.MALLOC
+    head(5, 10, 9, 0x31, 0x32)                    # 9 frames need 3 HC_LOCX slots: 2 written
+    extra(6, 0x33, 0x34, 0x35)
+    extra(7, 0x36, 0x37, 0x38)
+    defs, stop = location_definitions("f", slots[:8], 0)
+    assert defs == {7: (0x1000,), 8: (0x11, 0x12, (5 << 32) | 0x13, 0x14), 9: (0x21, 0x22)}
+    assert stop == 5
+    for i in (0, 1, 4):
+        assert ref_location_definition("f", slots[:8], i, 8, 0)[1] == defs[slots[i]["head"] >> 8]
+    extra(8, 0x39, 0x3A, 0x3B)
+    defs, stop = location_definitions("f", slots, 0, start=5)
+    assert defs == {10: (0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38, 0x39)} and stop == 9
+    slots[7]["head"] = F.MALLOC                   # not an HC_LOCX slot where one must be
+    with pytest.raises(TraceError, match="marker 0xFC"):
+        location_definitions("f", slots, 64)

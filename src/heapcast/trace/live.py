@@ -37,7 +37,7 @@ from . import native_raw
 from .base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
 from .raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC,
                   OP_LOC, SLOT, SLOT_DTYPE, Chunk, LocationAssigner, RawProcess, _CHUNK,
-                  _COUNTERS, _HEADER, fit_clock, location_definition)
+                  _COUNTERS, _HEADER, fit_clock, location_definitions)
 from .writer import ProcessFileWriter, lower_priority
 
 WINDOW = 1 << 20                 # seq numbers per converted window, as RawProcess.iter_events
@@ -67,6 +67,7 @@ class LiveProcess:
         self.final: set = set()                # offsets of small chunks that no longer change
         self.blocked: dict[int, int] = {}      # tid -> tsc of its oldest chunk we may not read
         self.defs: dict[int, tuple] = {}
+        self.locs_done: dict[int, int] = {}      # chunk offset -> slot where parsing stopped
         self.pairs = [(self.start_tsc, self.start_mono)]
         self.assigner = LocationAssigner()
         self.buffers = native_raw.Buffers()
@@ -100,11 +101,13 @@ class LiveProcess:
         if bad is not None:
             raise ValueError(f"{self.path}: bad slot in chunk at {off}")
         if locs:
+            # A small chunk is read again at every poll until it is final: its definitions
+            # before `done` were parsed at an earlier poll (a thread writes its chunk in order,
+            # so only the last one can have been cut short).
             slots = np.frombuffer(mm, SLOT_DTYPE, n, off + SLOT)
-            for i in np.flatnonzero((slots["head"] & 0xFF) == OP_LOC):
-                found = location_definition(self.path, slots, int(i), n, off)
-                if found:
-                    self.defs[found[0]] = found[1]
+            defs, self.locs_done[off] = location_definitions(self.path, slots, off,
+                                                             self.locs_done.get(off, 0))
+            self.defs.update(defs)
             del slots
         return Chunk(off, size, tid, n, seq_min, seq_max, tsc, events)
 

@@ -129,10 +129,7 @@ class RawProcess:
                 self.chunks.append(Chunk(off, size, tid, n, seq_min, seq_max, tsc, events))
             if locs:
                 slots = np.frombuffer(self._mm, SLOT_DTYPE, n, off + SLOT)
-                for i in np.flatnonzero((slots["head"] & 0xFF) == OP_LOC):
-                    found = location_definition(self.path, slots, int(i), n, off)
-                    if found:
-                        self.locs[found[0]] = found[1]
+                self.locs.update(location_definitions(self.path, slots, off)[0])
             off += size
         if self.end_mono:
             pairs.append((self.end_tsc, self.end_mono))
@@ -367,24 +364,51 @@ def fit_clock(pairs, start_tsc: int, start_mono: int) -> tuple[float, int, int]:
     return 1.0 / _tsc_ghz(), t0, n0
 
 
-def location_definition(path, slots: np.ndarray, i: int, n: int, off: int) -> tuple | None:
-    """(location id, frames) of the HC_LOC slot i of the chunk at `off` (slots: its n written
-    slots), its extra frames read from the HC_LOCX slots after it; None when a kill cut it short
-    (events using it show location 0)."""
-    s = slots[i]
-    count = int(s["ts"])
-    frames = [int(s["a"]), int(s["b"])][:count]
-    j = i + 1
-    while len(frames) < count and j < n:
-        x = slots[j]
-        if int(x["head"]) & 0xFF != OP_LOCX:
-            raise TraceError(path, off + SLOT * (j + 1), "expected the frames of a "
-                             "location definition (marker 0xFC)")
-        frames.extend([int(x["ts"]) | (int(x["loc"]) << 32), int(x["a"]), int(x["b"])])
-        j += 1
-    if len(frames) < count:
-        return None
-    return int(s["head"]) >> 8, tuple(frames[:count])
+def location_definitions(path, slots: np.ndarray, off: int, start: int = 0) -> tuple[dict, int]:
+    """The location definitions (id -> frames) of the HC_LOC slots at index >= start among a
+    chunk's written slots (the chunk at `off`), their extra frames read from the HC_LOCX slots
+    after each, and the index of the first definition that a kill or a thread still writing cut
+    short (its events show location 0), or len(slots) if none. Vectorized: a Python stack of 16
+    frames takes 6 slots, and a Python program defines thousands of them."""
+    n = len(slots)
+    head = slots["head"]
+    heads = np.flatnonzero((head & 0xFF) == OP_LOC)
+    heads = heads[heads >= start]
+    if not len(heads):
+        return {}, n
+    count = slots["ts"][heads].astype(np.int64)
+    extra = (np.maximum(count - 2, 0) + 2) // 3            # HC_LOCX slots after each head
+    cut = np.flatnonzero(heads + extra >= n)
+    stop = int(heads[cut[0]]) if len(cut) else n
+    if len(cut):
+        heads, count, extra = heads[:cut[0]], count[:cut[0]], extra[:cut[0]]
+    if not len(heads):
+        return {}, stop
+    # Every slot of every definition: the head then its HC_LOCX slots.
+    per = 1 + extra
+    first = np.repeat(np.cumsum(per) - per, per)
+    idx = np.repeat(heads, per) + (np.arange(int(per.sum())) - first)
+    is_x = idx != np.repeat(heads, per)
+    bad = idx[is_x][(head[idx[is_x]] & 0xFF) != OP_LOCX]
+    if len(bad):
+        raise TraceError(path, off + SLOT * (int(bad[0]) + 1), "expected the frames of a "
+                         "location definition (marker 0xFC)")
+    sl = slots[idx]
+    three = np.empty((len(idx), 3), np.uint64)
+    three[:, 0] = np.where(is_x, sl["ts"].astype(np.uint64) | (sl["loc"].astype(np.uint64) << 32),
+                           sl["a"].astype(np.uint64))
+    three[:, 1] = np.where(is_x, sl["a"], sl["b"]).astype(np.uint64)
+    three[:, 2] = np.where(is_x, sl["b"], 0).astype(np.uint64)
+    # A head carries 2 frames (its third column is padding), an HC_LOCX slot 3.
+    keep = np.ones((len(idx), 3), bool)
+    keep[~is_x, 2] = False
+    flat = three[keep].tolist()
+    ids = (head[heads] >> 8).tolist()
+    starts = np.cumsum(2 + 3 * extra) - (2 + 3 * extra)
+    out = {}
+    for k, (b, c) in enumerate(zip(starts.tolist(), count.tolist())):
+        out[ids[k]] = tuple(flat[b:b + c])
+    return out, stop
 
 
 def _unhex(s: str) -> str:
