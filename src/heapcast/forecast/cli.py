@@ -112,7 +112,10 @@ def add_parsers(sub) -> None:
     t.add_argument("--bptt", type=int, help="truncated backpropagation length")
     t.add_argument("--lr", type=float, help="learning rate")
     t.add_argument("--seed", type=int, help="random seed")
-    t.add_argument("--threads", type=int, help="CPU threads for torch")
+    t.add_argument("--threads", type=int,
+                   help="CPU threads (default 2): each training step's segments are split "
+                        "between them, one torch thread each; the same --threads gives the "
+                        "same bytes")
     t.add_argument("--set", action="append", metavar="KEY=JSON",
                    help="any other model setting, e.g. --set warmup=512")
     t.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
