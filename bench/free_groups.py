@@ -12,8 +12,8 @@ that the global order does not. For every free of a known block (the `free` task
 prints the share within 64 of either end, and the share at an end (rank 0 from the young or the
 old end: a stack or a queue), with the recency order taken over all live blocks, over the live
 blocks of the freed block's allocation call site, and over those of its size class. A realloc
-releases its old block from that block's group and acquires the new one in its own. Writes
-bench/results/free_groups.json.
+releases its old block from that block's group and acquires the new one in its own
+(heapcast.forecast.features.free_ranks with a group). Writes bench/results/free_groups.json.
 """
 from __future__ import annotations
 
@@ -28,44 +28,12 @@ import corpus  # noqa: E402
 from _common import RESULTS_DIR, format_table, machine_info, write_json  # noqa: E402
 
 import heapcast  # noqa: E402
-from heapcast.forecast.features import _dominance_count, location_keys  # noqa: E402
+from heapcast.forecast.features import free_ranks, location_keys  # noqa: E402
 from heapcast.forecast.tasks import FREE_BEYOND, FREE_YOUNG, free_label  # noqa: E402
 from heapcast.heap import match_trace  # noqa: E402
 from heapcast.stats import size_classes  # noqa: E402
-from heapcast.trace.format import FREE  # noqa: E402
 
 GROUPINGS = ("all live blocks", "same call site", "same size class")
-
-
-def group_ranks(acquires: np.ndarray, alloc_of: np.ndarray, group: np.ndarray) -> tuple:
-    """(recency rank, live count) within its group of the block that each release event gives
-    back, for the events with alloc_of >= 0 (in event order). `group`: each acquisition's group
-    (a release's group is its block's). With a single group this is
-    heapcast.forecast.features.free_ranks (checked by --check)."""
-    n = len(acquires)
-    ia, ir = np.flatnonzero(acquires), np.flatnonzero(alloc_of >= 0)
-    if not len(ir):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    # One item per acquisition and per release, ordered by group, event, release first.
-    g = np.concatenate([group[alloc_of[ir]], group[ia]])
-    ev = np.concatenate([ir, ia])
-    kind = np.concatenate([np.zeros(len(ir), np.int64), np.ones(len(ia), np.int64)])
-    order = np.lexsort((kind, ev, g))
-    g, ev, kind = g[order], ev[order], kind[order]
-    pos = np.arange(len(g))
-    item_of_acq = np.full(n, -1, np.int64)
-    item_of_acq[ev[kind == 1]] = pos[kind == 1]
-    rel = kind == 0
-    q = pos[rel]
-    a = item_of_acq[alloc_of[ev[rel]]]
-    acq_cum = np.concatenate([[0], np.cumsum(kind == 1)])
-    rel_cum = np.concatenate([[0], np.cumsum(rel)])
-    # Younger blocks of the group still live: acquired after a, not released before q.
-    rank = (acq_cum[q] - acq_cum[a + 1]) - _dominance_count(q, a, q, a)
-    start = np.maximum.accumulate(np.where(np.r_[True, g[1:] != g[:-1]], pos, 0))[q]
-    live = (acq_cum[q] - acq_cum[start]) - (rel_cum[q] - rel_cum[start])
-    back = np.argsort(ev[rel], kind="stable")      # item order -> event order
-    return rank[back], live[back]
 
 
 def measure(path: Path, check: bool = False) -> dict:
@@ -76,22 +44,17 @@ def measure(path: Path, check: bool = False) -> dict:
         ev = p.events
         if not len(ev):
             continue
-        alloc_of = np.where(blocks.releases & (blocks.alloc_of >= 0), blocks.alloc_of, -1)
         site_of, _ = location_keys(p)
         loc = ev["loc"].astype(np.int64)
         site = site_of[np.where(loc < len(site_of), loc, 0)].astype(np.int64) \
             if len(site_of) else np.zeros(len(ev), np.int64)
         cls = size_classes(ev["size"].astype(np.uint64)).astype(np.int64)
-        is_free = ev["op"][alloc_of >= 0] == FREE
         for name, group in zip(GROUPINGS, (np.zeros(len(ev), np.int64), site, cls)):
-            rank, live = group_ranks(blocks.acquires, alloc_of, group)
+            rank, live = free_ranks(ev["op"], blocks, group)
             if check and name == GROUPINGS[0]:
-                from heapcast.forecast.features import free_ranks
-                fr, fl = free_ranks(ev["op"], blocks)
-                frees = np.flatnonzero(alloc_of >= 0)[is_free]
-                assert np.array_equal(rank[is_free], fr[frees]), path
-                assert np.array_equal(live[is_free], fl[frees]), path
-            label = free_label(rank[is_free], live[is_free])
+                assert np.array_equal((rank, live), free_ranks(ev["op"], blocks)), path
+            freed = rank >= 0
+            label = free_label(rank[freed], live[freed])
             s = sums[name]
             s[0] += len(label)
             s[1] += int(((label >= 0) & (label < FREE_BEYOND)).sum())

@@ -56,6 +56,30 @@ def test_free_ranks_match_a_simulated_live_list():
         assert (rank == expected).all() and (live == lives).all()
 
 
+def test_free_ranks_within_groups_match_a_simulated_live_list_per_group():
+    """free_ranks with a group per acquisition (bench/free_groups.py: call site or size class)
+    counts only the freed block's group; a moving realloc releases in the old block's group and
+    acquires in its own."""
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        ev, _, _ = random_heap(rng, 3000)
+        blocks = match(ev)
+        group = rng.integers(0, 3, len(ev))
+        want_rank, want_live = np.full(len(ev), -1), np.full(len(ev), -1)
+        live: dict = {}
+        for i in range(len(ev)):
+            a = int(blocks.alloc_of[i])
+            if blocks.releases[i] and a >= 0:
+                same = live[group[a]]
+                if ev["op"][i] == FREE:
+                    want_rank[i], want_live[i] = len(same) - 1 - same.index(a), len(same)
+                same.remove(a)
+            if blocks.acquires[i]:
+                live.setdefault(group[i], []).append(i)
+        rank, live_count = free_ranks(ev["op"], blocks, group)
+        assert (rank == want_rank).all() and (live_count == want_live).all()
+
+
 def test_dominance_count_brute_force():
     rng = np.random.default_rng(4)
     px, pv = rng.integers(0, 60, 300), rng.integers(0, 60, 300)

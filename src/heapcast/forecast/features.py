@@ -162,11 +162,14 @@ def _python_frame_keys(process: Process, frames: np.ndarray, keys: np.ndarray) -
     keys[py] = mix64(per_id[inv] ^ np.uint64(0x5059))
 
 
-def free_ranks(op: np.ndarray, blocks) -> tuple[np.ndarray, np.ndarray]:
+def free_ranks(op: np.ndarray, blocks, group: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
     """(recency rank, live count) of the block each free releases: its rank among the blocks
     live at that moment (0: the youngest, a LIFO guess; live count - 1: the oldest, a FIFO
     guess) and how many blocks were live (the freed one included). Both -1 for events that are
-    not frees of a block allocated in this process.
+    not frees of a block allocated in this process. With `group` (a key per acquiring event,
+    e.g. its call site or size class), both are counted among the live blocks of the freed
+    block's group only (bench/free_groups.py).
 
     rank(free f of block allocated at a) = #acquisitions in (a, f) - #{releases r < f of blocks
     allocated after a}: the second term is a 2-D dominance count, done offline level by level
@@ -180,6 +183,9 @@ def free_ranks(op: np.ndarray, blocks) -> tuple[np.ndarray, np.ndarray]:
     q = np.flatnonzero((op == FREE) & (alloc_of >= 0))
     if not len(q):
         return rank, live
+    if group is not None:
+        rank[q], live[q] = _group_ranks(blocks, group, q)
+        return rank, live
     a = alloc_of[q]
     acq_cum = np.concatenate([[0], np.cumsum(blocks.acquires, dtype=np.int64)])
     between = acq_cum[q] - acq_cum[a + 1]          # acquisitions at indices a+1 .. f-1
@@ -190,6 +196,34 @@ def free_ranks(op: np.ndarray, blocks) -> tuple[np.ndarray, np.ndarray]:
     rel_cum = np.concatenate([[0], np.cumsum(known, dtype=np.int64)])
     live[q] = (acq_cum[q] - rel_cum[q]).astype(np.int32)
     return rank, live
+
+
+def _group_ranks(blocks, group: np.ndarray, frees: np.ndarray) -> tuple:
+    """free_ranks within groups, for the events `frees`: every acquisition and every release of
+    a known block is an item of its block's group (a realloc releases in its old block's group
+    and acquires in its own); items sorted by group, then event, a release before an
+    acquisition at the same event; then the formula of free_ranks over the items."""
+    releases = np.flatnonzero(blocks.releases & (blocks.alloc_of >= 0))
+    acquires = np.flatnonzero(blocks.acquires)
+    g = np.concatenate([group[blocks.alloc_of[releases]], group[acquires]])
+    ev = np.concatenate([releases, acquires])
+    kind = np.concatenate([np.zeros(len(releases), np.int64), np.ones(len(acquires), np.int64)])
+    order = np.lexsort((kind, ev, g))
+    g, ev, kind = g[order], ev[order], kind[order]
+    pos = np.arange(len(g))
+    item_of_acq = np.full(len(blocks.acquires), -1, np.int64)
+    item_of_acq[ev[kind == 1]] = pos[kind == 1]
+    rel = kind == 0
+    q = pos[rel]
+    a = item_of_acq[blocks.alloc_of[ev[rel]]]
+    acq_cum = np.concatenate([[0], np.cumsum(kind == 1)])
+    rel_cum = np.concatenate([[0], np.cumsum(rel)])
+    rank = (acq_cum[q] - acq_cum[a + 1]) - _dominance_count(q, a, q, a)
+    start = np.maximum.accumulate(np.where(np.r_[True, g[1:] != g[:-1]], pos, 0))[q]
+    live = (acq_cum[q] - acq_cum[start]) - (rel_cum[q] - rel_cum[start])
+    at = np.searchsorted(releases, frees)      # frees are among the releases, both sorted
+    by_event = np.argsort(ev[rel], kind="stable")
+    return rank[by_event][at], live[by_event][at]
 
 
 def _dominance_count(px: np.ndarray, pv: np.ndarray, qx: np.ndarray, qv: np.ndarray) -> np.ndarray:

@@ -93,11 +93,11 @@ def choose_hidden(model, data: TaskData, train_rows: np.ndarray, val: TaskData,
     candidates = candidates or HIDDEN_CANDIDATES
     rows = validation_rows(val, PROBE_ROWS)
     y = val.labels[rows]
-    scored = []
+    scored, prepared = [], {}    # the probes' inputs do not depend on their size: made once
     for hidden in candidates:
         probe = create_model(model.kind, model.task, model.vocab,
                              {**model.config, "hidden": hidden})
-        probe.fit(data, train_rows, max_events=PROBE_EVENTS, progress=False)
+        probe.fit(data, train_rows, max_events=PROBE_EVENTS, progress=False, prepared=prepared)
         top1 = float(np.mean(probe.predict(val, rows, 1)[:, 0] == y))
         scored.append({"hidden": hidden, "top1": top1})
     best = max(scored, key=lambda c: c["top1"])

@@ -373,7 +373,9 @@ class RNNModel(Model):
         `max_steps` > 0 stops early; `checkpoint` (a path) gets the state every epoch and when
         stopping; with `resume`, training continues from it. `finetune=True` continues training
         a trained model (its weights, label classes, input tokens and n-gram kept; the n-gram's
-        hints on the new rows are what it predicts for data it never saw)."""
+        hints on the new rows are what it predicts for data it never saw). `prepared` (a dict):
+        models fitted on the same data and rows with the same n-gram settings share their
+        inputs (hints, in-run memory) through it: the first fills it, the others read it."""
         from ..train import spread_rows
         self.check_data(data)
         c = self.config
@@ -398,11 +400,17 @@ class RNNModel(Model):
         opt = torch.optim.Adam(self.net.parameters(), lr=c["lr"])
         keep = spread_rows(np.ones(len(part), bool), max_events) if max_events else \
             np.ones(len(part), bool)
-        hint_ctx, memory_ctx = self._shared_contexts(part)
-        hints = self._fit_hints(part, keep, None if runs is None else runs[train], hint_ctx) \
-            if c["ngram_hints"] and not finetune else None
-        inputs = self._inputs(part, hints, self._cache(part, memory_ctx))
-        del hint_ctx, memory_ctx
+        prepared = options.get("prepared")    # select.choose_hidden: probes share the inputs
+        if prepared and not finetune:
+            inputs, self.ngram = prepared["inputs"], prepared["ngram"]
+        else:
+            hint_ctx, memory_ctx = self._shared_contexts(part)
+            hints = self._fit_hints(part, keep, None if runs is None else runs[train],
+                                    hint_ctx) if c["ngram_hints"] and not finetune else None
+            inputs = self._inputs(part, hints, self._cache(part, memory_ctx))
+            del hint_ctx, memory_ctx
+            if prepared is not None and not finetune:
+                prepared.update(inputs=inputs, ngram=self.ngram)
         i = np.minimum(np.searchsorted(self.classes, np.maximum(y, 0)), len(self.classes) - 1)
         lab = np.where((y >= 0) & (self.classes[i] == y), i, -1)   # labels the model has
         if max_events:
@@ -496,22 +504,23 @@ class RNNModel(Model):
         opt = torch.optim.Adam(params, lr=0.05)
         losses = []
         self.net.train()
-        for epoch in range(epochs):
-            state, total, count = None, 0.0, 0
-            for s in range(0, grid.shape[0], c["bptt"]):
-                *xs, lb = (t[s:s + c["bptt"]] for t in tensors)
-                if not bool((lb >= 0).any()):
-                    continue
-                logits, state = self.net(*xs, state=state)
-                state = _detach(state)
-                loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                   lb.reshape(-1), ignore_index=-1)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                total, count = total + float(loss.detach()) * int((lb >= 0).sum()), \
-                    count + int((lb >= 0).sum())
-            losses.append(total / max(count, 1))
+        groups = _thread_groups(grid.shape[1], int(c.get("threads") or 1))
+        pool = _GroupPool(len(groups))
+        try:
+            for epoch in range(epochs):
+                states, total, count = [None] * len(groups), 0.0, 0
+                for s in range(0, grid.shape[0], c["bptt"]):
+                    chunk = [t[s:s + c["bptt"]] for t in tensors]
+                    labelled = int((chunk[-1] >= 0).sum())
+                    opt.zero_grad(set_to_none=True)
+                    loss, states = _group_step(self.net, params, chunk, states, groups,
+                                               labelled, pool)
+                    if labelled:
+                        opt.step()
+                        total, count = total + loss * labelled, count + labelled
+                losses.append(total / max(count, 1))
+        finally:
+            pool.close()
         for p in self.net.parameters():
             p.requires_grad_(True)
         self.net.eval()
