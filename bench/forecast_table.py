@@ -164,7 +164,7 @@ def run_one(name, task, vocab, train_data, train_mask, test_data, test_rows, a,
     validated = name.endswith("-val")
     m = make_model(name[:-4] if validated else name, task, vocab, a)
     if validated:
-        tune_on_validation(m, train_data, train_mask, val_data)
+        tune_on_validation(m, train_data, train_mask, val_data, fixed=set(gru_settings(a)))
     fit = {}
     if name.startswith("gru") or name == "transformer":
         fit = {"epochs": a.epochs, "progress": False, "max_events": a.max_events}

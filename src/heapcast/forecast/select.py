@@ -84,11 +84,12 @@ def choose_memory(model, val: TaskData, limit: int = VALIDATION_ROWS, candidates
 
 
 def choose_hidden(model, data: TaskData, train_rows: np.ndarray, val: TaskData,
-                  candidates=None) -> tuple:
+                  candidates=None, runs: np.ndarray | None = None) -> tuple:
     """(chosen recurrent size, every candidate with its validation top-1): for each size, a
     probe of `model`'s kind and settings trained on at most PROBE_EVENTS of the training rows
     (spread over them) and scored on the validation run's first PROBE_ROWS labelled rows. Ties
-    go to the earlier candidate."""
+    go to the earlier candidate. `runs`: the training run of every row of `data`, as fit takes
+    it (hints cross-fitted leave-one-run-out, as the model itself will be)."""
     from .models import create_model
     candidates = candidates or HIDDEN_CANDIDATES
     rows = validation_rows(val, PROBE_ROWS)
@@ -97,7 +98,8 @@ def choose_hidden(model, data: TaskData, train_rows: np.ndarray, val: TaskData,
     for hidden in candidates:
         probe = create_model(model.kind, model.task, model.vocab,
                              {**model.config, "hidden": hidden})
-        probe.fit(data, train_rows, max_events=PROBE_EVENTS, progress=False, prepared=prepared)
+        probe.fit(data, train_rows, max_events=PROBE_EVENTS, progress=False, runs=runs,
+                  prepared=prepared)
         top1 = float(np.mean(probe.predict(val, rows, 1)[:, 0] == y))
         scored.append({"hidden": hidden, "top1": top1})
     best = max(scored, key=lambda c: c["top1"])
@@ -105,17 +107,19 @@ def choose_hidden(model, data: TaskData, train_rows: np.ndarray, val: TaskData,
 
 
 def tune_on_validation(model, data: TaskData, train_rows: np.ndarray, val: TaskData,
-                       fixed=()) -> dict:
+                       fixed=(), runs: np.ndarray | None = None) -> dict:
     """Sets into `model` (not yet fitted) the settings chosen on the validation data `val`:
     the n-gram's (ngram) or its hints' n-gram, the in-run memory's orders and the recurrent
-    size (gru, lstm, transformer), except the config keys in `fixed` (given by the user).
+    size (gru, lstm, transformer), except the config keys in `fixed` (given by the user);
+    `runs` as choose_hidden takes it.
     Returns the record of the choices (chosen settings, candidates, rows scored); call
     calibrate_on_validation after fitting."""
     target = model.config if model.kind == "ngram" else model.config.get("ngram")
     if target is None:
         return {}
     out = {}
-    if not ({"orders", "sites"} & set(fixed) if model.kind == "ngram" else "ngram" in fixed):
+    ngram_keys = {"orders", "sites"} if model.kind == "ngram" else {"ngram"}
+    if not ngram_keys & set(fixed):
         chosen, candidates = choose_ngram(model.task, model.vocab, data, train_rows, val,
                                           {"topk": target.get("topk", 8)})
         target.update(chosen)
@@ -129,7 +133,7 @@ def tune_on_validation(model, data: TaskData, train_rows: np.ndarray, val: TaskD
         model.config["cache_orders"] = orders
         out["memory"] = {"orders": orders, "candidates": scored}
     if "hidden" not in fixed:
-        hidden, scored = choose_hidden(model, data, train_rows, val)
+        hidden, scored = choose_hidden(model, data, train_rows, val, runs=runs)
         model.config["hidden"] = hidden
         out["hidden"] = {"hidden": hidden, "candidates": scored,
                          "probe_events": PROBE_EVENTS, "rows": int(len(validation_rows(

@@ -159,7 +159,9 @@ def _choose_on_validation(m, validate: list, feats, data, train_rows, order: str
         raise ValueError(f"{', '.join(same)}: a training run cannot be a validation run too")
     val = make_task(vfeats, m.task, m.vocab)
     return val, {"traces": vfeats.sources,
-                 **tune_on_validation(m, data, train_rows, val, fixed)}
+                 **tune_on_validation(m, data, train_rows, val, fixed,
+                                      runs=run_of_rows(feats) if m.kind in STREAM_MODELS
+                                      else None)}
 
 
 def _end_distributed() -> None:

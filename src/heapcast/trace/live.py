@@ -36,7 +36,7 @@ import numpy as np
 from . import native_raw
 from .base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
 from .raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC,
-                  OP_LOC, SLOT, SLOT_DTYPE, Chunk, LocationAssigner, RawProcess, _CHUNK,
+                  SLOT, SLOT_DTYPE, Chunk, LocationAssigner, RawProcess, _CHUNK,
                   _COUNTERS, _HEADER, fit_clock, location_definitions)
 from .writer import ProcessFileWriter, lower_priority
 
@@ -66,7 +66,6 @@ class LiveProcess:
         self.small: dict[int, Chunk] = {}      # offset -> a never-recycled chunk, read so far
         self.final: set = set()                # offsets of small chunks that no longer change
         self.blocked: dict[int, int] = {}      # tid -> tsc of its oldest chunk we may not read
-        self.defs: dict[int, tuple] = {}
         self.locs_done: dict[int, int] = {}      # chunk offset -> slot where parsing stopped
         self.pairs = [(self.start_tsc, self.start_mono)]
         self.assigner = LocationAssigner()
@@ -107,7 +106,7 @@ class LiveProcess:
             slots = np.frombuffer(mm, SLOT_DTYPE, n, off + SLOT)
             defs, self.locs_done[off] = location_definitions(self.path, slots, off,
                                                              self.locs_done.get(off, 0))
-            self.defs.update(defs)
+            self.assigner.add_definitions(defs)
             del slots
         return Chunk(off, size, tid, n, seq_min, seq_max, tsc, events)
 
@@ -230,7 +229,6 @@ class LiveProcess:
             if int(mins.min()) >= bound:
                 return
             self.next_lo = int(mins.min())     # the window grid starts at the first event
-        self.assigner.add_definitions(self.defs)
         table = None
         while self.next_lo + WINDOW <= bound and not stop.is_set():
             lo, hi = self.next_lo, self.next_lo + WINDOW
