@@ -27,11 +27,11 @@ recorder = Extension(
              *[f"native/policy/{name}.c" for name in ("policy", "rnn", "table", "modmap")]],
     depends=["native/recorder/raw_format.h", "native/recorder/pyframes.h",
              "native/recorder/policy_hook.h", "native/policy/heapcast_policy.h",
-             "native/policy/internal.h"],
+             "native/policy/internal.h", "native/recorder/exports.map"],
     extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",
                         "-ffp-contract=off", "-Wno-psabi",
                         "-ftls-model=initial-exec", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-    extra_link_args=["-pthread", "-ldl", "-lm"],
+    extra_link_args=["-pthread", "-ldl", "-lm", "-Wl,--version-script=native/recorder/exports.map"],
 )
 
 # The allocator lab's replay kernels: a plain shared library loaded with ctypes (heapcast.lab.native).

@@ -91,6 +91,8 @@ struct hc_policy {
     size_t tab_copy_len;            /* bytes of the aligned copy of tab.slots (0: none) */
     const uint64_t *tab_filter;     /* tab.ctx_filter: a bit per hash of the context keys */
     int tab_filter_shift;           /* 64 - log2(bits in the filter) */
+    int tab_home_shift;             /* 64 - cfg[tab_bits]: a key's home slot is its hash >> it */
+    int tab_nctx;                   /* cfg[tab_ctx] */
     const int16_t *tab_lists;       /* [list][HC_TOPK]: the distinct top-k lists */
     uint64_t tab_cap;
     int16_t tab_default[HC_TOPK];
@@ -140,6 +142,57 @@ static inline uint64_t hc_mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+/* ---- tokens (what hc_rich_token, hc_seed64_token and hc_event_token export; inline here for the
+ * recorder's and the allocator's per-event paths) */
+static inline int hc_bit_length(uint64_t x) { return x ? 64 - __builtin_clzll(x) : 0; }
+
+/* The rich vocabulary's size class: exact below 8, then 4 classes per power of two, 124 above 2^32. */
+static inline int hc_fine_size_class(uint64_t s) {
+    int bl = hc_bit_length(s);
+    if (bl > 32) return 124;
+    if (bl <= 3) return (int)s;
+    int e = bl - 1;
+    return 8 + 4 * (e - 3) + (int)((s >> (e - 2)) & 3);
+}
+
+static inline uint16_t hc_rich_token_inline(int op, uint64_t size, int free_null, int free_unknown) {
+    if (op == HC_OP_FREE) {
+        if (free_null) return 1000;
+        if (free_unknown) return 1001;
+    }
+    return (uint16_t)(op * 125 + hc_fine_size_class(size));
+}
+
+static inline uint16_t hc_seed64_token_inline(int op, uint64_t size) {
+    int c = hc_bit_length(size);
+    if (c > 31) c = 31;
+    return (uint16_t)(op == HC_OP_FREE || op == HC_OP_MUNMAP ? 32 + c : c);
+}
+
+static inline uint16_t hc_event_token_inline(const hc_policy *p, const hc_event *ev) {
+    if (ev->token != 0xFFFF) return ev->token;
+    if (p->cfg[CFG_VOCAB] == VOCAB_SEED64)
+        return hc_seed64_token_inline(ev->op, ev->free_null || ev->free_unknown ? 0 : ev->size);
+    return hc_rich_token_inline(ev->op, ev->size, ev->free_null, ev->free_unknown);
+}
+
+/* ---- call-site keys: modmap.c's cache of recent answers, read inline by per-event paths */
+#define HC_SITE_CACHE_BITS 12
+struct hc_site_cache_entry { uint64_t tag; uint32_t key; };
+extern struct hc_site_cache_entry hc_site_cache[1 << HC_SITE_CACHE_BITS];
+uint32_t hc_site_resolve(uintptr_t ra);     /* a miss of the cache: resolves and caches */
+
+/* hc_site_of_address: an entry is checked by its tag (address ^ key), so that a torn entry read
+ * while another thread writes it is not believed. */
+static inline uint32_t hc_site_of_address_inline(uintptr_t ra) {
+    if (!ra) return 0;
+    uint64_t i = ((uint64_t)ra * 0x9E3779B97F4A7C15ull) >> (64 - HC_SITE_CACHE_BITS);
+    uint32_t key = __atomic_load_n(&hc_site_cache[i].key, __ATOMIC_RELAXED);
+    if ((__atomic_load_n(&hc_site_cache[i].tag, __ATOMIC_RELAXED) ^ key) == (uint64_t)ra && key)
+        return key;
+    return hc_site_resolve(ra);
+}
+
 /* Pushes an event's symbols into an rnn stream's histories (a table's: hc_table_push). */
 static inline void hc_push_history(hc_stream *s, uint64_t hint_sym, uint64_t mem_sym,
                                    uint16_t token) {
@@ -172,10 +225,9 @@ void hc_rnn_feed(hc_stream *s, uint32_t site, uint16_t token, int dt, uint64_t h
                  uint64_t mem_sym, int32_t label, int want_pred);
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out);
-void hc_table_prepare(hc_stream *s);
 void hc_table_predict_next(hc_stream *s, hc_prediction *out);
 void hc_table_ctx_reset(hc_stream *s);
-void hc_table_push(hc_stream *s, uint16_t token);
+void hc_table_push(hc_stream *s, uint16_t token, uint32_t site, int prepare);
 void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, uint64_t n,
                         hc_prediction *out);
 

@@ -98,23 +98,21 @@ static const struct module *lookup(const struct modmap *mm, uint64_t a) {
     return NULL;
 }
 
-/* A direct-mapped cache of recent answers, shared by all threads. An entry is checked by its tag
- * (address ^ key), so that a torn entry read while another thread writes it is not believed. */
-#define CACHE_SLOTS 4096
-static struct { uint64_t tag; uint32_t key; } cache[CACHE_SLOTS];
+/* A direct-mapped cache of recent answers, shared by all threads (hc_site_of_address_inline,
+ * internal.h, reads it). */
+struct hc_site_cache_entry hc_site_cache[1 << HC_SITE_CACHE_BITS];
 
 static uint32_t resolve(uintptr_t ra);
 
-HC_EXPORT uint32_t hc_site_of_address(uintptr_t ra) {
-    if (!ra) return 0;
-    uint64_t i = ((uint64_t)ra * 0x9E3779B97F4A7C15ull) >> (64 - 12);
-    uint32_t key = __atomic_load_n(&cache[i].key, __ATOMIC_RELAXED);
-    if ((__atomic_load_n(&cache[i].tag, __ATOMIC_RELAXED) ^ key) == (uint64_t)ra && key) return key;
-    key = resolve(ra);
+HC_EXPORT uint32_t hc_site_of_address(uintptr_t ra) { return hc_site_of_address_inline(ra); }
+
+uint32_t hc_site_resolve(uintptr_t ra) {
+    uint64_t i = ((uint64_t)ra * 0x9E3779B97F4A7C15ull) >> (64 - HC_SITE_CACHE_BITS);
+    uint32_t key = resolve(ra);
     if (key) {
-        __atomic_store_n(&cache[i].tag, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&cache[i].key, key, __ATOMIC_RELAXED);
-        __atomic_store_n(&cache[i].tag, (uint64_t)ra ^ key, __ATOMIC_RELEASE);
+        __atomic_store_n(&hc_site_cache[i].tag, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&hc_site_cache[i].key, key, __ATOMIC_RELAXED);
+        __atomic_store_n(&hc_site_cache[i].tag, (uint64_t)ra ^ key, __ATOMIC_RELEASE);
     }
     return key;
 }

@@ -83,35 +83,14 @@ HC_EXPORT uint32_t hc_crc32(uint32_t crc, const void *data, size_t n) {
 
 /* ---------------------------------------------------------------- tokens and keys */
 
-static inline int bit_length(uint64_t x) { return x ? 64 - __builtin_clzll(x) : 0; }
-
-static inline int fine_size_class(uint64_t s) {
-    int bl = bit_length(s);
-    if (bl > 32) return 124;
-    if (bl <= 3) return (int)s;
-    int e = bl - 1;
-    return 8 + 4 * (e - 3) + (int)((s >> (e - 2)) & 3);
-}
-
 HC_EXPORT uint16_t hc_rich_token(int op, uint64_t size, int free_null, int free_unknown) {
-    if (op == HC_OP_FREE) {
-        if (free_null) return 1000;
-        if (free_unknown) return 1001;
-    }
-    return (uint16_t)(op * 125 + fine_size_class(size));
+    return hc_rich_token_inline(op, size, free_null, free_unknown);
 }
 
-HC_EXPORT uint16_t hc_seed64_token(int op, uint64_t size) {
-    int c = bit_length(size);
-    if (c > 31) c = 31;
-    return (uint16_t)(op == HC_OP_FREE || op == HC_OP_MUNMAP ? 32 + c : c);
-}
+HC_EXPORT uint16_t hc_seed64_token(int op, uint64_t size) { return hc_seed64_token_inline(op, size); }
 
 HC_EXPORT uint16_t hc_event_token(const hc_policy *p, const hc_event *ev) {
-    if (ev->token != 0xFFFF) return ev->token;
-    if (p->cfg[CFG_VOCAB] == VOCAB_SEED64)
-        return hc_seed64_token(ev->op, ev->free_null || ev->free_unknown ? 0 : ev->size);
-    return hc_rich_token(ev->op, ev->size, ev->free_null, ev->free_unknown);
+    return hc_event_token_inline(p, ev);
 }
 
 HC_EXPORT uint32_t hc_site_key(uint32_t module_name_crc32, uint64_t offset) {
@@ -475,7 +454,7 @@ HC_EXPORT void hc_stream_reset(hc_stream *s) {
 static inline int dt_bucket(hc_stream *s, uint64_t ts) {
     if (s->events == 0) return 0;
     uint64_t d = ts > s->last_ts ? ts - s->last_ts : 0;
-    int b = bit_length(d);
+    int b = hc_bit_length(d);
     return b > 63 ? 63 : b;
 }
 
@@ -501,12 +480,10 @@ static void feed(hc_stream *s, const hc_event *ev, int32_t label, int want_pred)
         s->last_site = ev->site;
         s->events++;
     } else {
-        hc_table_push(s, tok);
+        hc_table_push(s, tok, ev->site, want_pred);
         s->last_ts = ev->ts_ns;
         s->last_site = ev->site;
         s->events++;
-        s->tab_ready = 0;
-        if (want_pred) hc_table_prepare(s);
     }
 }
 

@@ -97,6 +97,8 @@ int hc_table_load(hc_policy *p, char *err, size_t errlen) {
     }
     p->tab_filter = fl->data;
     p->tab_filter_shift = 64 - 6 - __builtin_ctzll(fl->shape[0]);
+    p->tab_home_shift = 64 - bits;
+    p->tab_nctx = nctx;
     /* levels that hold entries (bit `level`): the others are not probed */
     const struct hc_tensor *lm = hc_find_tensor(p, "tab.level_mask");
     p->tab_level_mask = lm && lm->dtype == DT_I32 && lm->ndim == 1 && lm->shape[0] == 1
@@ -145,7 +147,7 @@ int hc_table_load(hc_policy *p, char *err, size_t errlen) {
 }
 
 static inline uint64_t home(const hc_policy *p, uint64_t key) {
-    return (key * 0x9E3779B97F4A7C15ull) >> (64 - p->cfg[CFG_TAB_BITS]);
+    return (key * 0x9E3779B97F4A7C15ull) >> p->tab_home_shift;
 }
 
 /* The slot of `key`, or NULL. The key, if present, sits at or after its home and before the first
@@ -169,7 +171,9 @@ static inline const struct hc_tab_slot *find(const hc_policy *p, uint64_t key) {
 static void fill(const hc_policy *p, const struct hc_tab_slot *e, uint32_t level,
                  hc_prediction *out) {
     const int16_t *l = e ? p->tab_lists + (size_t)TAB_LIST(e->info) * HC_TOPK : p->tab_default;
-    for (int j = 0; j < HC_TOPK; j++) out->label[j] = l[j];
+    _Static_assert(HC_TOPK == 5, "fill copies 5 labels");
+    out->label[0] = l[0], out->label[1] = l[1], out->label[2] = l[2], out->label[3] = l[3];
+    out->label[4] = l[4];
     out->conf = e ? e->conf : p->tab_default_conf;
     out->level = e ? level : 0;
 }
@@ -187,7 +191,7 @@ static inline uint64_t ctx_key(const hc_policy *p, const hc_stream *s, uint64_t 
 static void lookup(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                    uint64_t kst, const uint64_t *ck, hc_prediction *out) {
     const struct hc_tab_slot *e = find(p, kst);
-    int nctx = p->cfg[CFG_TAB_CTX];
+    int nctx = p->tab_nctx;
     if (e) {
         unsigned flags = s ? TAB_FLAGS(e->info) : 0;
         uint64_t x = ((uint64_t)site << 16) ^ token;
@@ -222,28 +226,20 @@ void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uin
     lookup(p, use_ctx ? s : NULL, site, token, st_key(site, token), NULL, out);
 }
 
-/* next/free: the lookup of the next event is keyed by the last event fed (site, token) and the
- * tokens before it. Its keys are computed now and the slots and filter words they may read are
- * prefetched, so that in a running program those misses overlap the program's own work. */
-void hc_table_prepare(hc_stream *s) {
-    const hc_policy *p = s->p;
-    s->tab_token = s->hist_len ? s->tok_hist[(s->hist_head + HC_MAX_HIST - 1) % HC_MAX_HIST]
-                               : 0xFFFF;
-    s->tab_site = s->hist_len ? s->last_site : 0;
-    s->tab_kst = st_key(s->tab_site, s->tab_token);
-    __builtin_prefetch(&p->tab_slots[home(p, s->tab_kst) & ~3ull]);
-    uint64_t x = ((uint64_t)s->tab_site << 16) ^ s->tab_token;
-    for (int c = 0; c < p->cfg[CFG_TAB_CTX]; c++) {
-        uint64_t k = s->tab_ctx_keys[c] = ctx_key(p, s, x, c), bit = k >> p->tab_filter_shift;
-        __builtin_prefetch(&p->tab_filter[bit >> 6]);
-        __builtin_prefetch(&p->tab_slots[home(p, k) & ~3ull]);
-    }
-    s->tab_ready = 1;
-}
-
+/* next/free: the lookup of the next event, keyed by the last event fed and the tokens before it;
+ * its keys were computed when that event was fed with `prepare` (hc_table_push), else now. */
 void hc_table_predict_next(hc_stream *s, hc_prediction *out) {
-    if (!s->tab_ready) hc_table_prepare(s);
-    lookup(s->p, s, s->tab_site, s->tab_token, s->tab_kst, s->tab_ctx_keys, out);
+    const hc_policy *p = s->p;
+    if (!s->tab_ready) {
+        s->tab_token = s->hist_len ? s->tok_hist[(s->hist_head + HC_MAX_HIST - 1) % HC_MAX_HIST]
+                                   : 0xFFFF;
+        s->tab_site = s->hist_len ? s->last_site : 0;
+        s->tab_kst = st_key(s->tab_site, s->tab_token);
+        uint64_t x = ((uint64_t)s->tab_site << 16) ^ s->tab_token;
+        for (int c = 0; c < p->tab_nctx; c++) s->tab_ctx_keys[c] = ctx_key(p, s, x, c);
+        s->tab_ready = 1;
+    }
+    lookup(p, s, s->tab_site, s->tab_token, s->tab_kst, s->tab_ctx_keys, out);
 }
 
 /* hc_run for a next/free table: the stream loop with the lookup and the push inlined (what
@@ -255,10 +251,10 @@ void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, u
     uint16_t token = 0xFFFF;
     uint64_t kst = st_key(site, token);
     for (uint64_t j = 0; j < n; j++) {
-        if (want[j]) lookup(p, s, site, token, kst, NULL, &out[j]);
-        token = ev[j].token != 0xFFFF ? ev[j].token : hc_event_token(p, &ev[j]);
+        if (want[j]) lookup(p, s, site, token, kst, NULL, &out[j]);   /* context keys lazily */
+        token = ev[j].token != 0xFFFF ? ev[j].token : hc_event_token_inline(p, &ev[j]);
         site = ev[j].site;
-        hc_table_push(s, token);
+        hc_table_push(s, token, site, 0);
         kst = st_key(site, token);
         __builtin_prefetch(&p->tab_slots[home(p, kst) & ~3ull]);
     }
@@ -291,13 +287,31 @@ void hc_table_ctx_reset(hc_stream *s) {
     s->tab_ready = 0;
 }
 
-/* Pushes a token into a table stream's history, moving each context hash by one token. */
-void hc_table_push(hc_stream *s, uint16_t token) {
+/* Pushes the token of an event at `site` into a table stream's history, moving each context hash
+ * by one token. With `prepare`, it also computes the keys of the lookup that predicts the next
+ * event (this event's site and token, the contexts that end with it) and prefetches the slots and
+ * filter words that lookup may read, so that in a running program those misses overlap the
+ * program's own work. */
+void hc_table_push(hc_stream *s, uint16_t token, uint32_t site, int prepare) {
     const hc_policy *p = s->p;
-    uint32_t head = s->hist_head;
-    for (int j = 0; j < p->cfg[CFG_TAB_CTX]; j++) {
+    const int nctx = p->tab_nctx;
+    const uint32_t head = s->hist_head;
+    const uint64_t x = ((uint64_t)site << 16) ^ token;
+    s->tab_ready = prepare;
+    if (prepare) {
+        s->tab_site = site;
+        s->tab_token = token;
+        s->tab_kst = st_key(site, token);
+        __builtin_prefetch(&p->tab_slots[home(p, s->tab_kst) & ~3ull]);
+    }
+    for (int j = 0; j < nctx; j++) {
         uint64_t out = s->tok_hist[(head - (uint32_t)p->tab_ctx_lens[j]) % HC_MAX_HIST];
         s->ctx_h[j] = ((uint64_t)token + 1) * p->tab_pow[j] + (s->ctx_h[j] - (out + 1)) * CTX_INV;
+        if (prepare) {
+            uint64_t k = s->tab_ctx_keys[j] = ctx_key(p, s, x, j), bit = k >> p->tab_filter_shift;
+            __builtin_prefetch(&p->tab_filter[bit >> 6]);
+            __builtin_prefetch(&p->tab_slots[home(p, k) & ~3ull]);
+        }
     }
     s->tok_hist[head] = token;
     s->hist_head = (head + 1) % HC_MAX_HIST;

@@ -390,11 +390,12 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
     struct hook_thread *ht = thread_state();
     if (!ht) goto out;
     hc_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.site = hc_site_of_address((uintptr_t)callsite);
+    ev.site = hc_site_of_address_inline((uintptr_t)callsite);
     ev.op = (uint16_t)kind_of(op);
     ev.token = 0xFFFF;
     ev.size = size;
+    ev.ts_ns = 0;
+    ev.free_null = ev.free_unknown = 0;
     if (g_uses_time) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -403,22 +404,25 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
     /* one lock per event: the map's, or for lifetime the process stream's, which covers both */
     volatile int *lk = g_thread_streams ? &g_map_lock : &g_proc_lock;
     lock(lk);
-    /* the live-block map, as the trace tools' block matching sees it */
+    /* the live-block map, as the trace tools' block matching sees it; the event's token, once
+     * (the runtime reads it as given) */
     if (op == HC_FREE) {
         int32_t tok = addr ? map_take(addr) : -1;
         ev.free_null = addr == 0;
         ev.free_unknown = addr != 0 && tok < 0;
         ev.size = 0;
-        if (tok >= 0) ev.token = (uint16_t)tok;
-    } else if (op <= HC_PVALLOC) {
-        if ((op == HC_REALLOC || op == HC_REALLOCARRAY) && old && (addr || size == 0))
-            map_take(old);
-        if (addr) {          /* the token its free will have */
-            hc_event fr = {.op = HC_OP_FREE, .token = 0xFFFF, .size = size};
-            map_put(addr, hc_event_token(g_pol, &fr));
+        ev.token = tok >= 0 ? (uint16_t)tok : hc_event_token_inline(g_pol, &ev);
+    } else {
+        ev.token = hc_event_token_inline(g_pol, &ev);
+        if (op <= HC_PVALLOC) {
+            if ((op == HC_REALLOC || op == HC_REALLOCARRAY) && old && (addr || size == 0))
+                map_take(old);
+            if (addr) {          /* the token its free will have */
+                hc_event fr = {.op = HC_OP_FREE, .token = 0xFFFF, .size = size};
+                map_put(addr, hc_event_token_inline(g_pol, &fr));
+            }
         }
     }
-    ev.token = hc_event_token(g_pol, &ev);   /* once: the runtime reads it as given */
     if (g_thread_streams) {          /* next: predicted before it happens, on its thread */
         unlock(lk);
         int32_t label = (int32_t)ev.token;
