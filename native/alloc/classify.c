@@ -48,6 +48,7 @@ static __thread uint32_t cache_epoch __attribute__((tls_model("initial-exec")));
 #endif
 static __thread uint32_t countdown __attribute__((tls_model("initial-exec")));
 static _Atomic uint32_t epoch = 1;
+int ha_lifetime_groups = 1;
 
 /* A watched block: addr 0 is a free slot, 1 a slot being written or read. */
 typedef struct {
@@ -83,6 +84,7 @@ int ha_classify_init(const char *path, char *err, size_t errlen) {
     else {
         policy = p;
         policy_is_table = hc_policy_kind(p) == HC_KIND_TABLE;
+        ha_lifetime_groups = hc_policy_lifetime_groups(p);
     }
     return 0;
 #else
@@ -115,6 +117,10 @@ int ha_reclassified(uint32_t site) {
 
 int ha_classify(uintptr_t ra, size_t size, int op, uint32_t *site_out) {
 #ifdef HC_HAVE_POLICY_RUNTIME
+    if (!ha_lifetime_groups) {      /* the policy's placement: one group, as --policy none */
+        *site_out = 0;
+        return HA_DEFAULT;
+    }
     uint32_t e = atomic_load_explicit(&epoch, memory_order_relaxed);
     if (HA_UNLIKELY(e != cache_epoch)) {
         memset(cache, 0, sizeof cache);

@@ -80,6 +80,9 @@ int hc_policy_kind(const hc_policy *p);        /* HC_KIND_* */
 int hc_policy_task(const hc_policy *p);        /* HC_TASK_* */
 int hc_policy_labels(const hc_policy *p);      /* number of label classes */
 const char *hc_policy_model_hash(const hc_policy *p);   /* hex SHA-256 of the source model */
+/* A lifetime policy's placement (the allocator lab's verdict, docs/allocator.md): 1 when blocks
+ * should be placed by predicted lifetime class, 0 when in one group (no class pays for itself). */
+int hc_policy_lifetime_groups(const hc_policy *p);
 
 /* ---- streams -------------------------------------------------------------------------------- */
 

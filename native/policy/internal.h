@@ -62,6 +62,7 @@ struct hc_policy {
     void *map;                      /* the mapped file */
     size_t map_len;
     int32_t cfg[CFG_COUNT];
+    int lifetime_groups;            /* tensor alloc.lifetime_groups (1 when absent) */
     char model_hash[72];
     struct hc_tensor tensors[128];
     int n_tensors;

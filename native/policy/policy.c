@@ -385,6 +385,15 @@ HC_EXPORT hc_policy *hc_policy_open(const char *path, char *err, size_t errlen) 
     p->map_len = (size_t)st.st_size;
     int bad = parse_header(p, path, err, errlen) || check_cfg(p, path, err, errlen);
     if (!bad) {
+        const struct hc_tensor *g = hc_find_tensor(p, "alloc.lifetime_groups");
+        p->lifetime_groups = 1;
+        if (g && (g->dtype != DT_I32 || g->ndim != 1 || g->shape[0] != 1 ||
+                  (unsigned)*(const int32_t *)g->data > 1))
+            bad = fail(err, errlen, path, "tensor alloc.lifetime_groups: expected int32[1], 0 or 1");
+        else if (g)
+            p->lifetime_groups = *(const int32_t *)g->data;
+    }
+    if (!bad) {
         int kind = p->cfg[CFG_KIND];
         if (kind == HC_KIND_RNN) bad = hc_rnn_load(p, err, errlen);
         else if (kind == HC_KIND_TABLE) bad = hc_table_load(p, err, errlen);
@@ -414,6 +423,7 @@ HC_EXPORT int hc_policy_kind(const hc_policy *p) { return p->cfg[CFG_KIND]; }
 HC_EXPORT int hc_policy_task(const hc_policy *p) { return p->cfg[CFG_TASK]; }
 HC_EXPORT int hc_policy_labels(const hc_policy *p) { return p->cfg[CFG_N_LABELS]; }
 HC_EXPORT const char *hc_policy_model_hash(const hc_policy *p) { return p->model_hash; }
+HC_EXPORT int hc_policy_lifetime_groups(const hc_policy *p) { return p->lifetime_groups; }
 
 /* ---------------------------------------------------------------- streams */
 

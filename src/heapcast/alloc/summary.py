@@ -18,7 +18,9 @@ def merge_logs(processes: list, policy: str) -> dict:
     rows = [{"class": c, "name": CLASS_NAMES.get(c, str(c)), **classes[c]}
             for c in sorted(classes, key=lambda c: (c < 0, c))]
     peak = max((p.get("vm_hwm_kb", -1) for p in processes), default=-1)
+    grouped = any(p.get("lifetime_groups", p.get("mode") != "none") for p in processes)
     return {"policy": policy or "none", "process_count": len(processes), "classes": rows,
+            "placement": "by lifetime class" if grouped else "one group",
             "max_vm_hwm_kb": peak,
             "heap_of_class": processes[0]["heap_of_class"] if processes else None}
 
@@ -26,7 +28,8 @@ def merge_logs(processes: list, policy: str) -> dict:
 def format_summary(summary: dict) -> str:
     """The summary as a small text table."""
     lines = [f"heapcast run: policy {summary['policy']}, {summary['process_count']} process(es), "
-             f"peak RSS {summary['max_vm_hwm_kb'] / 1024:.1f} MiB",
+             f"peak RSS {summary['max_vm_hwm_kb'] / 1024:.1f} MiB, placement "
+             f"{summary.get('placement', 'by lifetime class')}",
              f"{'class':<30} {'allocations':>12} {'bytes':>14} {'outlived':>9} {'reclassified':>12}"]
     for r in summary["classes"]:
         if r["allocations"] or r["mispredicted"]:

@@ -154,7 +154,7 @@ def _replay_process(p, r: Replay, forks: list) -> dict:
 
 def simulate(trace, policies=None, train=None, model=None, checked: bool = False,
              series: bool = False, span: int = classes.SPAN_BYTES,
-             quantile: float = classes.QUANTILE) -> dict:
+             quantile: float = classes.QUANTILE, predicted=None) -> dict:
     """Replays `trace` (a Trace or a path) through `policies` (names, "a,b", or None for all) and
     returns the measurements as a JSON-ready dict (keys in docs/policies.md).
 
@@ -162,7 +162,9 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
     policy's predictor. `model`: a lifetime model (heapcast train --task lifetime) whose
     predictions replace the call-site predictor. `checked`: verify the invariants at every op
     (no two live chunks overlap, every chunk lies inside the footprint; slower); a violation
-    raises LabError. `series`: also return the footprint over time, as numpy arrays under
+    raises LabError. `predicted`: instead of a model, the predicted lifetime class of every
+    event of each process (a list in the trace's process order, -1 where no block), e.g. a
+    compiled policy's (heapcast.policy.placement). `series`: also return the footprint over time, as numpy arrays under
     "series" (for report.plot_simulation; drop them before json.dumps).
     """
     names = parse_policies(policies)
@@ -171,7 +173,7 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
         trace = load(trace)
     params = classes.kernel_params(span=span, quantile=quantile)
     need_oracle = any(k.startswith("oracle-lifetime@") for k in kernels)
-    use_model = model is not None and "learned-lifetime" in names
+    use_model = (model is not None or predicted is not None) and "learned-lifetime" in names
     prior = site_prior(train, params) if train is not None and "learned-lifetime" in names else None
     forks = _fork_plan(trace)
     started = time.perf_counter()
@@ -182,10 +184,13 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
         if loaded_here:
             p.events   # decoded once for all passes
         oracle = lifetime_classes(p, params) if need_oracle else None
-        predicted = _model_classes(model, p) if use_model else None
+        given = None
+        if use_model:
+            given = (classes.to_kernel(predicted[i]) if predicted is not None
+                     else _model_classes(model, p))
         every = max(1, p.event_count // SERIES_POINTS) if series else 0
         r = replays.pop(i, None) or Replay(kernels, params, checked, every)
-        r.set_classes(oracle=oracle, model=predicted, n_events=p.event_count)
+        r.set_classes(oracle=oracle, model=given, n_events=p.event_count)
         if prior is not None:
             r.set_prior(*_prior_for(p, prior))
         replays.update(_replay_process(p, r, forks.get(i, [])))
@@ -201,7 +206,8 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
     result["policies"] = clairvoyant(result["policies"], names)
     result["summary"] = summarize(result["policies"])
     result["summary"]["lower_bound_bytes"] = result["peak_live_bytes"]
-    result["predictor"] = ("model " + str(model) if use_model else
+    result["predictor"] = ("given classes" if use_model and predicted is not None else
+                           "model " + str(model) if use_model else
                            "call sites, seeded by " + str(getattr(train, "path", train))
                            if prior is not None else "call sites, learned online")
     if series:

@@ -44,15 +44,17 @@ def _sha256(path) -> str:
 
 def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, prune: float = 0.0,
                    data=None, ctx=DEFAULT_CTX, max_rows: int = 2_000_000,
-                   min_count: int = 2) -> dict:
+                   min_count: int = 2, placement: str = "lab") -> dict:
     """Compiles the model file at `model_path` into a POLICY at `output`; returns its spec.
 
     `kind`: "rnn" (the default GRU's network) or "table" (distilled on `data`: traces or
     datasets, by default the model's training traces; `ctx`: the context lengths, in tokens,
     of its most specific keys, backed off longest first; context keys seen fewer than
     `min_count` times left out; `max_rows` rows at most). `int8` and `prune` (a fraction of
-    hidden units to drop) apply to rnn. PolicyError (a ValueError) names the file and why it
-    cannot compile."""
+    hidden units to drop) apply to rnn. A lifetime table also carries whether heapcast's
+    allocator should place blocks by lifetime class at all: `placement` "lab" (the allocator
+    lab's verdict on the same traces, policy.placement), "lifetime" or "one" (forced). PolicyError
+    (a ValueError) names the file and why it cannot compile."""
     from ..forecast.models import load_model
     if kind not in KINDS:
         raise PolicyError(f"unknown policy kind {kind!r} (known: {', '.join(KINDS)})")
@@ -60,6 +62,9 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
         raise PolicyError(f"--prune {prune}: expected a fraction of hidden units in [0, 1)")
     if min_count < 1:
         raise PolicyError(f"--min-count {min_count}: expected 1 or more")
+    from .placement import PLACEMENTS
+    if placement not in PLACEMENTS:
+        raise PolicyError(f"--placement {placement!r}: expected one of {', '.join(PLACEMENTS)}")
     if kind == "table" and (int8 or prune):
         raise PolicyError("--int8 and --prune apply to --kind rnn (a table has no weights)")
     model_path = Path(model_path)
@@ -78,7 +83,16 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
     if kind == "rnn":
         tensors = _rnn_tensors(model, model_path, int8, prune, spec)
     else:
-        tensors = _table_tensors(model, model_path, data, ctx, max_rows, spec, min_count)
+        tensors, distilled = _table_tensors(model, model_path, data, ctx, max_rows, spec,
+                                            min_count)
+        if model.task == "lifetime":
+            # the allocator's placement, judged by the lab on the classes this table predicts
+            from .placement import lab_placement
+            write_policy(output, tensors, spec)
+            spec["placement"] = lab_placement(output, spec["table"]["distilled_from"],
+                                              distilled, placement)
+            tensors["alloc.lifetime_groups"] = np.array(
+                [int(spec["placement"]["lifetime_groups"])], np.int32)
     write_policy(output, tensors, spec)
     spec["output"] = str(output)
     spec["bytes"] = Path(output).stat().st_size
@@ -277,7 +291,9 @@ def _votes(keys: np.ndarray, labels: np.ndarray):
     return keys_u, top, conf, total
 
 
-def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count: int) -> dict:
+def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count: int) -> tuple:
+    """(the table's tensors, the TaskData it was distilled from, in process order for a lifetime
+    model as the allocator lab reads it)."""
     from ..forecast.dataset import load_features
     from ..forecast.tasks import DEFAULT_ORDER, make_task
     from ..forecast.train import spread_rows
@@ -388,4 +404,6 @@ def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count:
                      "distilled_rows": int(len(rows)), "distilled_from": [str(d) for d in data],
                      "per_level": {names.get(lv, f"context {lv - CTX_LEVEL}"): int(len(e[1]))
                                    for lv, *e in entries}}
-    return t
+    if model.task == "lifetime" and order != "process":
+        td = make_task(load_features(list(data), "process"), model.task, model.vocab)
+    return t, td
