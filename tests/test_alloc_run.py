@@ -228,38 +228,49 @@ def test_mispredicted_site_is_detected_and_reclassified(frag_trace, frag_policy,
 
 
 def test_policy_carries_the_labs_placement(build, frag_policy, cli, tmp_path):
-    """A lifetime table says whether placing by lifetime pays for its program: the lab finds it
-    does on the fragmenting pattern, not on churn (64 long-lived blocks among short ones of many
-    sizes), whose policy then runs as --policy none does: every block in one group, unclassified.
-    --placement forces either; a damaged verdict is refused with the tensor named."""
+    """A lifetime table says how heapcast run should place its program's blocks: the lab finds
+    lifetime classes pay on the fragmenting pattern, not on churn (64 long-lived blocks among
+    short ones of many sizes). One group runs as --policy none does (every block unclassified);
+    glibc's family preloads nothing. --placement forces each; a damaged verdict is refused with
+    the tensor named."""
     from safetensors.numpy import load_file
 
+    from heapcast.alloc.runner import family
     from heapcast.forecast.train import train
     from heapcast.policy import compile_policy
     from heapcast.policy.fileformat import PolicyError, read_spec, write_policy
     from heapcast.policy.native import Policy
     frag = read_spec(frag_policy)["placement"]
-    assert frag["lifetime_groups"] and frag["how"] == "lab" and frag["lab_gain"] >= frag["min_gain"]
+    assert frag["lifetime_groups"] and frag["family"] == "mimalloc" and frag["how"] == "lab"
+    assert frag["lab_gain"] >= frag["min_gain"]
     prog = build("churn")
     trace, model = tmp_path / "churn.trace", tmp_path / "churn.m"
     assert heapcast.record([prog], output=trace).exit_code == 0
     train([trace], model, model="ngram", task="lifetime")
-    spec = compile_policy(model, tmp_path / "one.policy", kind="table")
-    assert not spec["placement"]["lifetime_groups"] and spec["placement"]["lab_gain"] < 0.02
-    forced = compile_policy(model, tmp_path / "forced.policy", kind="table", placement="lifetime")
-    assert forced["placement"] == {"lifetime_groups": True, "how": "--placement lifetime"}
+    lab = compile_policy(model, tmp_path / "lab.policy", kind="table")["placement"]
+    assert not lab["lifetime_groups"] and lab["lab_gain"] < 0.02
+    peaks = lab["peak_bytes"]
+    assert lab["family"] == ("mimalloc" if peaks["segregated"] < 0.95 * peaks["glibc"] else "glibc")
+    for how in ("one", "lifetime", "glibc"):
+        spec = compile_policy(model, tmp_path / f"{how}.policy", kind="table", placement=how)
+        assert spec["placement"]["how"] == f"--placement {how}"
 
-    def classes(policy):
+    def summary(policy):
         log = tmp_path / "run.json"
         done = cli("run", "--policy", policy, "--log", log, "--", prog)
         assert done.returncode == 0, done.stderr
-        summary = json.loads(log.read_text())
-        return summary["placement"], {r["class"] for r in summary["classes"] if r["allocations"]}
-    assert classes(tmp_path / "one.policy") == ("one group", {-1})
-    placement, used = classes(tmp_path / "forced.policy")
+        s = json.loads(log.read_text())
+        return s["placement"], {r["class"] for r in s["classes"] if r["allocations"]}, s
+    assert summary(tmp_path / "one.policy")[:2] == ("one group", {-1})
+    placement, used, _ = summary(tmp_path / "lifetime.policy")
     assert placement == "by lifetime class" and used - {-1}
+    placement, used, s = summary(tmp_path / "glibc.policy")
+    assert placement == "glibc's malloc" and not used and s["max_vm_hwm_kb"] > 0
+    assert family(str(tmp_path / "glibc.policy")) == "glibc"
+    assert environment(str(tmp_path / "glibc.policy")) == {}
+    assert cli("run", "--env", "--policy", tmp_path / "glibc.policy").stdout == ""
     tensors = load_file(str(tmp_path / "one.policy"))
     tensors["alloc.lifetime_groups"] = np.array([2], np.int32)
-    write_policy(tmp_path / "bad.policy", tensors, spec)
+    write_policy(tmp_path / "bad.policy", tensors, read_spec(tmp_path / "one.policy"))
     with pytest.raises(PolicyError, match=r"bad\.policy: tensor alloc\.lifetime_groups: expected"):
         Policy(tmp_path / "bad.policy")

@@ -12,8 +12,12 @@ def _cmd_run(a) -> int:
     from .summary import format_summary
     cmd = a.command[1:] if a.command and a.command[0] == "--" else a.command
     if a.env:
-        for name, value in environment(a.policy, a.log).items():
+        env = environment(a.policy, a.log)
+        for name, value in env.items():
             print(f"{name}={shlex.quote(value)}")
+        if not env:
+            print(f"heapcast: {a.policy} runs programs on glibc's malloc (its placement, the "
+                  f"allocator lab's verdict): nothing to preload", file=sys.stderr)
         return 0
     if not cmd:
         raise ValueError("no command to run (heapcast run [--policy P] -- CMD ARGS...)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -57,10 +58,25 @@ def _check(env: dict) -> None:
                          f"{done.stderr.strip()}")
 
 
+def family(policy: str) -> str:
+    """What a --policy value runs the program on: "glibc" for a POLICY whose placement (the
+    allocator lab's verdict, heapcast.policy.placement) is glibc's own malloc, else "mimalloc"
+    (heapcast's allocator)."""
+    if policy in (None, "", "none") or policy.startswith("oracle:"):
+        return "mimalloc"
+    from ..policy.fileformat import PolicyError, read_spec
+    try:
+        spec = read_spec(policy)
+    except (PolicyError, OSError):
+        return "mimalloc"           # the allocator's own check says what is wrong with it
+    return (spec.get("placement") or {}).get("family", "mimalloc")
+
+
 def environment(policy: str = "none", log=None, check: bool = True) -> dict:
     """The environment variables that run a program under the allocator (LD_PRELOAD first, an
     existing LD_PRELOAD kept after it). `log`: a path prefix for the per-process summaries
-    (PREFIX.PID.json). Raises AllocError for a missing library or a bad POLICY."""
+    (PREFIX.PID.json). A POLICY whose placement is glibc's malloc preloads nothing: {} (the
+    file is still checked). Raises AllocError for a missing library or a bad POLICY."""
     lib = str(alloc_library())
     preload = os.environ.get("LD_PRELOAD")
     env = {"LD_PRELOAD": lib + (":" + preload if preload else "")}
@@ -69,6 +85,8 @@ def environment(policy: str = "none", log=None, check: bool = True) -> dict:
         env["HEAPCAST_ALLOC_LOG"] = str(Path(log).resolve())
     if check:
         _check(env)
+    if family(policy) == "glibc":
+        return {}
     return env
 
 
@@ -97,6 +115,9 @@ def run(cmd, policy: str = "none", log=None, env: dict | None = None) -> RunResu
         if log is not None:
             result.processes = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("log.*.json"))]
             result.summary = merge_logs(result.processes, policy)
+            if family(policy) == "glibc":   # nothing of ours ran: the kernel's peak RSS
+                result.summary.update(placement="glibc's malloc", max_vm_hwm_kb=int(
+                    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
             Path(log).write_text(json.dumps({**result.summary, "processes": result.processes},
                                             indent=2) + "\n")
     return result

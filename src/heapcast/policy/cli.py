@@ -30,16 +30,9 @@ def _cmd_compile(a) -> int:
               f"a {spec['kind']} policy {a.output} ({spec['bytes']:,} bytes; {what})",
               file=sys.stderr)
         if "placement" in spec:
-            print(f"heapcast: placement: {_placement_text(spec['placement'])}", file=sys.stderr)
+            from .placement import describe
+            print(f"heapcast: placement: {describe(spec['placement'])}", file=sys.stderr)
     return 0
-
-
-def _placement_text(p: dict) -> str:
-    what = "by lifetime class" if p["lifetime_groups"] else "one group (as --policy none)"
-    if p["how"] != "lab":
-        return f"{what} ({p['how']})"
-    return (f"{what}: the lab's lifetime segregation changes the peak footprint by "
-            f"{-100 * p['lab_gain']:+.1f}% against best-fit (needs <= {-100 * p['min_gain']:.0f}%)")
 
 
 def _lengths(text: str) -> list:
@@ -71,10 +64,10 @@ def add_parsers(sub) -> None:
                         "larger, 0.2-0.4 points of top-1 better on jq and sqlite3)")
     c.add_argument("--max-rows", type=int, default=2_000_000,
                    help="table: distil on at most N rows (default 2,000,000)")
-    c.add_argument("--placement", choices=("lab", "lifetime", "one"), default="lab",
-                   help="lifetime table: whether heapcast's allocator places blocks by lifetime "
-                        "class; lab (default): only where the allocator lab, replaying the same "
-                        "traces, finds it lowers the peak footprint by >= 2%%")
+    c.add_argument("--placement", choices=("lab", "lifetime", "one", "glibc"), default="lab",
+                   help="lifetime table: how `heapcast run` places blocks: by lifetime class, in "
+                        "one group, or on glibc's malloc; lab (default): what the allocator lab "
+                        "finds best on the same traces (docs/allocator.md)")
     c.add_argument("--onnx", action="store_true",
                    help="export the network's step as ONNX instead (-o model.onnx)")
     c.add_argument("--json", action="store_true", help="print the policy's spec as JSON")

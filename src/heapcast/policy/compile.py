@@ -52,9 +52,10 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
     of its most specific keys, backed off longest first; context keys seen fewer than
     `min_count` times left out; `max_rows` rows at most). `int8` and `prune` (a fraction of
     hidden units to drop) apply to rnn. A lifetime table also carries whether heapcast's
-    allocator should place blocks by lifetime class at all: `placement` "lab" (the allocator
-    lab's verdict on the same traces, policy.placement), "lifetime" or "one" (forced). PolicyError
-    (a ValueError) names the file and why it cannot compile."""
+    allocator should place blocks by lifetime class, in one group or on glibc's malloc:
+    `placement` "lab" (the allocator lab's verdict on the same traces, policy.placement), or
+    "lifetime", "one", "glibc" (forced). PolicyError (a ValueError) names the file and why it
+    cannot compile."""
     from ..forecast.models import load_model
     if kind not in KINDS:
         raise PolicyError(f"unknown policy kind {kind!r} (known: {', '.join(KINDS)})")
