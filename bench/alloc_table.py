@@ -29,6 +29,8 @@ from _common import RESULTS_DIR, compile_c, format_table, interleaved, machine_i
 import heapcast  # noqa: E402
 from heapcast.alloc import AllocError, environment  # noqa: E402
 from heapcast.lab import simulate  # noqa: E402
+from heapcast.policy.fileformat import read_spec  # noqa: E402
+from heapcast.policy.placement import describe  # noqa: E402
 
 REAL = {   # Debian packages: libjemalloc2, libmimalloc2.0, libtcmalloc-minimal4
     "jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
@@ -124,6 +126,7 @@ def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path
     trials = {name: (lambda e=e: measure(launcher, cmd, {**env, **e}, cwd)) for name, e in setups.items()}
     runs = interleaved(trials, repeats, label=program.name)
     out = {"program": program.name, "command": cmd, "learned_unavailable": why or None,
+           "learned_placement": read_spec(policy).get("placement") if policy else None,
            "allocators": {}}
     for name, rs in runs.items():
         out["allocators"][name] = {k: median([r[k] for r in rs]) for k in ("peak_rss", "mean_rss", "seconds")}
@@ -211,6 +214,8 @@ def main(argv=None) -> int:
             rows.append(run_program(program, repeats, Path(tmp), launcher))
     print(table(rows))
     lines = verdict(rows)
+    lines += [f"  {r['program']}: learned placement: {describe(r['learned_placement'])}"
+              for r in rows if r.get("learned_placement")]
     print("\n".join(lines))
     write_json(a.out, {"machine": machine_info(), "repeats": repeats, "rows": rows,
                        "verdict": lines})
