@@ -264,6 +264,11 @@ def test_policy_carries_the_labs_placement(build, frag_policy, cli, tmp_path):
     assert summary(tmp_path / "one.policy")[:2] == ("one group", {-1})
     placement, used, _ = summary(tmp_path / "lifetime.policy")
     assert placement == "by lifetime class" and used - {-1}
+    shown = cli("stats", tmp_path / "run.json")   # the last run's log, shown again
+    assert shown.returncode == 0 and "allocations" in shown.stdout and "1-15 events" in shown.stdout
+    (tmp_path / "not-a-log.json").write_text('{"policy": "x", "classes": []}')
+    bad = cli("stats", tmp_path / "not-a-log.json")
+    assert bad.returncode != 0 and "not-a-log.json: field 'process_count'" in bad.stderr
     placement, used, s = summary(tmp_path / "glibc.policy")
     assert placement == "glibc's malloc" and not used and s["max_vm_hwm_kb"] > 0
     assert family(str(tmp_path / "glibc.policy")) == "glibc"

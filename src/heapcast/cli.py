@@ -34,6 +34,11 @@ def _cmd_finalize(a) -> int:
 
 
 def _cmd_stats(a) -> int:
+    if a.trace.suffix == ".json" and a.trace.is_file():   # `heapcast run --log` summary
+        from .alloc.summary import format_summary, read_run_log
+        d = read_run_log(a.trace)
+        print(json.dumps(d, indent=2) if a.json else format_summary(d))
+        return 0
     from .stats import format_stats, stats
     from .trace.reader import load
     d = stats(load(a.trace), top=a.top, plot=a.plot, progress=sys.stderr.isatty())
@@ -108,8 +113,9 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     f.add_argument("trace", type=Path)
     f.set_defaults(func=_cmd_finalize)
 
-    s = sub.add_parser("stats", help="summarize a trace: ops, peaks, sizes, lifetimes, call sites")
-    s.add_argument("trace", type=Path)
+    s = sub.add_parser("stats", help="summarize a trace: ops, peaks, sizes, lifetimes, call sites "
+                                     "(or a `heapcast run --log` JSON: its per-class summary)")
+    s.add_argument("trace", type=Path, metavar="TRACE|RUN.json")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--top", type=int, default=10, help="call sites to list (default 10)")
     s.add_argument("--plot", type=Path, metavar="PNG", help="also draw live bytes and RSS over time")

@@ -2,6 +2,9 @@
 class and sites reclassified, summed over the program's processes."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 CLASS_NAMES = {0: "1-15 events", 1: "16-255", 2: "256-4095", 3: "4096-65535", 4: ">=65536",
                5: "never freed", -1: "default (none/unknown/large)"}
 FIELDS = ("allocations", "bytes", "mispredicted", "reclassified_sites")
@@ -40,3 +43,26 @@ def format_summary(summary: dict) -> str:
             lines.append(f"{r['name']:<30} {r['allocations']:>12,} {r['bytes']:>14,} "
                          f"{r['mispredicted']:>9,} {r['reclassified_sites']:>12,}")
     return "\n".join(lines)
+
+
+def read_run_log(path) -> dict:
+    """The summary in a `heapcast run --log` file (what `heapcast stats RUN.json` shows); a
+    ValueError that names the file and the field for anything else."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a `heapcast run --log` file ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: not a `heapcast run --log` file (expected a JSON object)")
+    for key, kind in (("policy", str), ("process_count", int), ("classes", list),
+                      ("max_vm_hwm_kb", int)):
+        if not isinstance(d.get(key), kind):
+            raise ValueError(f"{path}: field {key!r}: expected {kind.__name__} (a `heapcast run "
+                             f"--log` file has policy, process_count, classes, max_vm_hwm_kb)")
+    for i, row in enumerate(d["classes"]):
+        bad = [f for f in ("class", "name", *FIELDS)
+               if not isinstance(row, dict) or f not in row]
+        if bad:
+            raise ValueError(f"{path}: classes[{i}]: missing {', '.join(bad)}")
+    return d
