@@ -135,6 +135,37 @@ def _jq(run):
             "tags: (map(.tags[]) | unique), best: (max_by(.score).id)}) | length", str(path)]
 
 
+def _make(run):
+    """GNU make dry-running (-n) a generated Makefile: variables, pattern substitutions and a
+    dependency graph, all strings on make's malloc'd heap."""
+    rng = random.Random("make" + run)
+    n = 20000 if run == "a" else 14000
+    lines = [".PHONY: all", "%.c: ; @:", "%.h: ; @:"]
+    for i in range(n):
+        heads = " ".join(f"h{rng.randint(0, n // 4)}.h" for _ in range(rng.randint(1, 6)))
+        lines.append(f"V{i} := {heads} $(subst x,y,{'x' * rng.randint(1, 40)})")
+        lines.append(f"o{i}.o: s{i}.c $(filter %.h,$(V{i}))\n"
+                     f"\t@echo cc -c $< -o $@ $(patsubst %.h,-I%,$(filter %.h,$^)) "
+                     f"$(words $(V{i}))")
+    lines.append("all: " + " ".join(f"o{i}.o" for i in range(n)))
+    path = INPUTS / f"Makefile-{run}"
+    path.write_text("\n".join(lines) + "\n")
+    return ["make", "-n", "-s", "-r", "-f", str(path), "all"]
+
+
+def _tcl(run):
+    """tclsh: dicts of lists, string building and a sort (Tcl's objects on the C heap)."""
+    n = 400000 if run == "a" else 270000
+    script = INPUTS / "work.tcl"
+    script.write_text(
+        "set n [lindex $argv 0]\nset d [dict create]\n"
+        "for {set i 0} {$i < $n} {incr i} {\n"
+        "  dict lappend d k[expr {$i * 7 % 6000}] [string repeat x [expr {$i % 37}]]\n}\n"
+        "set l {}\nforeach {k v} $d { lappend l [list $k [llength $v] [join $v ,]] }\n"
+        "set s [lsort -index 1 -integer $l]\nputs [llength $s]\n")
+    return ["tclsh", str(script), str(n)]
+
+
 def _perl(run):
     n = 150000 if run == "a" else 90000
     script = INPUTS / "work.pl"
@@ -268,7 +299,7 @@ def _gcc_x(run):
 
 PREPARE = {"python-x": _python_x, "sqlite3-x": _sqlite_x, "perl-x": _perl_x, "gcc-x": _gcc_x,
            "python": _python, "python-native": _python, "sqlite3": _sqlite, "gcc": _gcc,
-           "g++": _cxx, "jq": _jq, "perl": _perl}
+           "g++": _cxx, "jq": _jq, "perl": _perl, "make": _make, "tclsh": _tcl}
 PROGRAMS = [
     Program("python", "CPython 3 (dict/json/regex), PYTHONMALLOC=malloc, Python call sites"),
     # The same recordings with native call sites (record --no-python): what Python call sites
@@ -280,6 +311,10 @@ PROGRAMS = [
     Program("g++", "G++ compiling generated C++ (cc1plus, C++)", follow_children=True),
     Program("jq", "jq grouping a JSON array (C)"),
     Program("perl", "Perl hashes and strings"),
+    # Two more Debian programs whose peak RSS is mostly malloc'd heap, for the allocator table
+    # (bench/alloc_table.py); not in the forecasting tables.
+    Program("make", "GNU make dry-running a generated Makefile (C strings)", extra=True),
+    Program("tclsh", "Tcl 8.6 dicts, lists and strings", extra=True),
 ]
 
 
