@@ -114,9 +114,10 @@ struct hc_stream {
     uint32_t hist_len;              /* events in the histories (saturates at HC_MAX_HIST) */
     uint64_t ctx_h[HC_MAX_CTX];     /* table: rolling hash of the last tab_ctx_lens[i] tokens */
     uint32_t hist_head;
-    /* table, next/free: the next lookup's (site, token) and key, computed (and its slot
-     * prefetched) when the event before it was fed (hc_table_prepare) */
-    uint64_t tab_kst, tab_ctx_keys[HC_MAX_CTX];
+    /* table, next/free: the next lookup's (site, token), key and slot and the keys of the
+     * contexts it flags, computed when the event before it was fed (hc_table_push) */
+    uint64_t tab_ctx_keys[HC_MAX_CTX];
+    const struct hc_tab_slot *tab_st;   /* its (site, token) slot, NULL if absent */
     uint32_t tab_site;
     uint16_t tab_token;
     int tab_ready;

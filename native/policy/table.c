@@ -11,9 +11,10 @@
  * (site, token) backs off to (site), then (token). The table is one open-addressing array (linear
  * probing, load at most 1/2, 64-byte aligned) of 16-byte slots: key, list index and flags,
  * confidence. A probe reads the aligned bucket of 4 slots (a cache line) that holds the key's home
- * with no branch on which slot matched. A next/free stream computes the keys of its next lookup
- * and prefetches their slots and filter words as the event before the prediction is fed
- * (hc_table_prepare), so that the misses overlap the program's own work.
+ * with no branch on which slot matched. A next/free stream finds the (site, token) slot of its
+ * next lookup, computes the keys of the contexts it flags and prefetches their slots and filter
+ * words as the event before the prediction is fed (hc_table_push), so that the misses overlap
+ * the program's own work.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,11 +187,10 @@ static inline uint64_t ctx_key(const hc_policy *p, const hc_stream *s, uint64_t 
     return key_of((uint64_t)CTX_LEVEL(p->tab_ctx_lens[c]), x ^ s->ctx_h[c] * CTX_MUL);
 }
 
-/* The lookup of (site, token) whose key is `kst`, with the stream's contexts unless s is NULL
- * (their keys in ck[] when computed already, else NULL). */
-static void lookup(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
-                   uint64_t kst, const uint64_t *ck, hc_prediction *out) {
-    const struct hc_tab_slot *e = find(p, kst);
+/* The lookup of (site, token) whose slot `e` (NULL: absent) was found already; the contexts
+ * of stream s unless s is NULL (their keys in ck[] when computed already, else NULL). */
+static void lookup_slot(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
+                        const struct hc_tab_slot *e, const uint64_t *ck, hc_prediction *out) {
     int nctx = p->tab_nctx;
     if (e) {
         unsigned flags = s ? TAB_FLAGS(e->info) : 0;
@@ -221,6 +221,11 @@ static void lookup(const hc_policy *p, const hc_stream *s, uint32_t site, uint16
     fill(p, NULL, 0, out);
 }
 
+static inline void lookup(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
+                          uint64_t kst, const uint64_t *ck, hc_prediction *out) {
+    lookup_slot(p, s, site, token, find(p, kst), ck, out);
+}
+
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out) {
     lookup(p, use_ctx ? s : NULL, site, token, st_key(site, token), NULL, out);
@@ -230,16 +235,14 @@ void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uin
  * its keys were computed when that event was fed with `prepare` (hc_table_push), else now. */
 void hc_table_predict_next(hc_stream *s, hc_prediction *out) {
     const hc_policy *p = s->p;
-    if (!s->tab_ready) {
-        s->tab_token = s->hist_len ? s->tok_hist[(s->hist_head + HC_MAX_HIST - 1) % HC_MAX_HIST]
-                                   : 0xFFFF;
-        s->tab_site = s->hist_len ? s->last_site : 0;
-        s->tab_kst = st_key(s->tab_site, s->tab_token);
-        uint64_t x = ((uint64_t)s->tab_site << 16) ^ s->tab_token;
-        for (int c = 0; c < p->tab_nctx; c++) s->tab_ctx_keys[c] = ctx_key(p, s, x, c);
-        s->tab_ready = 1;
+    if (s->tab_ready) {
+        lookup_slot(p, s, s->tab_site, s->tab_token, s->tab_st, s->tab_ctx_keys, out);
+        return;
     }
-    lookup(p, s, s->tab_site, s->tab_token, s->tab_kst, s->tab_ctx_keys, out);
+    uint16_t token = s->hist_len ? s->tok_hist[(s->hist_head + HC_MAX_HIST - 1) % HC_MAX_HIST]
+                                 : 0xFFFF;
+    uint32_t site = s->hist_len ? s->last_site : 0;
+    lookup(p, s, site, token, st_key(site, token), NULL, out);   /* context keys lazily */
 }
 
 /* hc_run for a next/free table: the stream loop with the lookup and the push inlined (what
@@ -288,26 +291,28 @@ void hc_table_ctx_reset(hc_stream *s) {
 }
 
 /* Pushes the token of an event at `site` into a table stream's history, moving each context hash
- * by one token. With `prepare`, it also computes the keys of the lookup that predicts the next
- * event (this event's site and token, the contexts that end with it) and prefetches the slots and
- * filter words that lookup may read, so that in a running program those misses overlap the
- * program's own work. */
+ * by one token. With `prepare`, it also starts the lookup that predicts the next event (this
+ * event's site and token, the contexts that end with it): it finds the (site, token) slot and,
+ * for the context lengths that slot flags, computes the keys and prefetches the slots and filter
+ * words they may read, so that in a running program those misses overlap the program's own
+ * work. */
 void hc_table_push(hc_stream *s, uint16_t token, uint32_t site, int prepare) {
     const hc_policy *p = s->p;
     const int nctx = p->tab_nctx;
     const uint32_t head = s->hist_head;
     const uint64_t x = ((uint64_t)site << 16) ^ token;
+    unsigned flags = 0;
     s->tab_ready = prepare;
     if (prepare) {
         s->tab_site = site;
         s->tab_token = token;
-        s->tab_kst = st_key(site, token);
-        __builtin_prefetch(&p->tab_slots[home(p, s->tab_kst) & ~3ull]);
+        s->tab_st = find(p, st_key(site, token));
+        flags = s->tab_st ? TAB_FLAGS(s->tab_st->info) : 0;
     }
     for (int j = 0; j < nctx; j++) {
         uint64_t out = s->tok_hist[(head - (uint32_t)p->tab_ctx_lens[j]) % HC_MAX_HIST];
         s->ctx_h[j] = ((uint64_t)token + 1) * p->tab_pow[j] + (s->ctx_h[j] - (out + 1)) * CTX_INV;
-        if (prepare) {
+        if (flags >> j & 1) {      /* only the contexts that hold entries under this slot */
             uint64_t k = s->tab_ctx_keys[j] = ctx_key(p, s, x, j), bit = k >> p->tab_filter_shift;
             __builtin_prefetch(&p->tab_filter[bit >> 6]);
             __builtin_prefetch(&p->tab_slots[home(p, k) & ~3ull]);
