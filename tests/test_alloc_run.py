@@ -227,7 +227,7 @@ def test_mispredicted_site_is_detected_and_reclassified(frag_trace, frag_policy,
     assert sum(rows[c]["allocations"] for c in (3, 4, 5)) > 48000 + 1000
 
 
-def test_policy_carries_the_labs_placement(build, frag_policy, cli, tmp_path):
+def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, tmp_path):
     """A lifetime table says how heapcast run should place its program's blocks: the lab finds
     lifetime classes pay on the fragmenting pattern, not on churn (64 long-lived blocks among
     short ones of many sizes). One group runs as --policy none does (every block unclassified);
@@ -251,6 +251,12 @@ def test_policy_carries_the_labs_placement(build, frag_policy, cli, tmp_path):
     assert not lab["lifetime_groups"] and lab["lab_gain"] < 0.02
     peaks = lab["peak_bytes"]
     assert lab["family"] == ("mimalloc" if peaks["segregated"] < 0.95 * peaks["glibc"] else "glibc")
+    # two traces: each process's predicted rows go to its own trace's replay
+    other = compile_policy(model, tmp_path / "other.policy", kind="table",
+                           data=[frag_trace[1]])["placement"]["peak_bytes"]
+    both = compile_policy(model, tmp_path / "both.policy", kind="table",
+                          data=[trace, frag_trace[1]])["placement"]["peak_bytes"]
+    assert both == {k: peaks[k] + other[k] for k in peaks}
     for how in ("one", "lifetime", "glibc"):
         spec = compile_policy(model, tmp_path / f"{how}.policy", kind="table", placement=how)
         assert spec["placement"]["how"] == f"--placement {how}"
