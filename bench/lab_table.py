@@ -32,9 +32,12 @@ ALLOCATORS = {   # Debian packages: libjemalloc2, libmimalloc2.0, libtcmalloc-mi
     "mimalloc": "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
     "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
 }
-#: The lab policy that models each real allocator.
+#: The lab policy that models each real allocator. heapcast's allocator with --policy none is
+#: mimalloc in one group; with the oracle's classes, mimalloc heaps by lifetime group, which the
+#: lab models only over best-fit (it has no lifetime segregation over size-class slabs).
 MODEL_OF = {"glibc": "glibc", "jemalloc": "segregated", "mimalloc": "segregated",
-            "tcmalloc": "segregated"}
+            "tcmalloc": "segregated", "heapcast none": "segregated",
+            "heapcast oracle": "oracle-lifetime@best-fit"}
 GAIN_TARGET, CLOSE_TARGET = 0.20, 0.50
 MIB = 1024 * 1024
 
@@ -159,9 +162,21 @@ def peak_rss(trace, exe: str) -> int:
     return best
 
 
+def heapcast_allocator(path: Path) -> dict:
+    """The environments of heapcast's allocator for the reality check (`--policy none` and the
+    oracle of the recording at `path`), or {} where it is not built."""
+    try:
+        from heapcast.alloc import AllocError, environment
+        return {"heapcast none": environment("none"),
+                "heapcast oracle": environment(f"oracle:{path}")}
+    except (ImportError, AllocError):
+        return {}
+
+
 def reality_check(program: corpus.Program, path: Path, row: dict) -> dict:
-    """Runs the program (run a's input) under each allocator, recorded (the recorder first, the
-    allocator preloaded after it), and compares the main process's real peak RSS with the lab's
+    """Runs the program (run a's input) under each allocator, heapcast's own included (its
+    `--policy none` and oracle), recorded (the recorder first, the allocator preloaded after it),
+    and compares the main process's real peak RSS with the lab's
     prediction: the RSS under glibc minus the lab's glibc footprint (what is not heap: code,
     stacks, the recorder's buffers) plus the footprint of the policy that models the allocator."""
     trace = heapcast.load(path)
@@ -176,6 +191,15 @@ def reality_check(program: corpus.Program, path: Path, row: dict) -> dict:
             with program_output_hidden():
                 r = heapcast.record(program.prepare("a"), output=out, progress=False,
                                     env={**program.env(), "LD_PRELOAD": lib},
+                                    follow_children=program.follow_children)
+            if r.exit_code == 0:
+                real[name] = peak_rss(heapcast.load(out), exe)
+            shutil.rmtree(out, ignore_errors=True)
+        for name, env in heapcast_allocator(path).items():   # recorded under heapcast run
+            out = Path(tmp) / name.replace(" ", "-")
+            with program_output_hidden():
+                r = heapcast.record(program.prepare("a"), output=out, progress=False,
+                                    env={**program.env(), **env},
                                     follow_children=program.follow_children)
             if r.exit_code == 0:
                 real[name] = peak_rss(heapcast.load(out), exe)
