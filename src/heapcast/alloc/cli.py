@@ -37,8 +37,10 @@ def add_parsers(subparsers) -> None:
     r = subparsers.add_parser(
         "run", help="run a program under heapcast's allocator (blocks placed by predicted lifetime)",
         description="Runs CMD with heapcast's allocator preloaded: mimalloc heaps, one per "
-                    "lifetime group, fed by a compiled POLICY (docs/allocator.md). Exits with "
-                    "CMD's status (128+N for signal N).")
+                    "lifetime group, fed by a compiled POLICY, placed as the POLICY's placement "
+                    "says (by lifetime class, in one group, or on glibc's own malloc, which "
+                    "preloads nothing; docs/allocator.md). Exits with CMD's status (128+N for "
+                    "signal N).")
     r.add_argument("--policy", default="none", metavar="P",
                    help="none (the allocator without predictions), a POLICY file (heapcast "
                         "compile --kind table), or oracle:TRACE (the true classes from a "
