@@ -275,6 +275,8 @@ def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, 
     (tmp_path / "not-a-log.json").write_text('{"policy": "x", "classes": []}')
     bad = cli("stats", tmp_path / "not-a-log.json")
     assert bad.returncode != 0 and "not-a-log.json: field 'process_count'" in bad.stderr
+    said = cli("run", "--policy", tmp_path / "glibc.policy", "--", prog)
+    assert said.returncode == 0 and "placement is glibc's own malloc" in said.stderr
     placement, used, s = summary(tmp_path / "glibc.policy")
     assert placement == "glibc's malloc" and not used and s["max_vm_hwm_kb"] > 0
     assert family(str(tmp_path / "glibc.policy")) == "glibc"

@@ -22,6 +22,11 @@ def _cmd_run(a) -> int:
     if not cmd:
         raise ValueError("no command to run (heapcast run [--policy P] -- CMD ARGS...)")
     from ..recording import RecordError
+    from .runner import family
+    if family(a.policy) == "glibc":
+        print(f"heapcast: {a.policy}'s placement is glibc's own malloc (the allocator lab's "
+              f"verdict at compile): running the program on it, nothing preloaded",
+              file=sys.stderr)
     try:
         result = run(cmd, policy=a.policy, log=a.log)
     except RecordError as e:   # the program could not be started
