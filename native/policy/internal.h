@@ -115,7 +115,7 @@ struct hc_stream {
     uint64_t ctx_h[HC_MAX_CTX];     /* table: rolling hash of the last tab_ctx_lens[i] tokens */
     uint32_t hist_head;
     /* table, next/free: the next lookup's (site, token), key and slot and the keys of the
-     * contexts it flags, computed when the event before it was fed (hc_table_push) */
+     * contexts it flags, computed when the event before it was fed (hc_table_feed) */
     uint64_t tab_ctx_keys[HC_MAX_CTX];
     const struct hc_tab_slot *tab_st;   /* its (site, token) slot, NULL if absent */
     uint32_t tab_site;
@@ -195,7 +195,7 @@ static inline uint32_t hc_site_of_address_inline(uintptr_t ra) {
     return hc_site_resolve(ra);
 }
 
-/* Pushes an event's symbols into an rnn stream's histories (a table's: hc_table_push). */
+/* Pushes an event's symbols into an rnn stream's histories (a table's: hc_table_feed). */
 static inline void hc_push_history(hc_stream *s, uint64_t hint_sym, uint64_t mem_sym,
                                    uint16_t token) {
     uint32_t i = s->hist_head;
@@ -229,7 +229,7 @@ void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uin
                       int use_ctx, hc_prediction *out);
 void hc_table_predict_next(hc_stream *s, hc_prediction *out);
 void hc_table_ctx_reset(hc_stream *s);
-void hc_table_push(hc_stream *s, uint16_t token, uint32_t site, int prepare);
+void hc_table_feed(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns, int prepare);
 void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, uint64_t n,
                         hc_prediction *out);
 

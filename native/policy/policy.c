@@ -490,10 +490,7 @@ static void feed(hc_stream *s, const hc_event *ev, int32_t label, int want_pred)
         s->last_site = ev->site;
         s->events++;
     } else {
-        hc_table_push(s, tok, ev->site, want_pred);
-        s->last_ts = ev->ts_ns;
-        s->last_site = ev->site;
-        s->events++;
+        hc_table_feed(s, tok, ev->site, ev->ts_ns, want_pred);
     }
 }
 

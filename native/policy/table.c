@@ -13,7 +13,7 @@
  * confidence. A probe reads the aligned bucket of 4 slots (a cache line) that holds the key's home
  * with no branch on which slot matched. A next/free stream finds the (site, token) slot of its
  * next lookup, computes the keys of the contexts it flags and prefetches their slots and filter
- * words as the event before the prediction is fed (hc_table_push), so that the misses overlap
+ * words as the event before the prediction is fed (hc_table_feed), so that the misses overlap
  * the program's own work.
  */
 #include <stdio.h>
@@ -232,7 +232,7 @@ void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uin
 }
 
 /* next/free: the lookup of the next event, keyed by the last event fed and the tokens before it;
- * its keys were computed when that event was fed with `prepare` (hc_table_push), else now. */
+ * its keys were computed when that event was fed with `prepare` (hc_table_feed), else now. */
 void hc_table_predict_next(hc_stream *s, hc_prediction *out) {
     const hc_policy *p = s->p;
     if (s->tab_ready) {
@@ -257,12 +257,10 @@ void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, u
         if (want[j]) lookup(p, s, site, token, kst, NULL, &out[j]);   /* context keys lazily */
         token = ev[j].token != 0xFFFF ? ev[j].token : hc_event_token_inline(p, &ev[j]);
         site = ev[j].site;
-        hc_table_push(s, token, site, 0);
+        hc_table_feed(s, token, site, ev[j].ts_ns, 0);
         kst = st_key(site, token);
         __builtin_prefetch(&p->tab_slots[home(p, kst) & ~3ull]);
     }
-    s->last_site = site;
-    s->events += n;
 }
 
 /* ---------------------------------------------------------------- context hashes */
@@ -290,13 +288,13 @@ void hc_table_ctx_reset(hc_stream *s) {
     s->tab_ready = 0;
 }
 
-/* Pushes the token of an event at `site` into a table stream's history, moving each context hash
- * by one token. With `prepare`, it also starts the lookup that predicts the next event (this
+/* Feeds a table stream the event of `token` at `site`: pushes the token into its history, moving
+ * each context hash by one token. With `prepare`, it also starts the lookup that predicts the next event (this
  * event's site and token, the contexts that end with it): it finds the (site, token) slot and,
  * for the context lengths that slot flags, computes the keys and prefetches the slots and filter
  * words they may read, so that in a running program those misses overlap the program's own
  * work. */
-void hc_table_push(hc_stream *s, uint16_t token, uint32_t site, int prepare) {
+void hc_table_feed(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns, int prepare) {
     const hc_policy *p = s->p;
     const int nctx = p->tab_nctx;
     const uint32_t head = s->hist_head;
@@ -321,4 +319,7 @@ void hc_table_push(hc_stream *s, uint16_t token, uint32_t site, int prepare) {
     s->tok_hist[head] = token;
     s->hist_head = (head + 1) % HC_MAX_HIST;
     if (s->hist_len < HC_MAX_HIST) s->hist_len++;
+    s->last_ts = ts_ns;
+    s->last_site = site;
+    s->events++;
 }

@@ -79,6 +79,7 @@ struct hook_thread {
 int hc_hook_on;
 static hc_policy *g_pol;
 static int g_every = 1, g_fd = -1, g_ffd = -1, g_thread_streams, g_uses_time, g_features;
+static int g_table_next;                /* a next-event table: the hook calls its stream directly */
 static char g_dir[4096];
 static hc_stream *g_proc_stream;
 static uint64_t g_proc_countdown;    /* allocations before the next lifetime prediction */
@@ -266,6 +267,7 @@ int hc_hook_init(const char *policy_path, const char *dir, int every, int featur
     g_every = every > 0 ? every : 1;
     g_features = features;
     g_thread_streams = task == HC_TASK_NEXT;
+    g_table_next = g_thread_streams && g_pol->cfg[CFG_KIND] == HC_KIND_TABLE;
     g_uses_time = g_pol->cfg[CFG_KIND] == HC_KIND_RNN &&
                   (g_pol->cfg[CFG_N_DT] || g_pol->cfg[CFG_NG_DT]);
     memcpy(g_dir, dir, strlen(dir) + 1);
@@ -430,12 +432,14 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
         if (now) {
             hc_prediction pr;
             struct feat_rec *f = g_features ? features_begin(ht, ht->s, seq, &ev, label) : NULL;
-            hc_stream_predict(ht->s, &pr);
+            if (g_table_next) hc_table_predict_next(ht->s, &pr);
+            else hc_stream_predict(ht->s, &pr);
             if (f) features_end(ht, f, &pr);
             log_prediction(ht, seq, &pr);
         }
         ht->countdown = now ? (uint64_t)g_every - 1 : ht->countdown - 1;
-        hc_stream_feed_ex(ht->s, &ev, label, ht->countdown == 0);
+        if (g_table_next) hc_table_feed(ht->s, ev.token, ev.site, ev.ts_ns, ht->countdown == 0);
+        else hc_stream_feed_ex(ht->s, &ev, label, ht->countdown == 0);
     } else {                          /* lifetime: one stream per process */
         int alloc = op <= HC_PVALLOC, now = alloc && g_proc_countdown == 0;
         if (alloc) g_proc_countdown = now ? (uint64_t)g_every - 1 : g_proc_countdown - 1;
