@@ -93,12 +93,21 @@ def test_table_policy_for_lifetimes(runs, tmp_path):
     train([runs["a"]], majority, model="majority", task="lifetime")
     spec = compile_policy(life, tmp_path / "life.table", kind="table", ctx=(8, 2))
     assert spec["table"]["entries"] > 0 and spec["table"]["distilled_from"] == [str(runs["a"])]
-    assert spec["table"]["context"] == [8, 2] and "context 8" in spec["table"]["per_level"]
+    # the context lengths asked for: those that kept entries are stored, the others dropped
+    t = spec["table"]
+    assert sorted(t["context"] + t["context_without_entries"], reverse=True) == [8, 2]
+    assert all(t["per_level"][f"context {k}"] > 0 for k in t["context"])
     r = evaluate_policy(tmp_path / "life.table", [runs["b"]], "cross-run")
     base = evaluate(majority, [runs["b"]], "cross-run")["top1"]
     assert r["model"] == "policy:table" and r["events"] > 1000
     assert r["top1"] > base + 0.05, (r["top1"], base)
     assert len(r["confusion"]) == 6
+    # dropping the lengths without entries changed no prediction: the table compiled with only
+    # the kept lengths scores the same
+    kept = compile_policy(life, tmp_path / "kept.table", kind="table", ctx=t["context"])
+    again = evaluate_policy(tmp_path / "kept.table", [runs["b"]], "cross-run")
+    assert kept["table"]["context"] == t["context"] and again["top1"] == r["top1"]
+    assert again["confusion"] == r["confusion"]
 
 
 def test_table_lookups_equal_a_plain_back_off_over_its_entries(runs, tmp_path):

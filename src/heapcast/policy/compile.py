@@ -355,6 +355,18 @@ def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count:
             keep = np.ones(len(ku), bool)
         entries.append([level, ku[keep], top[keep], conf[keep], flags[keep]])
     entries[nctx][4] = st_flags
+    # a context length that kept no entry would only cost every event of a stream a rolling hash
+    # (the runtime moves one per length): dropped, and the (site, token) flags renumbered
+    used = [i for i in range(nctx) if len(entries[i][1])]
+    dropped = [lens[i] for i in range(nctx) if i not in used]
+    if dropped:
+        renumbered = np.zeros_like(st_flags)
+        for new, old_bit in enumerate(used):
+            renumbered |= ((st_flags >> np.uint64(old_bit)) & np.uint64(1)) << np.uint64(new)
+        entries[nctx][4] = renumbered
+        entries = [entries[i] for i in used] + entries[nctx:]
+        lens = [lens[i] for i in used]
+        nctx = len(lens)
     keys = np.concatenate([e[1] for e in entries])
     labels = np.concatenate([e[2] for e in entries])
     conf = np.concatenate([e[3] for e in entries])
@@ -402,6 +414,7 @@ def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count:
                       "next/free)", "context_tokens": lens}
     names = {2: "site+token", 1: "site", 0: "token"}
     spec["table"] = {"entries": int(len(keys)), "slots": 1 << bits, "context": lens,
+                     "context_without_entries": dropped,
                      "distilled_rows": int(len(rows)), "distilled_from": [str(d) for d in data],
                      "per_level": {names.get(lv, f"context {lv - CTX_LEVEL}"): int(len(e[1]))
                                    for lv, *e in entries}}
