@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import resource
 import shutil
 import subprocess
@@ -103,9 +104,12 @@ class Workload:
     env: dict = field(default_factory=dict)
 
 
-def build_workloads(names: list[str], quick: bool, build_dir: Path) -> list[Workload]:
+def build_workloads(names: list[str], quick: bool, build_dir: Path,
+                    interpreter: str | None = None) -> list[Workload]:
     """Compiles the C workloads with gcc -O2 into build_dir and returns the requested workloads.
-    --quick shrinks the C workloads tenfold; py_dicts.py has no size knob and runs as it is."""
+    --quick shrinks the C workloads tenfold; py_dicts.py has no size knob and runs as it is. The
+    Python workloads run under `interpreter` (default: this one)."""
+    python = interpreter or python_executable()
     ring_args = ["1000000", "1000"] if quick else ["10000000", "1000"]
     threads_args = ["4", "100000", "1000"] if quick else ["4", "1000000", "1000"]
     makers = {
@@ -114,9 +118,9 @@ def build_workloads(names: list[str], quick: bool, build_dir: Path) -> list[Work
         "threads": lambda: Workload("threads", [str(compile_c(
             workload("threads.c"), build_dir / "threads", ("-O2", "-pthread"))), *threads_args]),
         "py_dicts": lambda: Workload(
-            "py_dicts", [python_executable(), str(workload("py_dicts.py"))],
+            "py_dicts", [python, str(workload("py_dicts.py"))],
             {"PYTHONMALLOC": "malloc"}),
-        "py_calls": lambda: Workload("py_calls", [python_executable(), str(write_py_calls(
+        "py_calls": lambda: Workload("py_calls", [python, str(write_py_calls(
             build_dir))], {"PYTHONMALLOC": "malloc"}),
     }
     unknown = [n for n in names if n not in makers]
@@ -240,11 +244,12 @@ def heaptrack(w: Workload, scratch: Path, executable: str) -> Callable[[], dict]
 
 
 def memray(w: Workload, scratch: Path) -> Callable[[], dict]:
-    """memray run: the script under memray (with the venv's interpreter, where memray is)."""
+    """memray run: the script under memray (in the workload's interpreter, where memray must be
+    installed)."""
     def run():
         with fresh_dir(scratch) as d:
             out = d / "memray.bin"
-            cmd = [sys.executable, "-m", "memray", "run", "-q", "-o", str(out), *w.cmd[1:]]
+            cmd = [w.cmd[0], "-m", "memray", "run", "-q", "-o", str(out), *w.cmd[1:]]
             return {**timed(cmd, w.env, d), "bytes": out.stat().st_size}
     return run
 
@@ -261,17 +266,21 @@ def profile_hook(w: Workload, scratch: Path, module_dir: Path) -> Callable[[], d
     return run
 
 
-def build_hook(scratch: Path) -> Path:
-    """Compiles the no-op profile hook module against this interpreter's headers."""
+def build_hook(scratch: Path, interpreter: str | None = None) -> Path:
+    """Compiles the no-op profile hook module against the headers of `interpreter` (default:
+    this one)."""
     src = scratch / "hchook.c"
     src.write_text(HOOK_SOURCE)
-    include = sysconfig.get_paths()["include"]
+    include = sysconfig.get_paths()["include"] if not interpreter else subprocess.run(
+        [interpreter, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+        capture_output=True, text=True, check=True).stdout.strip()
     compile_c(src, scratch / "hchook.so", ("-O2", "-shared", "-fPIC", f"-I{include}"))
     return scratch
 
 
-def memray_available() -> bool:
-    return subprocess.run([sys.executable, "-c", "import memray"], capture_output=True).returncode == 0
+def memray_available(interpreter: str | None = None) -> bool:
+    return subprocess.run([interpreter or sys.executable, "-c", "import memray"],
+                          capture_output=True).returncode == 0
 
 
 def count_lines(path: Path) -> int:
@@ -508,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", action="store_true",
                         help="Python workloads also without Python call sites, under memray and a "
                              "no-op profile hook")
+    parser.add_argument("--interpreter", metavar="PYTHON", default=None,
+                        help="the CPython that runs the Python workloads (default: this one), e.g. "
+                             "a 3.12 or 3.13 (memray's row needs memray installed in it)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "record_overhead.json",
                         help="JSON results (default bench/results/record_overhead.json)")
     args = parser.parse_args(argv)
@@ -521,7 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     heaptrack_exe = shutil.which("heaptrack")
     if not heaptrack_exe:
         notes.append("heaptrack is not installed (Debian package heaptrack): its row is left out")
-    if args.python and not memray_available():
+    if args.interpreter:
+        args.interpreter = os.path.realpath(shutil.which(args.interpreter) or args.interpreter)
+    if args.python and not memray_available(args.interpreter):
         notes.append("memray is not installed (pip install memray): its row is left out")
     only = set(t.strip() for t in args.tracers.split(",")) if args.tracers else None
     if only and not only <= TRACERS:
@@ -533,11 +547,11 @@ def main(argv: list[str] | None = None) -> int:
         scratch = Path(tmp)
         try:
             workloads = build_workloads([n.strip() for n in args.workloads.split(",")],
-                                        args.quick, scratch)
+                                        args.quick, scratch, args.interpreter)
             tools = {"heapcast_cmd": heapcast_cmd, "library": library, "heaptrack": heaptrack_exe,
                      "only": only, "python": args.python,
-                     "memray": args.python and memray_available(),
-                     "hook": build_hook(scratch) if args.python else None,
+                     "memray": args.python and memray_available(args.interpreter),
+                     "hook": build_hook(scratch, args.interpreter) if args.python else None,
                      "article": compile_c(ARTICLE_SOURCE, scratch / "article_tracer.so",
                                           ("-O2", "-shared", "-fPIC", "-pthread"), ("-ldl",))}
         except BenchError as e:
@@ -570,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(failed)} fail")
     out = write_json(args.out, {"benchmark": "record_overhead", "machine": machine_info(),
                                 "settings": {"repeats": args.repeats, "quick": args.quick,
-                                             "stacks": STACKS},
+                                             "stacks": STACKS,
+                                             "interpreter": args.interpreter or sys.executable},
                                 "notes": notes, "errors": errors, "workloads": results,
                                 "record_true_s": start_s})
     print(f"results: {out}")
