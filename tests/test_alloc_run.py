@@ -278,7 +278,7 @@ def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, 
     said = cli("run", "--policy", tmp_path / "glibc.policy", "--", prog)
     assert said.returncode == 0 and "placement is glibc's own malloc" in said.stderr
     placement, used, s = summary(tmp_path / "glibc.policy")
-    assert placement == "glibc's malloc" and not used and s["max_vm_hwm_kb"] > 0
+    assert placement == "glibc's malloc" and not used and s["max_vm_hwm_kb"] == -1
     assert family(str(tmp_path / "glibc.policy")) == "glibc"
     assert environment(str(tmp_path / "glibc.policy")) == {}
     assert cli("run", "--env", "--policy", tmp_path / "glibc.policy").stdout == ""

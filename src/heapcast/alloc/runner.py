@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -115,9 +114,10 @@ def run(cmd, policy: str = "none", log=None, env: dict | None = None) -> RunResu
         if log is not None:
             result.processes = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("log.*.json"))]
             result.summary = merge_logs(result.processes, policy)
-            if family(policy) == "glibc":   # nothing of ours ran: the kernel's peak RSS
-                result.summary.update(placement="glibc's malloc", max_vm_hwm_kb=int(
-                    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+            if family(policy) == "glibc":
+                # nothing of heapcast's ran in the program, so nothing read its VmHWM; the
+                # kernel's maxrss of a child would include this Python's pages from before exec
+                result.summary.update(placement="glibc's malloc", max_vm_hwm_kb=-1)
             Path(log).write_text(json.dumps({**result.summary, "processes": result.processes},
                                             indent=2) + "\n")
     return result

@@ -32,8 +32,8 @@ def format_summary(summary: dict) -> str:
     """The summary as a small text table."""
     if summary.get("placement") == "glibc's malloc":
         return (f"heapcast run: policy {summary['policy']} places on glibc's malloc (the allocator "
-                f"lab's verdict; nothing of heapcast's ran), peak RSS "
-                f"{summary['max_vm_hwm_kb'] / 1024:.1f} MiB")
+                f"lab's verdict): nothing of heapcast's ran in the program, so no per-class "
+                f"summary and no peak RSS (`/usr/bin/time -v` or `heapcast record` measures it)")
     lines = [f"heapcast run: policy {summary['policy']}, {summary['process_count']} process(es), "
              f"peak RSS {summary['max_vm_hwm_kb'] / 1024:.1f} MiB, placement "
              f"{summary.get('placement', 'by lifetime class')}",
