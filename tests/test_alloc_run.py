@@ -257,6 +257,9 @@ def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, 
     both = compile_policy(model, tmp_path / "both.policy", kind="table",
                           data=[trace, frag_trace[1]])["placement"]["peak_bytes"]
     assert both == {k: peaks[k] + other[k] for k in peaks}
+    from heapcast.lab import LabError, simulate
+    with pytest.raises(LabError, match="predicted classes for processes of"):
+        simulate(trace, policies="learned-lifetime", predicted=[np.zeros(3, np.int8)])
     for how in ("one", "lifetime", "glibc"):
         spec = compile_policy(model, tmp_path / f"{how}.policy", kind="table", placement=how)
         assert spec["placement"]["how"] == f"--placement {how}"

@@ -132,7 +132,9 @@ static void init_once(void) {
             failed = 1;
     } else if (policy && *policy && strcmp(policy, "none") != 0) {
         if (ha_classify_init(policy, err, sizeof err) == 0)
-            ha_mode = HA_MODE_POLICY;
+            /* a policy whose placement is one group has nothing to classify, time or sample:
+             * it runs as --policy none (its log still says the policy's placement) */
+            ha_mode = ha_lifetime_groups ? HA_MODE_POLICY : HA_MODE_NONE;
         else
             failed = 1;
     }

@@ -117,10 +117,6 @@ int ha_reclassified(uint32_t site) {
 
 int ha_classify(uintptr_t ra, size_t size, int op, uint32_t *site_out) {
 #ifdef HC_HAVE_POLICY_RUNTIME
-    if (!ha_lifetime_groups) {      /* the policy's placement: one group, as --policy none */
-        *site_out = 0;
-        return HA_DEFAULT;
-    }
     uint32_t e = atomic_load_explicit(&epoch, memory_order_relaxed);
     if (HA_UNLIKELY(e != cache_epoch)) {
         memset(cache, 0, sizeof cache);

@@ -108,13 +108,14 @@ def run(cmd, policy: str = "none", log=None, env: dict | None = None) -> RunResu
         raise AllocError("no command to run")
     with tempfile.TemporaryDirectory(prefix="heapcast-run-") as tmp:
         prefix = Path(tmp) / "log" if log is not None else None
-        full = {**os.environ, **(env or {}), **environment(policy, prefix)}
+        ours = environment(policy, prefix)     # {}: the policy's placement is glibc's malloc
+        full = {**os.environ, **(env or {}), **ours}
         exit_code, _ = run_program(cmd, full, None, 10)
         result = RunResult(exit_code)
         if log is not None:
             result.processes = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("log.*.json"))]
             result.summary = merge_logs(result.processes, policy)
-            if family(policy) == "glibc":
+            if not ours:
                 # nothing of heapcast's ran in the program, so nothing read its VmHWM; the
                 # kernel's maxrss of a child would include this Python's pages from before exec
                 result.summary.update(placement="glibc's malloc", max_vm_hwm_kb=-1)

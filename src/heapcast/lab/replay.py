@@ -175,6 +175,12 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
     need_oracle = any(k.startswith("oracle-lifetime@") for k in kernels)
     use_model = (model is not None or predicted is not None) and "learned-lifetime" in names
     prior = site_prior(train, params) if train is not None and "learned-lifetime" in names else None
+    if predicted is not None:
+        sizes = [len(c) for c in predicted]
+        want = [p.event_count for p in trace.processes]
+        if sizes != want:
+            raise LabError(f"{getattr(trace, 'path', trace)}: predicted classes for processes of "
+                           f"{sizes} events; its processes have {want}")
     forks = _fork_plan(trace)
     started = time.perf_counter()
     replays, per_process, all_series = {}, [], []

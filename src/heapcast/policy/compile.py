@@ -87,11 +87,15 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
         tensors, distilled = _table_tensors(model, model_path, data, ctx, max_rows, spec,
                                             min_count)
         if model.task == "lifetime":
-            # the allocator's placement, judged by the lab on the classes this table predicts
+            # the allocator's placement, judged by the lab on the classes this very table
+            # predicts (run by the native runtime from a provisional file, never left at `output`)
+            import tempfile
             from .placement import lab_placement
-            write_policy(output, tensors, spec)
-            spec["placement"] = lab_placement(output, spec["table"]["distilled_from"],
-                                              distilled, placement)
+            with tempfile.TemporaryDirectory(prefix="heapcast-compile-") as tmp:
+                provisional = Path(tmp) / "table.policy"
+                write_policy(provisional, tensors, spec)
+                spec["placement"] = lab_placement(provisional, spec["table"]["distilled_from"],
+                                                  distilled, placement)
             tensors["alloc.lifetime_groups"] = np.array(
                 [int(spec["placement"]["lifetime_groups"])], np.int32)
     write_policy(output, tensors, spec)

@@ -41,10 +41,17 @@ def lab_placement(policy_path, traces, data, placement: str = "lab") -> dict:
         raise ValueError(f"--placement {placement!r}: expected one of {', '.join(PLACEMENTS)}")
     if placement != "lab":
         return forced(placement)
+    from ..forecast.dataset import is_dataset
     from ..lab import simulate
     from ..trace.reader import load
     from .evaluate import predict_streams
+    from .fileformat import PolicyError
     from .native import Policy
+    datasets = [str(t) for t in traces if is_dataset(t)]
+    if datasets:
+        raise PolicyError(f"{', '.join(datasets)}: a dataset; the allocator lab that chooses a "
+                          f"lifetime table's placement replays traces: distil it from traces "
+                          f"(--data TRACE...) or choose with --placement lifetime|one|glibc")
     want = data.labels >= 0
     classes = np.where(want, predict_streams(Policy(policy_path), data, want)[:, 0], -1)
     peaks = dict.fromkeys(LAB_POLICIES, 0)
