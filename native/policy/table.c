@@ -245,7 +245,7 @@ void hc_table_predict_next(hc_stream *s, hc_prediction *out) {
     lookup(p, s, site, token, st_key(site, token), NULL, out);   /* context keys lazily */
 }
 
-/* hc_run for a next/free table: the stream loop with the lookup and the push inlined (what
+/* hc_run for a next/free table: the stream loop calling the lookup and the feed directly (what
  * hc_stream_predict and hc_stream_feed do per event, without their per-call dispatch). */
 void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, uint64_t n,
                         hc_prediction *out) {
@@ -289,11 +289,11 @@ void hc_table_ctx_reset(hc_stream *s) {
 }
 
 /* Feeds a table stream the event of `token` at `site`: pushes the token into its history, moving
- * each context hash by one token. With `prepare`, it also starts the lookup that predicts the next event (this
- * event's site and token, the contexts that end with it): it finds the (site, token) slot and,
- * for the context lengths that slot flags, computes the keys and prefetches the slots and filter
- * words they may read, so that in a running program those misses overlap the program's own
- * work. */
+ * each context hash by one token. With `prepare`, it also starts the lookup that predicts the
+ * next event (this event's site and token, the contexts that end with it): it finds the (site,
+ * token) slot and, for the context lengths that slot flags, computes the keys and prefetches the
+ * slots and filter words they may read, so that in a running program those misses overlap the
+ * program's own work. */
 void hc_table_feed(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns, int prepare) {
     const hc_policy *p = s->p;
     const int nctx = p->tab_nctx;
