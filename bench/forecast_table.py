@@ -5,7 +5,9 @@
 
 Programs: the corpus's real programs, each recorded twice with different inputs (run a, run b).
 Tasks: `next-seed64` (the article's task on its 64 classes), `next-rich` (the richer vocabulary),
-`free` (recency rank of the block each free releases), `lifetime` (lifetime class at allocation).
+`free` (recency rank of the block each free releases), `free-class` and `free-site` (its rank
+within its size class / call site, the group named too: heapcast train --free-group; the label
+space is learned from run a), `lifetime` (lifetime class at allocation).
 Protocols (heapcast.forecast.protocols): `article` (last 15% of run a's samples), `time` (last 15%
 of run a's time span), `cross-run` (train on run a, test on run b), `cross-program` (train on the
 other programs' run a, test on this program's run b). Which task runs under which protocol:
@@ -50,11 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, format_table, machine_info, write_json  # noqa: E402
 
 TASKS = {"next-seed64": ("next", "seed64"), "next-rich": ("next", "rich"),
-         "free": ("free", "rich"), "lifetime": ("lifetime", "rich")}
+         "free": ("free", "rich"), "free-class": ("free", "rich", "class"),
+         "free-site": ("free", "rich", "site"), "lifetime": ("lifetime", "rich")}
 PLAN = {
     "article": ["next-seed64"],
     "time": ["next-rich"],
-    "cross-run": ["next-seed64", "next-rich", "free", "lifetime"],
+    "cross-run": ["next-seed64", "next-rich", "free", "free-class", "free-site", "lifetime"],
     "cross-program": ["next-rich"],
     "cross-input": ["next-seed64", "next-rich"],
 }
@@ -86,17 +89,22 @@ class Corpus:
             self.cache[key] = featurize([self.paths[(program, run)]], order=order)
         return self.cache[key]
 
-    def data(self, programs, run: str, task: str, vocab: str, cap: int = 0):
-        """TaskData of one or more recordings (each capped to its first `cap` rows)."""
+    def data(self, programs, run: str, task: str, vocab: str, cap: int = 0, group=None,
+             table=None):
+        """TaskData of one or more recordings (each capped to its first `cap` rows); a grouped
+        `free` (`group`) in the label space `table`, or in one learned from these rows."""
         from heapcast.forecast.features import Features, concat
-        from heapcast.forecast.tasks import DEFAULT_ORDER, make_task
+        from heapcast.forecast.tasks import DEFAULT_ORDER, free_code_table, make_task
         parts = []
         for p in programs:
             f = self.features(p, run, DEFAULT_ORDER[task])
             if cap and len(f) > cap:
                 f = _prefix(f, cap, Features)
             parts.append(f)
-        return make_task(parts[0] if len(parts) == 1 else concat(parts), task, vocab)
+        feats = parts[0] if len(parts) == 1 else concat(parts)
+        if group is not None and table is None:
+            table = free_code_table(feats, group)
+        return make_task(feats, task, vocab, group or "all", table)
 
 
 def _prefix(f, n: int, cls):
@@ -183,28 +191,30 @@ def run_one(name, task, vocab, train_data, train_mask, test_data, test_rows, a,
     r = metrics(m, test_data.labels[test_rows], pred)
     r.update(events=int(len(test_rows)), train_s=t1 - t0, predict_s=t2 - t1,
              train_events=int(stats.get("events", 0)),
-             reachable=reachable(task, test_data.labels[test_rows]))
+             reachable=reachable(test_data, test_data.labels[test_rows]))
     return r
 
 
 def protocol_runs(protocol: str, program: str, programs: list, task: str, vocab: str,
-                  corpus: Corpus, a):
-    """(train data, train mask, test data, test rows) of one protocol for one program."""
+                  corpus: Corpus, a, group=None):
+    """(train data, train mask, test data, test rows) of one protocol for one program; a
+    grouped `free` (`group`) in the label space learned from the training run."""
     from heapcast.forecast.protocols import split_masks
     if protocol in ("article", "time"):
         d = corpus.data([program], "a", task, vocab)
         train, test = split_masks(d, protocol)
         return d, train, d, np.flatnonzero(test)
-    test = corpus.data([program], "b", task, vocab, cap=a.max_test_events)
-    if protocol == "cross-input":
-        train = corpus.data([program], "a", task, vocab)
-        val = corpus.data([program], "v", task, vocab, cap=a.max_test_events)
-        return train, np.ones(len(train), bool), test, np.flatnonzero(test.labels >= 0), val
-    if protocol == "cross-run":
-        train = corpus.data([program], "a", task, vocab)
-    else:
+    if protocol == "cross-program":
         others = [p for p in programs if p != program]
-        train = corpus.data(others, "a", task, vocab, cap=a.max_test_events)
+        train = corpus.data(others, "a", task, vocab, cap=a.max_test_events, group=group)
+    else:
+        train = corpus.data([program], "a", task, vocab, group=group)
+    test = corpus.data([program], "b", task, vocab, cap=a.max_test_events, group=group,
+                       table=train.free_codes)
+    if protocol == "cross-input":
+        val = corpus.data([program], "v", task, vocab, cap=a.max_test_events, group=group,
+                          table=train.free_codes)
+        return train, np.ones(len(train), bool), test, np.flatnonzero(test.labels >= 0), val
     return train, np.ones(len(train), bool), test, np.flatnonzero(test.labels >= 0)
 
 
@@ -252,11 +262,12 @@ def main(argv=None) -> int:
         for tname in PLAN[protocol]:
             if tname not in a.tasks.split(","):
                 continue
-            task, vocab = TASKS[tname]
+            task, vocab, *group = TASKS[tname]
             for program in cross_programs if protocol == "cross-input" else programs:
                 if protocol == "cross-program" and len(programs) < 2:
                     continue
-                data = protocol_runs(protocol, program, programs, task, vocab, corpus, a)
+                data = protocol_runs(protocol, program, programs, task, vocab, corpus, a,
+                                     *group)
                 for name in models:
                     if name in SKIP.get(protocol, ()) or name.startswith("seed") and not (
                             tname == "next-seed64" and protocol == "article") or (
@@ -294,12 +305,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def reachable(task: str, labels: np.ndarray) -> float:
-    """The top-1 a perfect model would reach: `free` counts label FREE_BEYOND wrong always."""
-    from heapcast.forecast.tasks import FREE_BEYOND
-    if task != "free" or not len(labels):
+def reachable(data, labels: np.ndarray) -> float:
+    """The top-1 a perfect model would reach: `free` counts its `beyond` label wrong always."""
+    if data.task != "free" or not len(labels):
         return 1.0
-    return float((labels < FREE_BEYOND).mean())
+    return float((labels != data.beyond).mean())
 
 
 def cross_input_verdicts(results: list) -> list:

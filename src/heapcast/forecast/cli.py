@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from ..trace.base import TraceError
-from .names import DEFAULT_MODEL, MODEL_NAMES, ORDERS, PROTOCOLS, SPLITS, TASKS, VOCAB_NAMES
+from .names import (DEFAULT_MODEL, FREE_GROUPS, MODEL_NAMES, ORDERS, PROTOCOLS, SPLITS, TASKS,
+                    VOCAB_NAMES)
 
 
 def _cmd_dataset(a) -> int:
@@ -44,7 +45,8 @@ def _cmd_train(a) -> int:
     s = train(a.traces, a.output, model=model, task=a.task, vocab=a.vocab, epochs=a.epochs,
               split=a.split, order=a.order, max_steps=a.max_steps, max_events=a.max_events,
               config=_config(a),
-              progress=not a.quiet, resume=a.resume, device=a.device, validate=a.validate or ())
+              progress=not a.quiet, resume=a.resume, device=a.device, validate=a.validate or (),
+              free_group=a.free_group)
     st = s["stats"]
     if s["rank"] != 0:
         return 0  # under torchrun: rank 0 speaks for all
@@ -93,6 +95,10 @@ def add_parsers(sub) -> None:
                    help="validation recordings (neither trained nor tested on) on which the "
                         "n-gram's orders and call sites and the gru's trust in its hints are "
                         "chosen")
+    t.add_argument("--free-group", choices=FREE_GROUPS, default=None,
+                   help="--task free: name the freed block by its rank among all live blocks, "
+                        "or within its size class or call site (default: chosen on --validate "
+                        "runs, else all)")
     t.add_argument("--epochs", type=int, default=1)
     t.add_argument("--split", choices=SPLITS, default="all",
                    help="rows to learn from: all, or all but what --protocol article/time "

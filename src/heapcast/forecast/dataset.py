@@ -27,7 +27,7 @@ from .lifetime import LIFETIME_VERSION
 from .vocab import VOCABS
 
 FORMAT = "heapcast-dataset"
-VERSION = 2      # 2: the free_live column
+VERSION = 3      # 2: the free_live column; 3: ranks within call site and size class
 MANIFEST = "dataset.json"
 
 
@@ -153,7 +153,7 @@ class _ParquetSink:
         self.writer.close()
 
 
-def load_features(paths, order: str, need_ranks: bool = False) -> Features:
+def load_features(paths, order: str, need_ranks=False) -> Features:
     """Features of the given traces (paths or Trace objects) and/or dataset directories, in
     stream order `order`."""
     from ..trace.model import Trace

@@ -23,7 +23,7 @@ from .dataset import load_features
 from .modelfile import ModelError
 from .models import load_model
 from .protocols import PROTOCOLS, split_masks
-from .tasks import FREE_BEYOND, FREE_OLD, FREE_YOUNG, label_names, make_task
+from .tasks import FREE_OLD, FREE_YOUNG, label_names, make_task_for, rank_groupings
 from .vocab import article_target, is_allocation_token, rich_to_seed64
 
 PER_CLASS_ROWS = 30
@@ -39,8 +39,8 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
     model = load_model(model_path)
     training = model.meta.get("training", {})
     feats = load_features(list(traces), training.get("order", "thread"),
-                          need_ranks=model.task == "free")
-    data = make_task(feats, model.task, model.vocab)
+                          need_ranks=rank_groupings(model.task, model.free_group))
+    data = make_task_for(feats, model)
     test, trained = scored_rows(model_path, protocol, data, training, feats.sources)
     rows = np.flatnonzero(test)
     total = len(rows)
@@ -51,6 +51,8 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
     pred = model.predict(data, rows, k) if len(rows) else np.zeros((0, k), np.int64)
     seconds = time.perf_counter() - t0
     result = {"protocol": protocol, "task": model.task, "model": model.kind,
+              **({"free_group": model.free_group, "free_labels": int(model.n_labels)}
+                 if model.task == "free" else {}),
               "vocab": model.vocab, "target": model.target, "model_path": str(model_path),
               "traces": [s["path"] for s in feats.sources], "events": int(len(rows)),
               "events_available": int(total), "sampled": bool(len(rows) < total),
@@ -108,7 +110,8 @@ def _test_rows(model_path, protocol: str, data, training: dict, sources: list,
 def metrics(model, y: np.ndarray, pred: np.ndarray) -> dict:
     """top1/top5, allocation-only accuracy, the article's target, per-class and confusion."""
     task, vocab = model.task, model.vocab
-    valid = y < FREE_BEYOND if task == "free" else np.ones(len(y), bool)   # "beyond" never right
+    # "beyond" (the last free label) names no block: never right
+    valid = y < model.n_labels - 1 if task == "free" else np.ones(len(y), bool)
     hit1 = (pred[:, 0] == y) & valid
     hitk = (pred == y[:, None]).any(1) & valid
     out = {"top1": _mean(hit1), "top5": _mean(hitk)}
@@ -126,7 +129,8 @@ def metrics(model, y: np.ndarray, pred: np.ndarray) -> dict:
     else:
         out["top1_alloc"] = None
         out["beyond_rank_fraction"] = _mean(~valid)
-    out["per_class"] = _per_class(y, hit1, hitk, label_names(task, vocab))
+    out["per_class"] = _per_class(y, hit1, hitk, label_names(
+        task, vocab, getattr(model, "free_group", "all"), getattr(model, "free_codes", None)))
     return out
 
 
@@ -175,8 +179,11 @@ def format_result(r: dict) -> str:
         lines.append(f"  top-1 on the article's (buggy) target: {pct(r['top1_article_target'])}"
                      f"   on the true classes: {pct(r['top1'])}")
     if "beyond_rank_fraction" in r:
-        lines.append(f"  frees of blocks beyond the {FREE_YOUNG} youngest and {FREE_OLD} oldest: "
-                     f"{pct(r['beyond_rank_fraction'])}")
+        within = {"class": " of their size class", "site": " of their call site"}.get(
+            r.get("free_group"), "")
+        unseen = " (or in a group the model never saw freed)" if within else ""
+        lines.append(f"  frees of blocks beyond the {FREE_YOUNG} youngest and {FREE_OLD} oldest"
+                     f"{within}{unseen}: {pct(r['beyond_rank_fraction'])}")
     lines.append("  per class (most frequent first):")
     for c in r["per_class"][:12]:
         lines.append(f"    {c['name']:<28} {c['share'] * 100:6.2f}% of events   top-1 "

@@ -18,6 +18,9 @@ article did), processes in trace order) or one per process
 | free_rank | i4 | at a free of a known block: its recency rank among the live blocks (0 = the youngest), else -1 |
 | seq | u8 | the event's seq in its process (to find a row's event in the trace) |
 | free_live | i4 | at a free of a known block: how many blocks were live just before it (the freed one included), else -1 |
+| free_site, free_class | u4, u1 | at a free of a known block: the call-site key and the size class (`min(bit_length(size), 31)`, the article's) of the allocation that made it, else 0 |
+| free_site_rank, free_site_live | i4 | free_rank and free_live among the live blocks of the freed block's call site only |
+| free_class_rank, free_class_live | i4 | the same among the live blocks of its size class |
 
 Everything is vectorized per process (heapcast.heap.match, numpy sorts): no Python loop per event.
 """
@@ -42,10 +45,15 @@ COLUMNS = {
     "proc": np.uint16, "tid": np.uint32, "ts": np.uint64, "dt": np.uint8,
     "lifetime_events": np.int64, "lifetime_ns": np.int64, "lifetime_class": np.int8,
     "lifetime_ns_class": np.int8, "free_rank": np.int32, "free_live": np.int32,
-    "seq": np.uint64,
+    "seq": np.uint64, "free_site": np.uint32, "free_class": np.uint8,
+    "free_site_rank": np.int32, "free_site_live": np.int32,
+    "free_class_rank": np.int32, "free_class_live": np.int32,
 }
 #: Columns that only features built with need_ranks=True have.
-RANK_COLUMNS = ("free_rank", "free_live")
+RANK_COLUMNS = ("free_rank", "free_live", "free_site", "free_class", "free_site_rank",
+                "free_site_live", "free_class_rank", "free_class_live")
+#: The size classes of the `free` task's grouping by class: the article's (bit_length, capped).
+FREE_CLASS_MAX = 31
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
@@ -256,16 +264,21 @@ def _dominance_count(px: np.ndarray, pv: np.ndarray, qx: np.ndarray, qv: np.ndar
 
 
 def featurize_process(process: Process, blocks=None, order: str = "thread",
-                      need_ranks: bool = True, proc: int = 0) -> Features:
-    """Features of one process (its events in the stream order asked for)."""
+                      need_ranks=True, proc: int = 0) -> Features:
+    """Features of one process (its events in the stream order asked for); `need_ranks` as
+    featurize takes it."""
     if blocks is None:
         from ..heap import match
         blocks = match(process.events)
     return _build([(process, blocks)], order, need_ranks, proc)
 
 
-def featurize(traces, order: str = "thread", need_ranks: bool = True) -> Features:
-    """Features of every process of every trace (Trace objects or paths), in stream order."""
+def featurize(traces, order: str = "thread", need_ranks=True) -> Features:
+    """Features of every process of every trace (Trace objects or paths), in stream order.
+
+    `need_ranks`: which free_* rank columns to compute: True (all), False (none), or groupings
+    of the `free` task (`all`, `class`, `site`: heapcast.forecast.tasks.rank_groupings), each
+    costing about a second per million events."""
     from ..trace.reader import load
     if order not in ORDERS:
         raise ValueError(f"unknown stream order {order!r} (known: {', '.join(ORDERS)})")
@@ -304,8 +317,10 @@ def concat(parts: list, sources: list | None = None) -> Features:
     return Features(order, np.concatenate(offsets), cols, srcs)
 
 
-def _build(procs: list, order: str, need_ranks: bool, proc0: int) -> Features:
-    cols = {c: [] for c in COLUMNS if c != "dt" and (c not in RANK_COLUMNS or need_ranks)}
+def _build(procs: list, order: str, need_ranks, proc0: int) -> Features:
+    groups = _rank_groups(need_ranks)
+    ranked = {c for g in groups for c in _RANKS_OF[g]}
+    cols = {c: [] for c in COLUMNS if c != "dt" and (c not in RANK_COLUMNS or c in ranked)}
     offsets = [0]
     for i, (p, blocks) in enumerate(procs):
         ev = p.events
@@ -322,8 +337,8 @@ def _build(procs: list, order: str, need_ranks: bool, proc0: int) -> Features:
             "lifetime_class": life["cls"], "lifetime_ns_class": life["ns_cls"],
             "seq": ev["seq"],
         }
-        if need_ranks:
-            per["free_rank"], per["free_live"] = free_ranks(ev["op"], blocks)
+        if groups:
+            per.update(_rank_columns(ev, blocks, per["site"], groups))
         if order == "thread":
             key = _thread_rank(p)[ev["tid"]] if p.pthread_ids else ev["tid"]
             perm = np.argsort(key, kind="stable")
@@ -338,6 +353,39 @@ def _build(procs: list, order: str, need_ranks: bool, proc0: int) -> Features:
     feats = Features(order, np.asarray(offsets, np.int64), out)
     feats.columns["dt"] = _time_deltas(feats)
     return feats
+
+
+#: The free_* columns of each grouping of the `free` task.
+_RANKS_OF = {"all": ("free_rank", "free_live"),
+             "site": ("free_site", "free_site_rank", "free_site_live"),
+             "class": ("free_class", "free_class_rank", "free_class_live")}
+
+
+def _rank_groups(need_ranks) -> tuple:
+    if need_ranks is True:
+        return tuple(_RANKS_OF)
+    groups = tuple(need_ranks or ())
+    unknown = [g for g in groups if g not in _RANKS_OF]
+    if unknown:
+        raise ValueError(f"need_ranks: unknown grouping {unknown[0]!r} (known: "
+                         f"{', '.join(_RANKS_OF)})")
+    # every grouping's rows are the frees that have a global rank
+    return ("all",) + tuple(g for g in groups if g != "all")
+
+
+def _rank_columns(ev: np.ndarray, blocks, site: np.ndarray, groups: tuple) -> dict:
+    """The free_* columns of one process for `groups`: recency ranks of each freed block among
+    all live blocks, among those of its call site or of its size class, and its groups."""
+    out = {}
+    out["free_rank"], out["free_live"] = free_ranks(ev["op"], blocks)
+    made = np.where(out["free_rank"] >= 0, blocks.alloc_of, -1)
+    known = made >= 0
+    for group in groups[1:]:
+        key = site if group == "site" else \
+            np.minimum(size_classes(ev["size"]), FREE_CLASS_MAX).astype(np.uint8)
+        out[f"free_{group}_rank"], out[f"free_{group}_live"] = free_ranks(ev["op"], blocks, key)
+        out[f"free_{group}"] = np.where(known, key[np.maximum(made, 0)], 0)
+    return out
 
 
 def _thread_rank(p: Process) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Choosing settings on a validation run: recordings that are neither trained on nor tested on.
 
 `heapcast train A1 A2 --validate V -o M` learns from A1, A2 and chooses on V what a single run
-cannot tell: which n-gram context orders and whether call sites carry over to another input
+cannot tell: for `free`, whether blocks are named by their rank among all live blocks or within
+their size class or call site (`choose_free_group`), which n-gram context orders and whether call sites carry over to another input
 (`choose_ngram`: the n-gram model itself, or the n-gram whose hints the gru reads), and, for the
 gru, which context lengths its in-run memory keys on (`choose_memory`), its recurrent size
 (`choose_hidden`: small probe models, each scored on V) and how far to trust the offline hints
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tasks import TaskData
+from .tasks import FREE_GROUPS, TaskData, free_code_table, make_task
 
 #: Labelled rows of the validation run that are scored (its first ones, every candidate alike).
 VALIDATION_ROWS = 200_000
@@ -31,6 +32,37 @@ PROBE_ROWS = 50_000
 def validation_rows(val: TaskData, limit: int = VALIDATION_ROWS) -> np.ndarray:
     """The labelled rows of the validation data that choices are scored on."""
     return np.flatnonzero(val.labels >= 0)[:limit]
+
+
+def correct(val: TaskData, pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Which predictions `pred` of labels `y` are right: equal, and not the `free` task's
+    `beyond` (which names no block)."""
+    return (pred == y) & (y != val.beyond)
+
+
+def choose_free_group(feats, train_rows: np.ndarray, vfeats, vocab: str,
+                      limit: int = VALIDATION_ROWS) -> tuple:
+    """(chosen `free` grouping, its code table (None for `all`), every candidate with its
+    validation top-1): for each grouping of FREE_GROUPS, its label space learned from the
+    training rows of `feats`, an n-gram (default settings) fitted there and scored on the
+    validation features `vfeats`. Ties go to the earlier grouping (`all` first)."""
+    from .models.ngram import NGram
+    scored, tables = [], {}
+    for group in FREE_GROUPS:
+        table = None if group == "all" else free_code_table(feats, group, train_rows)
+        data = make_task(feats, "free", vocab, group, table)
+        val = make_task(vfeats, "free", vocab, group, table)
+        rows = validation_rows(val, limit)
+        if not len(rows):
+            raise ValueError("the validation runs have no frees of known blocks to choose on")
+        probe = NGram("free", vocab)
+        probe.fit(data, train_rows)
+        pred = probe.predict(val, rows, 1)[:, 0]
+        tables[group] = table
+        scored.append({"group": group, "labels": int(data.n_labels),
+                       "top1": float(np.mean(correct(val, pred, val.labels[rows])))})
+    best = max(scored, key=lambda c: c["top1"])     # max keeps the first of equals
+    return best["group"], tables[best["group"]], scored
 
 
 def choose_ngram(task: str, vocab: str, train: TaskData, train_mask: np.ndarray,
@@ -53,7 +85,7 @@ def choose_ngram(task: str, vocab: str, train: TaskData, train_mask: np.ndarray,
             sub = full.restricted([m for m in caps if m <= cap])
             pred = sub.predict_proba(val, rows, 1, contexts)[0][:, 0]
             candidates.append({"sites": sites, "orders": sub.config["orders"],
-                               "top1": float(np.mean(pred == y))})
+                               "top1": float(np.mean(correct(val, pred, y)))})
     best = max(candidates, key=lambda c: (c["top1"], -len(c["orders"]), not c["sites"]))
     return {"sites": best["sites"], "orders": best["orders"]}, candidates
 
@@ -78,7 +110,7 @@ def choose_memory(model, val: TaskData, limit: int = VALIDATION_ROWS, candidates
         for m in sorted(cand):              # longer contexts override shorter ones
             lab = recent[m][rows]
             pred = np.where(lab >= 0, lab, pred)
-        scored.append({"orders": list(cand), "top1": float(np.mean(pred == y))})
+        scored.append({"orders": list(cand), "top1": float(np.mean(correct(val, pred, y)))})
     best = max(scored, key=lambda c: c["top1"])     # max keeps the first of equals
     return best["orders"], scored
 
@@ -100,7 +132,7 @@ def choose_hidden(model, data: TaskData, train_rows: np.ndarray, val: TaskData,
                              {**model.config, "hidden": hidden})
         probe.fit(data, train_rows, max_events=PROBE_EVENTS, progress=False, runs=runs,
                   prepared=prepared)
-        top1 = float(np.mean(probe.predict(val, rows, 1)[:, 0] == y))
+        top1 = float(np.mean(correct(val, probe.predict(val, rows, 1)[:, 0], y)))
         scored.append({"hidden": hidden, "top1": top1})
     best = max(scored, key=lambda c: c["top1"])
     return best["hidden"], scored

@@ -26,8 +26,9 @@ from .dataset import load_features
 from .models import (DEFAULT_MODEL, NEURAL, STREAM_MODELS, create_model, model_class,
                      save_model)
 from .protocols import SPLITS, split_masks
-from .select import calibrate_on_validation, tune_on_validation
-from .tasks import DEFAULT_ORDER, TASKS, make_task
+from .select import calibrate_on_validation, choose_free_group, tune_on_validation
+from .tasks import (DEFAULT_ORDER, FREE_GROUPS, TASKS, free_code_table, make_task, make_task_for,
+                    rank_groupings)
 
 
 def spread_rows(mask: np.ndarray, n: int, block: int = 16384) -> np.ndarray:
@@ -65,7 +66,8 @@ def default_vocab(model: str) -> str:
 def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab: str | None = None,
           epochs: int = 1, split: str = "all", order: str | None = None, max_steps: int = 0,
           max_events: int = 0, config: dict | None = None, progress: bool = False,
-          resume: bool = False, device: str = "cpu", validate=()) -> dict:
+          resume: bool = False, device: str = "cpu", validate=(),
+          free_group: str | None = None) -> dict:
     """Trains `model` for `task` on `traces` and writes it to `output` (a .safetensors file).
 
     Returns a summary: what was trained, its statistics (`events_per_s` of the training loop)
@@ -81,6 +83,10 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     heapcast.forecast.select chooses the n-gram's orders and call sites (ngram, and the gru's
     hints) and the gru's trust in its hints against its in-run memory (RNNModel.calibrate);
     the choices and their scores are in the summary's `validation`.
+
+    `free_group` (task `free`): how labels name the freed block (heapcast.forecast.tasks
+    FREE_GROUPS: `all` live blocks, or within its size `class` or call `site`); None: chosen
+    on the validation runs when given (select.choose_free_group), else `all`.
     """
     t0 = time.perf_counter()
     if task not in TASKS:
@@ -89,10 +95,15 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
         raise ValueError(f"unknown split {split!r} (known: {', '.join(SPLITS)})")
     if epochs < 1:
         raise ValueError("epochs must be at least 1")
+    if free_group is not None and (task != "free" or free_group not in FREE_GROUPS):
+        raise ValueError(f"free_group {free_group!r}: only for task 'free', one of "
+                         f"{', '.join(FREE_GROUPS)}")
     vocab = vocab or default_vocab(model)
     order = order or DEFAULT_ORDER[task]
     importing = _import_in_background(model)
-    feats = load_features(list(traces), order, need_ranks=task == "free")
+    # every grouping's ranks only when one is to be chosen on validation runs
+    ranks = rank_groupings(task, free_group or (None if validate else "all"))
+    feats = load_features(list(traces), order, need_ranks=ranks)
     if importing is not None:
         importing.join()
     m = create_model(model, task, vocab, config)
@@ -100,10 +111,17 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     train_rows, _ = split_masks(data, split)
     if not (train_rows & (data.labels >= 0)).any():
         raise ValueError(f"no {task!r} labels to learn from in {', '.join(map(str, traces))}")
+    vfeats = _validation_features(list(validate), feats, order, ranks) if validate else None
+    grouping = None
+    if task == "free":
+        grouping = _set_free_labels(m, feats, train_rows, free_group, vfeats)
+        data = make_task_for(feats, m)
     validation, val = None, None
     if validate:
-        val, validation = _choose_on_validation(m, list(validate), feats, data, train_rows,
-                                                order, fixed=set(config or {}))
+        val, validation = _choose_on_validation(m, vfeats, data, train_rows, feats,
+                                                fixed=set(config or {}))
+        if grouping is not None:
+            validation["free_group"] = grouping
     output = Path(output)
     options = {"epochs": epochs, "max_steps": max_steps, "progress": progress}
     if m.kind in STREAM_MODELS:
@@ -148,16 +166,35 @@ def _import_in_background(model: str):
     return thread
 
 
-def _choose_on_validation(m, validate: list, feats, data, train_rows, order: str, fixed=()):
-    """Loads the validation runs, refuses ones that are also training runs, and sets the
-    settings chosen on them into model `m` (select.tune_on_validation); returns (their
-    TaskData, the summary's `validation` record)."""
+def _validation_features(validate: list, feats, order: str, ranks):
+    """The features of the validation runs; ValueError for one that is a training run too."""
     from .evaluate import overlap
-    vfeats = load_features(validate, order, need_ranks=m.task == "free")
+    vfeats = load_features(validate, order, need_ranks=ranks)
     same = overlap(feats.sources, vfeats.sources)
     if same:
         raise ValueError(f"{', '.join(same)}: a training run cannot be a validation run too")
-    val = make_task(vfeats, m.task, m.vocab)
+    return vfeats
+
+
+def _set_free_labels(m, feats, train_rows: np.ndarray, group: str | None, vfeats) -> dict | None:
+    """Sets the free model `m`'s label space: `group` if given, else chosen on the validation
+    features (if any), else `all`; a grouped space's code table from the training rows.
+    Returns the choice's record when one was made."""
+    record = None
+    if group is None and vfeats is not None:
+        group, table, candidates = choose_free_group(feats, train_rows, vfeats, m.vocab)
+        record = {"group": group, "candidates": candidates}
+    else:
+        group = group or "all"
+        table = None if group == "all" else free_code_table(feats, group, train_rows)
+    m.free_group, m.free_codes = group, table
+    return record
+
+
+def _choose_on_validation(m, vfeats, data, train_rows, feats, fixed=()):
+    """Sets into model `m` the settings chosen on the validation features `vfeats`
+    (select.tune_on_validation); returns (their TaskData, the summary's `validation`)."""
+    val = make_task_for(vfeats, m)
     return val, {"traces": vfeats.sources,
                  **tune_on_validation(m, data, train_rows, val, fixed,
                                       runs=run_of_rows(feats) if m.kind in STREAM_MODELS

@@ -78,6 +78,10 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
             "outputs": {"labels": int(model.n_labels), "topk": TOPK,
                         "what": f"{model.task} labels of vocabulary {model.vocab} "
                                 f"(docs/vocabularies.md)"}}
+    if model.task == "free":
+        spec["outputs"]["free_group"] = model.free_group
+        if model.free_codes is not None:   # label i names the code free_codes[i]
+            spec["outputs"]["free_codes"] = [int(c) for c in model.free_codes]
     if model.target != "true":
         raise PolicyError(f"{model_path}: a model trained on the article's buggy target cannot "
                           f"be compiled (its outputs are not the task's labels)")
@@ -300,7 +304,7 @@ def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count:
     """(the table's tensors, the TaskData it was distilled from, in process order for a lifetime
     model as the allocator lab reads it)."""
     from ..forecast.dataset import load_features
-    from ..forecast.tasks import DEFAULT_ORDER, make_task
+    from ..forecast.tasks import DEFAULT_ORDER, make_task, make_task_for, rank_groupings
     from ..forecast.train import spread_rows
     lens = sorted({int(k) for k in ([ctx] if isinstance(ctx, int) else ctx) if int(k)},
                   reverse=True)
@@ -316,8 +320,9 @@ def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count:
                               f"its training traces ({', '.join(map(str, missing)) or 'none'}) "
                               f"are not here: give some with --data TRACE...")
     order = training.get("order", DEFAULT_ORDER[model.task])
-    feats = load_features(list(data), order, need_ranks=model.task == "free")
-    td = make_task(feats, model.task, model.vocab)
+    feats = load_features(list(data), order,
+                          need_ranks=rank_groupings(model.task, model.free_group))
+    td = make_task_for(feats, model)
     rows = np.flatnonzero(td.labels >= 0)
     if max_rows and len(rows) > max_rows:
         rows = np.flatnonzero(spread_rows(td.labels >= 0, max_rows) & (td.labels >= 0))

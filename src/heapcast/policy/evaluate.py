@@ -15,7 +15,7 @@ import numpy as np
 from ..forecast.dataset import load_features
 from ..forecast.evaluate import metrics, scored_rows
 from ..forecast.protocols import PROTOCOLS
-from ..forecast.tasks import DEFAULT_ORDER, make_task
+from ..forecast.tasks import DEFAULT_ORDER, make_task_for, rank_groupings
 from .fileformat import read_spec
 from .native import Policy, events_of
 
@@ -50,8 +50,10 @@ def evaluate_policy(policy_path, traces, protocol: str) -> dict:
     policy = Policy(policy_path)
     training = spec.get("training", {})
     order = training.get("order", DEFAULT_ORDER[spec["task"]])
-    feats = load_features(list(traces), order, need_ranks=spec["task"] == "free")
-    data = make_task(feats, spec["task"], spec["vocab"])
+    labels = label_space(spec)
+    feats = load_features(list(traces), order,
+                          need_ranks=rank_groupings(spec["task"], labels.free_group))
+    data = make_task_for(feats, labels)
     test, overlap = scored_rows(policy_path, protocol, data, training, feats.sources)
     rows = np.flatnonzero(test)
     t0 = time.perf_counter()
@@ -72,6 +74,16 @@ def evaluate_policy(policy_path, traces, protocol: str) -> dict:
               # predicted), without preparing its input in numpy
               "runtime_seconds": policy.run_seconds,
               "runtime_ns_per_prediction": policy.run_seconds / max(len(rows), 1) * 1e9}
-    result.update(metrics(SimpleNamespace(task=spec["task"], vocab=spec["vocab"],
-                                          target="true"), data.labels[rows], pred))
+    result.update(metrics(labels, data.labels[rows], pred))
     return result
+
+
+def label_space(spec: dict) -> SimpleNamespace:
+    """What a POLICY predicts, as heapcast.forecast reads a model: task, vocabulary, target and,
+    for `free`, its grouping and code table (spec `outputs`)."""
+    out = spec.get("outputs", {})
+    codes = out.get("free_codes")
+    return SimpleNamespace(task=spec["task"], vocab=spec["vocab"], target="true",
+                           free_group=out.get("free_group", "all"),
+                           free_codes=None if codes is None else np.asarray(codes, np.int64),
+                           n_labels=int(out.get("labels", 0)))

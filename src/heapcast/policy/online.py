@@ -127,5 +127,6 @@ def evaluate_online(trace_path) -> dict:
               "truncated": any(h["truncated"] for h, _ in logs.values()),
               "model_sha256": header["model_sha256"], "sampled": False}
     result.update(metrics(SimpleNamespace(task=header["task"], vocab=header["vocab"],
-                                          target="true"), data.labels[rows], pred[rows]))
+                                          target="true", n_labels=data.n_labels),
+                          data.labels[rows], pred[rows]))
     return result

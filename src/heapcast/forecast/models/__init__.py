@@ -10,7 +10,9 @@ from pathlib import Path
 
 from ..modelfile import ModelError, read_model_file, save_model_file
 from ..names import DEFAULT_MODEL, MODEL_NAMES  # noqa: F401 (re-exported)
-from ..tasks import FREE_LABELS_VERSION
+import numpy as np
+
+from ..tasks import FREE_GROUPS, FREE_LABELS_VERSION
 from ..vocab import get_vocab
 
 #: name -> "module:Class". "gru" is the default model (`heapcast train` without --model).
@@ -56,9 +58,13 @@ def save_model(model, path, training: dict) -> Path:
     meta = {"model": model.kind, "task": model.task, "vocab": vocab.name,
             "vocab_version": vocab.version, "target": model.target, "config": model.config,
             "training": training}
+    tensors = model.tensors()
     if model.task == "free":
         meta["free_labels_version"] = FREE_LABELS_VERSION
-    return save_model_file(path, model.tensors(), meta)
+        meta["free_group"] = model.free_group
+        if model.free_codes is not None:
+            tensors = {**tensors, "free_codes": np.asarray(model.free_codes, np.int64)}
+    return save_model_file(path, tensors, meta)
 
 
 def load_model(path, task: str | None = None, vocab: str | None = None):
@@ -87,9 +93,28 @@ def load_model(path, task: str | None = None, vocab: str | None = None):
         raise ModelError(f"{path}: a model of vocabulary {v!r}, not {vocab!r}")
     model = create_model(kind, meta["task"], v, meta.get("config"))
     model.target = meta.get("target", "true")
+    if model.task == "free":
+        _load_free_labels(path, model, meta, tensors)
     try:
         model.load_tensors(tensors)
     except (KeyError, ValueError, RuntimeError, TypeError) as e:
         raise ModelError(f"{path}: tensors do not fit a {kind} model: {e}") from None
     model.meta = meta
     return model
+
+
+def _load_free_labels(path, model, meta: dict, tensors: dict) -> None:
+    """Sets a free model's label space from its file (and takes its code table out of the
+    tensors the model itself reads)."""
+    group = meta.get("free_group", "all")
+    if group not in FREE_GROUPS:
+        raise ModelError(f"{path}: unknown free grouping {group!r} (known: "
+                         f"{', '.join(FREE_GROUPS)})")
+    model.free_group = group
+    if group == "all":
+        return
+    codes = tensors.pop("free_codes", None)
+    if codes is None or codes.ndim != 1 or (len(codes) > 1 and (np.diff(codes) <= 0).any()):
+        raise ModelError(f"{path}: a {group!r}-grouped free model needs its tensor free_codes "
+                         f"(sorted, distinct codes)")
+    model.free_codes = np.asarray(codes, np.int64)

@@ -29,6 +29,10 @@ class Model:
         self.task, self.vocab = task, vocab
         self.config = {**self.default_config(), **(config or {})}
         self.target = "true"
+        # A `free` model's label space (heapcast.forecast.tasks): grouped by `class` or `site`,
+        # the code of each label (free_code_table), set before fit; None for `all`.
+        self.free_group = "all"
+        self.free_codes = None
 
     @classmethod
     def default_config(cls) -> dict:
@@ -36,14 +40,23 @@ class Model:
 
     @property
     def n_labels(self) -> int:
-        return n_labels(self.task, self.vocab)
+        return n_labels(self.task, self.vocab, self.free_codes)
 
-    def check_data(self, data: TaskData) -> None:
-        """Raises ValueError when `data` is not of this model's task and vocabulary."""
+    def check_data(self, data: TaskData, fitting: bool = False) -> None:
+        """Raises ValueError when `data` is not of this model's task, vocabulary and label
+        space. `fitting`: a model not yet fitted on grouped `free` labels takes data's."""
         if (data.task, data.vocab) != (self.task, self.vocab):
             raise ValueError(f"a {self.kind} model for task {self.task!r} on vocabulary "
                              f"{self.vocab!r} cannot read data of task {data.task!r}, "
                              f"vocabulary {data.vocab!r}")
+        if fitting and self.free_codes is None:
+            self.free_group, self.free_codes = data.free_group, data.free_codes
+        same = (self.free_codes is None and data.free_codes is None) or (
+            self.free_codes is not None and data.free_codes is not None
+            and np.array_equal(self.free_codes, data.free_codes))
+        if not same:
+            raise ValueError(f"a {self.kind} model with {self.free_group!r} free labels cannot "
+                             f"read data labelled with {data.free_group!r} ones")
 
     def fit(self, data: TaskData, train: np.ndarray, **options) -> dict:
         """Learns from the rows where `train` is true (all rows before them are history).

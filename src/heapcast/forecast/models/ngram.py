@@ -114,7 +114,7 @@ class NGram(Model):
             **options) -> dict:
         """Counts the labels of the rows where `train` is true per context (`contexts`: this
         model's contexts() of `data`, if already hashed)."""
-        self.check_data(data)
+        self.check_data(data, fitting=True)
         t0 = time.perf_counter()
         rows = np.flatnonzero(train & (data.labels >= 0))
         y = data.labels[rows]
@@ -160,6 +160,7 @@ class NGram(Model):
         """The same fitted model blending only `orders` (a subset of its own)."""
         out = NGram(self.task, self.vocab, {**self.config, "orders": sorted(orders)})
         out.classes, out.unigram = self.classes, self.unigram
+        out.free_group, out.free_codes = self.free_group, self.free_codes
         out.tables = {m: self.tables[m] for m in out.config["orders"]}
         return out
 

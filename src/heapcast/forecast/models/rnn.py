@@ -377,7 +377,7 @@ class RNNModel(Model):
         models fitted on the same data and rows with the same n-gram settings share their
         inputs (hints, in-run memory) through it: the first fills it, the others read it."""
         from ..train import spread_rows
-        self.check_data(data)
+        self.check_data(data, fitting=True)
         c = self.config
         _setup_torch(c)
         t0 = time.perf_counter()
@@ -595,6 +595,7 @@ class RNNModel(Model):
         self.ngram = None
         if self.config["ngram_hints"]:
             self.ngram = NGram(self.task, self.vocab, self.config["ngram"])
+            self.ngram.free_group, self.ngram.free_codes = self.free_group, self.free_codes
             self.ngram.load_tensors({k[6:]: v for k, v in tensors.items()
                                      if k.startswith("ngram.")})
 

@@ -81,7 +81,7 @@ class SeedModel(Model):
 
     def fit(self, data: TaskData, train: np.ndarray, epochs: int = 1, max_steps: int = 0,
             progress: bool = True, **options) -> dict:
-        self.check_data(data)
+        self.check_data(data, fitting=True)
         c = self.config
         _setup_torch(c)
         self.net = SeedNet(c["hidden"])

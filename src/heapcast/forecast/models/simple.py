@@ -22,7 +22,7 @@ class Majority(Model):
     kind = "majority"
 
     def fit(self, data: TaskData, train: np.ndarray, **options) -> dict:
-        self.check_data(data)
+        self.check_data(data, fitting=True)
         t0 = time.perf_counter()
         y = data.labels[train & (data.labels >= 0)]
         self.counts = np.bincount(y, minlength=self.n_labels).astype(np.int64)
