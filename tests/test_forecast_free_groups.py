@@ -112,6 +112,12 @@ def test_pools_are_named_within_their_call_site(pools, tmp_path, capsys):
     assert m.free_group == "site" and m.n_labels == len(m.free_codes) + 1
     names = label_names("free", "rich", "site", m.free_codes)
     assert any(n.endswith("oldest 0") for n in names)
+    # A dataset (version 3) holds every grouping's columns: the same label space as the trace.
+    from heapcast.forecast.dataset import build_dataset
+    build_dataset([pools["a"]], tmp_path / "ds", order="process", parquet=False)
+    assert main(["train", str(tmp_path / "ds"), "-o", str(tmp_path / "ds.safetensors"),
+                 "--model", "ngram", "--task", "free", "--free-group", "site", "-q"]) == 0
+    assert load_model(tmp_path / "ds.safetensors").free_codes.tolist() == m.free_codes.tolist()
     # A grouped model without its code table is refused with a clear error.
     tensors, meta = read_model_file(tmp_path / "site.safetensors")
     del tensors["free_codes"]
