@@ -166,8 +166,9 @@ def untraced(w: Workload, scratch: Path) -> Callable[[], dict]:
 
 
 def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
-                    stacks: int, python: bool = True) -> Callable[[], dict]:
-    """`heapcast record`: what the user waits for, conversion of the trace included."""
+                    stacks: int, python: bool = True, extra: tuple = ()) -> Callable[[], dict]:
+    """`heapcast record` (with options `extra`): what the user waits for, conversion of the
+    trace included."""
     import heapcast
 
     def run():
@@ -175,7 +176,7 @@ def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
             trace_dir = d / "trace"
             cmd = [*heapcast_cmd, "record", "-o", str(trace_dir),
                    *(["--stacks", str(stacks)] if stacks else []),
-                   *([] if python else ["--no-python"]), "--", *w.cmd]
+                   *([] if python else ["--no-python"]), *extra, "--", *w.cmd]
             seconds = time_command(cmd, w.env, d)
             try:
                 trace = heapcast.load(trace_dir)
@@ -188,14 +189,15 @@ def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
 
 
 def heapcast_program(w: Workload, scratch: Path, library: str, stacks: int,
-                     python: bool = True) -> Callable[[], dict]:
+                     python: bool = True, pymalloc: bool = False) -> Callable[[], dict]:
     """The program under the recorder library, with the chunk drainer and the converter that
-    `heapcast record` runs beside it: its own run time inside `heapcast record`."""
+    `heapcast record` runs beside it: its own run time inside `heapcast record` (`pymalloc`:
+    as with record --pymalloc)."""
     def run():
         with fresh_dir(scratch) as d:
             env = {**w.env, "LD_PRELOAD": library, "HEAPCAST_DIR": str(d),
                    "HEAPCAST_STACKS": str(stacks), "HEAPCAST_PYTHON": "1" if python else "0",
-                   **DRAIN_ENV}
+                   "HEAPCAST_PYMALLOC": "1" if pymalloc else "0", **DRAIN_ENV}
             with Drainer(d) as drainer:
                 stop = threading.Event()
                 conv = LiveConverter(d, drainer, stop)

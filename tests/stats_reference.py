@@ -201,7 +201,8 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
                  "leaked_blocks": len(leaked), "leaked_bytes": int(ev["size"][leaked].sum(dtype=np.uint64)),
                  "inherited_live_blocks": b.inherited_live, "unknown_frees": b.unknown_releases,
                  "double_acquires": b.double_acquires, "lost_events": p.lost_events,
-                 "truncated": bool(p.truncated), "clean_exit": bool(p.clean_exit)}
+                 "truncated": bool(p.truncated), "clean_exit": bool(p.clean_exit),
+                 "pymalloc_seq": int(p.pymalloc_seq)}
         per_process.append(p_sum)
         for k in totals:
             totals[k] += p_sum[k]
@@ -238,6 +239,7 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
         "leaked_blocks": totals["leaked_blocks"],
         "leaked_bytes": totals["leaked_bytes"],
         "unknown_frees": totals["unknown_frees"],
+        "pymalloc_recorded": any(p.pymalloc_seq >= 0 for p in trace.processes),
         "double_acquires": totals["double_acquires"],
         "lost_events": int(trace.lost_events),
         "truncated": bool(trace.truncated),

@@ -77,10 +77,12 @@ def py(request) -> Py:
     return request.param
 
 
-def record(tmp_path, py: Py, *what, pymalloc=True, **kw):
+def record(tmp_path, py: Py, *what, pymalloc=True, pymalloc_objects=False, **kw):
+    """Records the script with `what`: under pymalloc (PYTHONMALLOC=malloc if not `pymalloc`),
+    and with `pymalloc_objects` its allocations recorded too (record --pymalloc)."""
     env = {} if pymalloc else {"PYTHONMALLOC": "malloc"}
     r = heapcast.record([py.exe, SCRIPT, *what], output=tmp_path / "t", env=env,
-                        progress=False, **kw)
+                        progress=False, pymalloc=pymalloc_objects, **kw)
     assert r.exit_code == 0
     trace = heapcast.load(r.path)
     assert trace.lost_events == 0 and not trace.truncated
@@ -250,6 +252,44 @@ def test_fork_and_exec(py, tmp_path):
     assert_at(p, e, "catcher", "catcher")
 
 
+def events_at(p, line: int, ops=ALLOC_OPS) -> np.ndarray:
+    """The events of `p` whose call site is the script's line `line`."""
+    ev = p.events
+    locs = {int(loc) for loc in np.unique(ev["loc"])
+            if (f := frames_of(p, loc)[:1]) and Path(f[0].module).name == SCRIPT.name
+            and f[0].offset == line}
+    return ev[np.isin(ev["op"], ops) & np.isin(ev["loc"], list(locs))]
+
+
+def test_pymalloc_allocations(py, tmp_path):
+    """record --pymalloc: pymalloc's objects (which never reach malloc) are events of their Python
+    lines, in threads and in a fork child; an object over 512 bytes, which pymalloc passes on to
+    malloc, is one event, not two."""
+    trace = record(tmp_path, py, "pymalloc", pymalloc_objects=True)
+    main, child = trace.processes
+    assert 0 < main.pymalloc_seq < 100_000 and child.forked_from == main.pid
+    small = events_at(main, LINES["small"])
+    # 20,000 tuples and 20,000 ints in the main thread, 3 x 5,000 tuples and ints in threads
+    assert len(small) >= 2 * (20_000 + 15_000)
+    assert len(set(small["tid"].tolist())) == 4
+    assert (small["size"] <= 512).mean() > 0.99
+    medium = events_at(main, LINES["medium"])
+    # bytes(600) and bytes(601) objects (calloc'd: 633 and 634 bytes), each once; the rest are
+    # the list's growth and the ints
+    counts = np.unique(medium["size"][medium["size"] > 600], return_counts=True)[1]
+    assert sorted(counts[counts >= 100].tolist()) == [500, 500]
+    assert len(events_at(child, LINES["small"])) >= 2 * 7000
+    assert child.pymalloc_seq == child.fork_seq
+    # Its frees are matched to its allocations: the tuples are freed at exit or never.
+    d = heapcast.stats(trace)
+    assert d["pymalloc_recorded"] and "pymalloc    recorded" in format_stats(d)
+    # Without it, pymalloc's objects are not events.
+    (tmp_path / "plain").mkdir()
+    plain = record(tmp_path / "plain", py, "pymalloc")
+    assert plain.processes[0].pymalloc_seq == -1
+    assert len(events_at(plain.processes[0], LINES["small"])) < 1000   # the lists' growth
+
+
 def test_c_extension_and_subinterpreter(py, tmp_path):
     trace = record(tmp_path, py, "ext", "sub")
     p = trace.processes[0]
@@ -264,13 +304,27 @@ def test_c_extension_and_subinterpreter(py, tmp_path):
     assert (s.module, s.function, s.offset) == ("<string>", "<module>", 1)
 
 
-def test_daemon_threads_allocating_while_the_interpreter_exits(py, tmp_path):
+@pytest.mark.parametrize("pymalloc", [False, True], ids=["", "--pymalloc"])
+def test_daemon_threads_allocating_while_the_interpreter_exits(py, tmp_path, pymalloc):
     """Py_Finalize frees the thread states of daemon threads that still run C code: the recorder
-    stops reading Python frames then, and the program exits as it would untraced."""
+    stops reading Python frames then, and the program exits as it would untraced (also with
+    pymalloc's allocators wrapped, which the exiting interpreter still calls)."""
     for k in range(3):
         (tmp_path / str(k)).mkdir()
-        trace = record(tmp_path / str(k), py, "daemon")
+        trace = record(tmp_path / str(k), py, "daemon", pymalloc_objects=pymalloc)
         assert trace.processes[0].clean_exit
+        assert (trace.processes[0].pymalloc_seq > 0) == pymalloc
+
+
+def test_pymalloc_with_extensions_subinterpreters_and_exec(py, tmp_path):
+    """record --pymalloc through a C extension, a subinterpreter, exceptions and an exec'd
+    interpreter (which wraps its own allocators again)."""
+    trace = record(tmp_path, py, "ext", "sub", "exec", pymalloc_objects=True)
+    first, second = trace.processes
+    assert first.pymalloc_seq > 0 and second.image == 1 and second.pymalloc_seq > 0
+    (p, e), = blocks_of_size(trace, 150_002)     # the exec'd image's catcher, as without it
+    assert p is second
+    assert_at(p, e, "catcher", "catcher")
 
 
 def test_parquet_export_resolves_python_call_sites(py, tmp_path):

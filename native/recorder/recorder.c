@@ -25,6 +25,7 @@
  *   HEAPCAST_POLICY_FEATURES  "1": also log the features of every decision (development mode)
  *   HEAPCAST_PYTHON  "0" to record native call sites in CPython too (default: the Python
  *                    frames of a thread running Python code, pyframes.h)
+ *   HEAPCAST_PYMALLOC "1" to record pymalloc's own allocations too (pymalloc.h)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -130,6 +131,8 @@ static volatile int g_mods_lock;
 static volatile int g_exited;        /* the destructor ran */
 static int g_python_want;            /* HEAPCAST_PYTHON: Python frames where there is CPython */
 static volatile int g_python;        /* CPython 3.11 found: Python frames are recorded */
+static int g_pym_want;               /* HEAPCAST_PYMALLOC: pymalloc's allocations too */
+static volatile int g_pym_state;     /* pymalloc.h: 0 none, 1 waiting, 2 installing, 3 installed */
 
 struct tstate {
     struct hc_record *rec;           /* current chunk, slot 0 is the chunk header */
@@ -306,10 +309,16 @@ static int mods_cb(struct dl_phdr_info *info, size_t size, void *arg) {
 
 /* Looks for CPython (pyframes.h). dlsym allocates (a failed lookup's message): from the boot
  * arena, so that the program's heap stays exactly as it would be untraced. */
+static int pym_probe(void);
+static void pym_note(uint64_t seq);
+
 static void python_probe(void) {
     T.own++;
     T.boot++;
-    g_python = py_probe();
+    int found = py_probe();
+    g_python = found && g_python_want;
+    if (found && g_pym_want && g_pym_state == 0 && pym_probe())
+        __atomic_store_n(&g_pym_state, 1, __ATOMIC_RELEASE);   /* wrappers wait for Python code */
     T.boot--;
     T.own--;
 }
@@ -330,7 +339,8 @@ static void snapshot_modules(int force) {
     probe.count_only = 1;
     dl_iterate_phdr(mods_cb, &probe);
     if (!force && probe.adds == g_mods_adds && probe.subs == g_mods_subs) return;
-    if (g_python_want && !g_python && dl_iterate_phdr(libpython_cb, NULL))
+    if ((g_python_want || g_pym_want) && !g_python && g_pym_state == 0 &&
+        dl_iterate_phdr(libpython_cb, NULL))
         python_probe();                /* libpython came with a dlopen */
     if (__atomic_exchange_n(&g_mods_lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
     static struct textbuf buf;  /* under g_mods_lock */
@@ -552,7 +562,8 @@ static void init_process(void) {
         g_follow = env_int("HEAPCAST_FOLLOW", 0) == 1;
         g_recycle = env_int("HEAPCAST_DRAIN", 0) == 1;
         g_python_want = env_int("HEAPCAST_PYTHON", 1) == 1;
-        if (g_python_want) python_probe();
+        g_pym_want = env_int("HEAPCAST_PYMALLOC", 0) == 1;
+        if (g_python_want || g_pym_want) python_probe();
         g_use_tsc = tsc_is_reliable();
         int traced = 1;
         if (!g_follow && !claim_root()) traced = 0;
@@ -592,6 +603,7 @@ static void atfork_child(void) {
     T.busy++;
     int ok = open_process_files(parent, fork_seq);
     if (ok) hc_hook_fork_child();
+    if (ok && g_pym_state == 3) pym_note(fork_seq);   /* the wrappers came with the fork */
     T.busy--;
     if (!ok) __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE);
 }
@@ -1049,8 +1061,11 @@ static inline __attribute__((always_inline)) void fill(struct hc_record *r, int 
     __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
 }
 
+static void pym_install(struct tstate *t);
+
 static inline __attribute__((always_inline)) void emit(struct tstate *t, int op, uint64_t seq,
         const void *a, uint64_t b, const void *callsite) {
+    if (UNLIKELY(g_pym_state == 1)) pym_install(t);
     emit_begin(t);
     uint32_t loc = location(t, callsite);
     uint32_t ts;
@@ -1062,6 +1077,7 @@ static inline __attribute__((always_inline)) void emit(struct tstate *t, int op,
 
 static inline __attribute__((always_inline)) void emit_ext(struct tstate *t, int op, uint64_t seq,
         const void *a, uint64_t b, const void *old, uint64_t arg, uint64_t lag, const void *callsite) {
+    if (UNLIKELY(g_pym_state == 1)) pym_install(t);
     emit_begin(t);
     uint32_t loc = location(t, callsite);
     uint32_t ts;
@@ -1214,6 +1230,8 @@ ALIGNED_HOOK(aligned_alloc, HC_ALIGNED_ALLOC, (size_t align, size_t n), (align, 
 ALIGNED_HOOK(memalign, HC_MEMALIGN, (size_t align, size_t n), (align, n), n, align)
 ALIGNED_HOOK(valloc, HC_VALLOC, (size_t n), (n), n, 4096)
 ALIGNED_HOOK(pvalloc, HC_PVALLOC, (size_t n), (n), n, 4096)
+
+#include "pymalloc.h"
 
 /* ---------------------------------------------------------------- mmap family (with --mmap) */
 

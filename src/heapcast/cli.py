@@ -18,7 +18,8 @@ def _cmd_record(a) -> int:
         r = record(a.command, output=a.output, stacks=a.stacks, rss_interval_ms=a.rss_interval,
                    follow_children=a.follow_children, mmap=a.mmap, unwind=a.unwind,
                    python=a.python, policy=a.policy, policy_every=a.policy_every,
-                   log_features=a.log_features, live=not a.convert_at_exit)
+                   log_features=a.log_features, live=not a.convert_at_exit,
+                   pymalloc=a.pymalloc)
     except RecordError as e:
         print(f"heapcast: {e}", file=sys.stderr)
         return 127
@@ -77,7 +78,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 
     r = sub.add_parser("record", help="run a program and record every heap call",
                        usage="heapcast record [-o PATH] [--stacks N] [--rss-interval MS] "
-                             "[--follow-children] [--mmap] [--no-python] "
+                             "[--follow-children] [--mmap] [--no-python] [--pymalloc] "
                              "[--policy POLICY [--policy-every N] [--log-features]] "
                              "-- CMD ARGS...")
     r.add_argument("-o", "--output", type=Path, help="trace directory to create (default: "
@@ -96,6 +97,11 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
                    help="in CPython 3.11-3.13 programs, record the Python file, function and line as "
                         "call sites (and Python frames in stacks); --no-python: native call "
                         "sites only (default: on)")
+    r.add_argument("--pymalloc", action="store_true",
+                   help="in CPython 3.11-3.13 programs, also record pymalloc's own allocations "
+                        "(objects and PyMem_Malloc requests up to 512 bytes, served from "
+                        "pymalloc's arenas without calling malloc), from the first Python code "
+                        "on; without it, set PYTHONMALLOC=malloc to see them as mallocs")
     r.add_argument("--policy", type=Path, metavar="POLICY",
                    help="run a compiled policy online on the program's events and log its "
                         "predictions in the trace (heapcast evaluate --online)")

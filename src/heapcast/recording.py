@@ -161,7 +161,8 @@ def _prepare_directory(path: Path) -> str | None:
 def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follow_children: bool = False,
            mmap: bool = False, unwind: str = "fp", progress: bool | None = None,
            env: dict | None = None, python: bool = True, policy=None,
-           policy_every: int = 1, log_features: bool = False, live: bool = True) -> RecordResult:
+           policy_every: int = 1, log_features: bool = False, live: bool = True,
+           pymalloc: bool = False) -> RecordResult:
     """Runs `cmd` with the recorder preloaded and returns how it went (see RecordResult).
 
     The trace is written at exactly `output` (a directory; default: a new name in the current
@@ -170,6 +171,9 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     `env`: extra environment variables for the program. `python`: in CPython 3.11-3.13 programs, a
     thread running Python code records its Python frames (file, function, line) as call sites
     and, with `stacks`, among its native frames; False records native call sites only.
+    `pymalloc`: in CPython 3.11-3.13 programs, record pymalloc's own allocations (objects and
+    PyMem_Malloc requests of up to 512 bytes, which never reach malloc) as well, from the first
+    Python code run on (Process.pymalloc_seq).
     `policy`: a compiled POLICY that the recorder runs online on the program's events,
     predicting every `policy_every`-th one and logging its predictions in the trace
     (heapcast.policy.online); a broken or unusable POLICY raises RecordError before the program
@@ -198,7 +202,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         env.update(HEAPCAST_DIR=str(path.resolve()), HEAPCAST_STACKS=str(stacks),
                    HEAPCAST_UNWIND=unwind, HEAPCAST_MMAP="1" if mmap else "0",
                    HEAPCAST_FOLLOW="1" if follow_children else "0",
-                   HEAPCAST_PYTHON="1" if python else "0")
+                   HEAPCAST_PYTHON="1" if python else "0",
+                   HEAPCAST_PYMALLOC="1" if pymalloc else "0")
         if policy is not None:
             env.update(HEAPCAST_POLICY=str(Path(policy).resolve()),
                        HEAPCAST_POLICY_EVERY=str(policy_every),

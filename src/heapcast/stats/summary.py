@@ -150,7 +150,7 @@ def summarize(trace, aggs, shared, top: int = 10, sites: CallSites | None = None
                  "inherited_live_blocks": a.inherited_blocks - a.inherited_released,
                  "unknown_frees": a.unknown_frees, "double_acquires": a.double_acquires,
                  "lost_events": p.lost_events, "truncated": bool(p.truncated),
-                 "clean_exit": bool(p.clean_exit)}
+                 "clean_exit": bool(p.clean_exit), "pymalloc_seq": int(p.pymalloc_seq)}
         per_process.append(p_sum)
         for k in totals:
             totals[k] += p_sum[k]
@@ -178,6 +178,7 @@ def summarize(trace, aggs, shared, top: int = 10, sites: CallSites | None = None
         "leaked_blocks": totals["leaked_blocks"],
         "leaked_bytes": totals["leaked_bytes"],
         "unknown_frees": totals["unknown_frees"],
+        "pymalloc_recorded": any(p.pymalloc_seq >= 0 for p in trace.processes),
         "double_acquires": totals["double_acquires"],
         "lost_events": int(trace.lost_events),
         "truncated": bool(trace.truncated),
@@ -196,6 +197,8 @@ def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool =
     Keys: events, ops (every heap op, zeros included, plus mmap/munmap/mremap when recorded),
     processes, threads, duration_ns, peak_live_bytes and peak_live (when), peak_rss_bytes and
     peak_rss (when), size_classes, lifetimes, leaked_blocks/leaked_bytes, unknown_frees,
+    pymalloc_recorded (record --pymalloc: its frees of objects pymalloc served before the
+    recording of it began are among unknown_frees; per process: pymalloc_seq),
     double_acquires, lost_events, truncated, top_callsites_by_bytes/by_count (a Python call site:
     python true, module its file, offset its line), top_program_lines_by_bytes/by_count (Python
     programs: the innermost line of the program's own code under each allocation; empty

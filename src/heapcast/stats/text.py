@@ -62,6 +62,8 @@ def format_stats(d: dict) -> str:
         f"problems    unknown frees {d['unknown_frees']:,}, double acquires "
         f"{d['double_acquires']:,}, lost events {d['lost_events']:,}, "
         f"truncated {'yes' if d['truncated'] else 'no'}",
+        *(["pymalloc    recorded from the first Python code on (its earlier objects' frees "
+           "are among the unknown frees)"] if d.get("pymalloc_recorded") else []),
         "",
         "events by op",
         *_table(["op", "count"], [[k, v] for k, v in d["ops"].items()]),

@@ -114,6 +114,7 @@ class Process:
     stack_depth: int = 0
     unwind: str = "fp"
     mmap_recorded: bool = False
+    pymalloc_seq: int = -1      # pymalloc's own allocations are recorded from this seq on (-1: not)
     event_count: int = 0
     pthread_ids: list = field(default_factory=list)  # imported logs: pthread_self of each tid
     locations: LocationTable = field(default_factory=LocationTable)
@@ -143,7 +144,8 @@ class Process:
         """Metadata as a plain dict (what the META section stores)."""
         keys = ("pid", "ppid", "forked_from", "fork_seq", "image", "exe", "argv", "cwd", "start_ns",
                 "end_ns", "start_unix_ns", "clean_exit", "peak_rss_bytes", "threads", "lost_events",
-                "truncated", "stack_depth", "unwind", "mmap_recorded", "event_count", "pthread_ids")
+                "truncated", "stack_depth", "unwind", "mmap_recorded", "pymalloc_seq", "event_count",
+                "pthread_ids")
         return {k: getattr(self, k) for k in keys}
 
 

@@ -229,6 +229,7 @@ class RawProcess:
         self.exe, self.argv, self.cwd = "", [], ""
         self.modules: list[ModuleSnapshot] = []
         self.python_frames: dict[int, PyFrame] = {}
+        self.pymalloc_seq = -1
         mods = self.path.with_suffix(".mods")
         try:
             text = mods.read_bytes().decode("ascii", "replace")
@@ -253,6 +254,8 @@ class RawProcess:
                 elif line == "E" and snap is not None:
                     self.modules.append(snap)
                     snap = None
+                elif line.startswith("Y "):   # pymalloc recorded from this seq on
+                    self.pymalloc_seq = int(line[2:], 16)
                 elif line.startswith("P "):   # a Python frame; may fall inside a snapshot's lines
                     _, fid, src_line, file, func = line.split(" ")
                     self.python_frames[int(fid, 16)] = PyFrame(_unhex(file), _unhex(func),
@@ -301,6 +304,7 @@ class RawProcess:
             threads=self.threads, lost_events=self.lost,
             truncated=bool(self.flags & FLAG_TRUNCATED), stack_depth=self.stack_depth,
             unwind=self.unwind, mmap_recorded=bool(self.flags & FLAG_MMAP),
+            pymalloc_seq=self.pymalloc_seq,
             modules=self.modules,
             python_frames={fid: self.python_frames[fid]
                            for fid, first in self._python_ids().items() if first == fid})

@@ -84,6 +84,24 @@ def subinterpreter():
     interpreters.destroy(sub)
 
 
+def small_objects(n):
+    return [(k, k + 1000) for k in range(n)]  # at: small
+
+
+def medium_objects(n):
+    return [bytes(600 + k % 2) for k in range(n)]  # at: medium
+
+
+def pools_in_threads():
+    def work():
+        keep.append(small_objects(5000))
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def churn(data):
     while True:   # allocates in zlib without the GIL until the interpreter exits under it
         zlib.compress(data, 1)
@@ -108,6 +126,15 @@ def main(what):
         pid = os.fork()
         if pid == 0:
             child_work()
+            os._exit(0)
+        os.waitpid(pid, 0)
+    if "pymalloc" in what:
+        keep.append(small_objects(20_000))
+        keep.append(medium_objects(1000))
+        pools_in_threads()
+        pid = os.fork()
+        if pid == 0:
+            keep.append(small_objects(7000))
             os._exit(0)
         os.waitpid(pid, 0)
     if "ext" in what:
