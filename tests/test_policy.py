@@ -127,6 +127,10 @@ def test_table_lookups_equal_a_plain_back_off_over_its_entries(runs, tmp_path):
         sizes[m] = spec["table"]["entries"]
     assert sizes[2] < sizes[1]
     path = tmp_path / "next1.table"
+    # the slots start on a cache line of the file: the runtime probes them in place
+    blob = path.read_bytes()
+    hlen = int.from_bytes(blob[:8], "little")
+    assert (8 + hlen + json.loads(blob[8:8 + hlen])["tab.slots"]["data_offsets"][0]) % 64 == 0
     t = load_file(str(path))
     filled = t["tab.slots"][:, 0] != 0
     entry = dict(zip(t["tab.slots"][filled, 0].tolist(),
@@ -172,6 +176,22 @@ def test_keys_and_tokens_match_the_trace_tools():
     # the context of the first rows of a stream is padded
     h = context_hash(np.array([5, 6, 7], np.uint16), np.array([0, 1, 2]), 2)
     assert h[0] != h[1] != h[2]
+
+
+def test_the_runtime_crc32_is_zlibs():
+    """hc_crc32 (the folding path on CPUs with PCLMULQDQ, slicing on the rest of the bytes) checks
+    POLICY files against zlib's CRC-32: every length, alignment and starting value agrees."""
+    lib = library()
+    lib.hc_crc32.restype = ctypes.c_uint32
+    lib.hc_crc32.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_size_t]
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, 1 << 20, np.uint8).tobytes()
+    lengths = list(range(0, 300)) + [1023, 1024, 4097, 65536 + 15, len(data) - 63]
+    for n in lengths:
+        off, start = int(rng.integers(0, 64)), int(rng.integers(0, 1 << 32))
+        chunk = data[off:off + n]
+        assert lib.hc_crc32(0, chunk, len(chunk)) == zlib.crc32(chunk), n
+        assert lib.hc_crc32(start, chunk, len(chunk)) == zlib.crc32(chunk, start), n
 
 
 def test_call_sites_of_this_process_resolve_as_recorded_keys():

@@ -88,7 +88,7 @@ struct hc_policy {
     int tab_ctx_lens[HC_MAX_CTX];   /* descending */
     uint64_t tab_pow[HC_MAX_CTX];   /* P^(len - 1) of each length */
     int32_t tab_level_mask;         /* bit `level` set: the level has entries */
-    const struct hc_tab_slot *tab_slots;   /* [tab_cap], 64-byte aligned */
+    const struct hc_tab_slot *tab_slots;   /* [tab_cap], 16-byte aligned */
     size_t tab_copy_len;            /* bytes of the aligned copy of tab.slots (0: none) */
     const uint64_t *tab_filter;     /* tab.ctx_filter: a bit per hash of the context keys */
     int tab_filter_shift;           /* 64 - log2(bits in the filter) */
@@ -227,9 +227,14 @@ void hc_rnn_feed(hc_stream *s, uint32_t site, uint16_t token, int dt, uint64_t h
                  uint64_t mem_sym, int32_t label, int want_pred);
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out);
-void hc_table_predict_next(hc_stream *s, hc_prediction *out);
+/* A table's answer: its top-k list (int16, -1 padding), the top label's confidence, the level. */
+struct hc_tab_answer { const int16_t *labels; float conf; uint32_t level; };
+void hc_tab_answer_fill(const struct hc_tab_answer *a, hc_prediction *out);
+void hc_table_predict_next(const hc_stream *s, hc_prediction *out);
 void hc_table_ctx_reset(hc_stream *s);
 void hc_table_feed(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns, int prepare);
+void hc_table_step(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns,
+                   struct hc_tab_answer *a, int prepare);
 void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, uint64_t n,
                         hc_prediction *out);
 

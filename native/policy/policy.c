@@ -9,8 +9,10 @@
  * No malloc: the policy and stream structures live in anonymous mappings.
  */
 #define _GNU_SOURCE
+#include <cpuid.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <immintrin.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,9 +47,10 @@ static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...
 
 /* ---------------------------------------------------------------- CRC-32 (zlib's) */
 
-/* Slicing by 8 (eight bytes per step, eight tables): a 50 MB POLICY is checked in ~30 ms. */
+/* Slicing by 8 (eight bytes per step, eight tables): what every CPU runs on the bytes that the
+ * folding below leaves, and on all of them where it cannot run. */
 static uint32_t crc_table[8][256];
-static volatile int crc_ready;
+static volatile int crc_ready;     /* 1: tables built; 2: and the CPU has PCLMULQDQ and SSE4.1 */
 
 static void crc_init(void) {
     for (uint32_t i = 0; i < 256; i++) {
@@ -58,13 +61,12 @@ static void crc_init(void) {
     for (uint32_t i = 0; i < 256; i++)
         for (int t = 1; t < 8; t++)
             crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-    __atomic_store_n(&crc_ready, 1, __ATOMIC_RELEASE);
+    unsigned a, b, c, d;
+    int clmul = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_PCLMUL) && (c & bit_SSE4_1);
+    __atomic_store_n(&crc_ready, clmul ? 2 : 1, __ATOMIC_RELEASE);
 }
 
-HC_EXPORT uint32_t hc_crc32(uint32_t crc, const void *data, size_t n) {
-    if (!__atomic_load_n(&crc_ready, __ATOMIC_ACQUIRE)) crc_init();
-    const unsigned char *b = data;
-    crc = ~crc;
+static uint32_t crc_slice8(uint32_t crc, const unsigned char *b, size_t n) {
     while (n >= 8) {
         uint32_t lo, hi;
         memcpy(&lo, b, 4);
@@ -78,7 +80,60 @@ HC_EXPORT uint32_t hc_crc32(uint32_t crc, const void *data, size_t n) {
         n -= 8;
     }
     while (n--) crc = crc_table[0][(crc ^ *b++) & 0xFF] ^ (crc >> 8);
-    return ~crc;
+    return crc;
+}
+
+/* Carry-less multiplication folding (Gopal et al., "Fast CRC Computation for Generic Polynomials
+ * Using PCLMULQDQ Instruction", Intel 2009; the constants of its bit-reflected CRC-32): four
+ * 16-byte lanes folded 64 bytes at a time, then into one, then a Barrett reduction. About 6x the
+ * slicing's speed: a table POLICY of a few MB is checked in a fraction of a millisecond, which a
+ * short traced program would otherwise pay at its start. n >= 64, a multiple of 16; `crc` and the
+ * result are the register, not zlib's inverted value. */
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t crc_fold(uint32_t crc, const unsigned char *b, size_t n) {
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4),
+                  k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0),
+                  k5 = _mm_set_epi64x(0, 0x0163cd6124),
+                  poly = _mm_set_epi64x(0x01f7011641, 0x01db710641),
+                  low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i x1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)b), _mm_cvtsi32_si128((int)crc)),
+            x2 = _mm_loadu_si128((const __m128i *)(b + 16)),
+            x3 = _mm_loadu_si128((const __m128i *)(b + 32)),
+            x4 = _mm_loadu_si128((const __m128i *)(b + 48));
+#define FOLD(x, k, next) \
+    _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x11), _mm_clmulepi64_si128(x, k, 0x00)), \
+                  next)
+    for (b += 64, n -= 64; n >= 64; b += 64, n -= 64) {
+        x1 = FOLD(x1, k1k2, _mm_loadu_si128((const __m128i *)b));
+        x2 = FOLD(x2, k1k2, _mm_loadu_si128((const __m128i *)(b + 16)));
+        x3 = FOLD(x3, k1k2, _mm_loadu_si128((const __m128i *)(b + 32)));
+        x4 = FOLD(x4, k1k2, _mm_loadu_si128((const __m128i *)(b + 48)));
+    }
+    x1 = FOLD(x1, k3k4, x2);
+    x1 = FOLD(x1, k3k4, x3);
+    x1 = FOLD(x1, k3k4, x4);
+    for (; n >= 16; b += 16, n -= 16) x1 = FOLD(x1, k3k4, _mm_loadu_si128((const __m128i *)b));
+#undef FOLD
+    /* 128 bits to 64, then the Barrett reduction to 32 */
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), _mm_clmulepi64_si128(x1, k3k4, 0x10));
+    x1 = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, low32), k5, 0x00),
+                       _mm_srli_si128(x1, 4));
+    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(x1, low32), poly, 0x10);
+    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), poly, 0x00);
+    return (uint32_t)_mm_extract_epi32(_mm_xor_si128(x1, t), 1);
+}
+
+HC_EXPORT uint32_t hc_crc32(uint32_t crc, const void *data, size_t n) {
+    if (!__atomic_load_n(&crc_ready, __ATOMIC_ACQUIRE)) crc_init();
+    const unsigned char *b = data;
+    crc = ~crc;
+    if (n >= 64 && __atomic_load_n(&crc_ready, __ATOMIC_RELAXED) == 2) {
+        size_t m = n & ~(size_t)15;
+        crc = crc_fold(crc, b, m);
+        b += m;
+        n -= m;
+    }
+    return ~crc_slice8(crc, b, n);
 }
 
 /* ---------------------------------------------------------------- tokens and keys */

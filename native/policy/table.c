@@ -9,12 +9,14 @@
  * A lookup is one probe in the common case: the (site, token) slot answers, and its flags say which
  * context lengths hold entries under it, so only those are probed, longest first; an unseen
  * (site, token) backs off to (site), then (token). The table is one open-addressing array (linear
- * probing, load at most 1/2, 64-byte aligned) of 16-byte slots: key, list index and flags,
- * confidence. A probe reads the aligned bucket of 4 slots (a cache line) that holds the key's home
- * with no branch on which slot matched. A next/free stream finds the (site, token) slot of its
- * next lookup, computes the keys of the contexts it flags and prefetches their slots and filter
- * words as the event before the prediction is fed (hc_table_feed), so that the misses overlap
- * the program's own work.
+ * probing, load at most 1/2) of 16-byte slots: key, list index and flags, confidence; a probe
+ * reads the key's home slot first, which holds it or is empty in the common case (the compiler
+ * places the array on a cache line of the file, so a slot never straddles two lines). A next/free
+ * stream finds the (site, token) slot of its next lookup, computes the keys of the contexts it
+ * flags and prefetches their slots and filter words as the event before the prediction is fed
+ * (hc_table_feed), so that the misses overlap the program's own work; the recorder's hook does
+ * the lookup and the feed in one call per event (hc_table_step) and logs the answer's int16 list
+ * as it is.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +46,7 @@ HC_EXPORT uint64_t hc_table_key(int level, uint32_t site, uint32_t token, uint64
 
 int hc_table_load(hc_policy *p, char *err, size_t errlen) {
     int bits = p->cfg[CFG_TAB_BITS];
-    if (bits < 2 || bits > 31) {     /* a probe reads buckets of 4 slots */
+    if (bits < 2 || bits > 31) {
         snprintf(err, errlen, "cfg[tab_bits] is %d: expected 2..31", bits);
         return -1;
     }
@@ -104,10 +106,10 @@ int hc_table_load(hc_policy *p, char *err, size_t errlen) {
     const struct hc_tensor *lm = hc_find_tensor(p, "tab.level_mask");
     p->tab_level_mask = lm && lm->dtype == DT_I32 && lm->ndim == 1 && lm->shape[0] == 1
                             ? *(const int32_t *)lm->data : -1;
-    /* buckets of 4 slots are read as cache lines: slots that the file does not place on a
-     * 64-byte boundary are copied to memory that is (once, at load) */
+    /* a slot must not straddle two cache lines: slots that the file does not place on a 16-byte
+     * boundary (files of older compilers; `compile` aligns them to 64) are copied, once, at load */
     p->tab_slots = sl->data;
-    if ((uintptr_t)sl->data % 64) {
+    if ((uintptr_t)sl->data % 16) {
         struct hc_tab_slot *copy = hc_map_anon((size_t)cap * sizeof *copy);
         if (!copy) {
             snprintf(err, errlen, "tensor tab.slots: out of memory for its aligned copy");
@@ -151,32 +153,24 @@ static inline uint64_t home(const hc_policy *p, uint64_t key) {
     return (key * 0x9E3779B97F4A7C15ull) >> p->tab_home_shift;
 }
 
-/* The slot of `key`, or NULL. The key, if present, sits at or after its home and before the first
- * empty slot from there, so the aligned bucket of 4 slots that holds its home answers unless every
- * slot from the home to the bucket's end holds another key (rare at a load of at most 1/2). */
-static inline const struct hc_tab_slot *find(const hc_policy *p, uint64_t key) {
-    uint64_t mask = p->tab_cap - 1, h = home(p, key), b = h & ~3ull;
-    unsigned from = (unsigned)(h & 3);
-    for (;;) {
-        const struct hc_tab_slot *q = &p->tab_slots[b];
-        unsigned eq = (unsigned)(q[0].key == key) | (unsigned)(q[1].key == key) << 1 |
-                      (unsigned)(q[2].key == key) << 2 | (unsigned)(q[3].key == key) << 3;
-        unsigned empty = ((unsigned)(q[0].key == 0) | (unsigned)(q[1].key == 0) << 1 |
-                          (unsigned)(q[2].key == 0) << 2 | (unsigned)(q[3].key == 0) << 3) >> from;
-        if (__builtin_expect(eq | empty, 1)) return eq ? &q[__builtin_ctz(eq)] : NULL;
-        b = (b + 4) & mask;
-        from = 0;
+/* The slot of `key` past its home, which holds another key: linear probing up to the first empty
+ * slot (rare at a load of at most 1/2). */
+static const struct hc_tab_slot *find_past_home(const hc_policy *p, uint64_t key, uint64_t h) {
+    uint64_t mask = p->tab_cap - 1;
+    for (uint64_t i = (h + 1) & mask;; i = (i + 1) & mask) {
+        const struct hc_tab_slot *q = &p->tab_slots[i];
+        if (q->key == key) return q;
+        if (!q->key) return NULL;
     }
 }
 
-static void fill(const hc_policy *p, const struct hc_tab_slot *e, uint32_t level,
-                 hc_prediction *out) {
-    const int16_t *l = e ? p->tab_lists + (size_t)TAB_LIST(e->info) * HC_TOPK : p->tab_default;
-    _Static_assert(HC_TOPK == 5, "fill copies 5 labels");
-    out->label[0] = l[0], out->label[1] = l[1], out->label[2] = l[2], out->label[3] = l[3];
-    out->label[4] = l[4];
-    out->conf = e ? e->conf : p->tab_default_conf;
-    out->level = e ? level : 0;
+/* The slot of `key`, or NULL. At a load of at most 1/2 the key's home slot answers in the common
+ * case (it holds the key, or is empty): two compares. */
+static inline const struct hc_tab_slot *find(const hc_policy *p, uint64_t key) {
+    uint64_t h = home(p, key);
+    const struct hc_tab_slot *q = &p->tab_slots[h];
+    if (__builtin_expect(q->key == key, 1)) return q;
+    return q->key ? find_past_home(p, key, h) : NULL;
 }
 
 static inline uint64_t st_key(uint32_t site, uint16_t token) {
@@ -187,80 +181,102 @@ static inline uint64_t ctx_key(const hc_policy *p, const hc_stream *s, uint64_t 
     return key_of((uint64_t)CTX_LEVEL(p->tab_ctx_lens[c]), x ^ s->ctx_h[c] * CTX_MUL);
 }
 
-/* The lookup of (site, token) whose slot `e` (NULL: absent) was found already; the contexts
- * of stream s unless s is NULL (their keys in ck[] when computed already, else NULL). */
+static inline void answer_of(const hc_policy *p, const struct hc_tab_slot *e, uint32_t level,
+                             struct hc_tab_answer *a) {
+    a->labels = e ? p->tab_lists + (size_t)TAB_LIST(e->info) * HC_TOPK : p->tab_default;
+    a->conf = e ? e->conf : p->tab_default_conf;
+    a->level = e ? level : 0;
+}
+
+/* The lookup of (site, token) whose slot `e` (NULL: absent) was found already; the contexts of
+ * stream s unless s is NULL, their keys computed here (answer_next has them ready). */
 static void lookup_slot(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
-                        const struct hc_tab_slot *e, const uint64_t *ck, hc_prediction *out) {
-    int nctx = p->tab_nctx;
+                        const struct hc_tab_slot *e, struct hc_tab_answer *a) {
     if (e) {
         unsigned flags = s ? TAB_FLAGS(e->info) : 0;
         uint64_t x = ((uint64_t)site << 16) ^ token;
         while (flags) {                      /* the longest context that holds this one */
             int c = __builtin_ctz(flags);
             flags &= flags - 1;
-            uint64_t k = ck ? ck[c] : ctx_key(p, s, x, c);
+            uint64_t k = ctx_key(p, s, x, c);
             uint64_t bit = k >> p->tab_filter_shift;
             if (!(p->tab_filter[bit >> 6] >> (bit & 63) & 1)) continue;   /* surely absent */
             const struct hc_tab_slot *ec = find(p, k);
             if (ec) {
-                fill(p, ec, (uint32_t)(3 + nctx - c), out);
+                answer_of(p, ec, (uint32_t)(3 + p->tab_nctx - c), a);
                 return;
             }
         }
-        fill(p, e, 3, out);
+        answer_of(p, e, 3, a);
         return;
     }
     if (p->tab_level_mask >> 2 & 1 && (e = find(p, key_of(1, (uint64_t)site << 16)))) {
-        fill(p, e, 2, out);
+        answer_of(p, e, 2, a);
         return;
     }
     if (p->tab_level_mask >> 1 & 1 && (e = find(p, key_of(0, token)))) {
-        fill(p, e, 1, out);
+        answer_of(p, e, 1, a);
         return;
     }
-    fill(p, NULL, 0, out);
+    answer_of(p, NULL, 0, a);
+}
+
+void hc_tab_answer_fill(const struct hc_tab_answer *a, hc_prediction *out) {
+    const int16_t *l = a->labels;
+    _Static_assert(HC_TOPK == 5, "fill copies 5 labels");
+    out->label[0] = l[0], out->label[1] = l[1], out->label[2] = l[2], out->label[3] = l[3];
+    out->label[4] = l[4];
+    out->conf = a->conf;
+    out->level = a->level;
 }
 
 static inline void lookup(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
-                          uint64_t kst, const uint64_t *ck, hc_prediction *out) {
-    lookup_slot(p, s, site, token, find(p, kst), ck, out);
+                          uint64_t kst, hc_prediction *out) {
+    struct hc_tab_answer a;
+    lookup_slot(p, s, site, token, find(p, kst), &a);
+    hc_tab_answer_fill(&a, out);
 }
 
 void hc_table_predict(const hc_policy *p, const hc_stream *s, uint32_t site, uint16_t token,
                       int use_ctx, hc_prediction *out) {
-    lookup(p, use_ctx ? s : NULL, site, token, st_key(site, token), NULL, out);
+    lookup(p, use_ctx ? s : NULL, site, token, st_key(site, token), out);
 }
 
-/* next/free: the lookup of the next event, keyed by the last event fed and the tokens before it;
- * its keys were computed when that event was fed with `prepare` (hc_table_feed), else now. */
-void hc_table_predict_next(hc_stream *s, hc_prediction *out) {
+/* next/free: the answer for the next event, keyed by the last event fed and the tokens before
+ * it. When that event was fed with `prepare` (hc_table_feed), its (site, token) slot and the keys
+ * of the contexts that slot flags are ready: only those contexts are probed, longest first. */
+static inline __attribute__((always_inline)) void answer_next(const hc_stream *s,
+                                                              struct hc_tab_answer *a) {
     const hc_policy *p = s->p;
-    if (s->tab_ready) {
-        lookup_slot(p, s, s->tab_site, s->tab_token, s->tab_st, s->tab_ctx_keys, out);
+    const struct hc_tab_slot *e = s->tab_st;
+    if (s->tab_ready && e) {
+        for (unsigned flags = TAB_FLAGS(e->info); flags; flags &= flags - 1) {
+            int c = __builtin_ctz(flags);
+            uint64_t k = s->tab_ctx_keys[c], bit = k >> p->tab_filter_shift;
+            if (!(p->tab_filter[bit >> 6] >> (bit & 63) & 1)) continue;   /* surely absent */
+            const struct hc_tab_slot *ec = find(p, k);
+            if (ec) {
+                answer_of(p, ec, (uint32_t)(3 + p->tab_nctx - c), a);
+                return;
+            }
+        }
+        answer_of(p, e, 3, a);
+        return;
+    }
+    if (s->tab_ready) {        /* an unseen (site, token): the back-off */
+        lookup_slot(p, s, s->tab_site, s->tab_token, NULL, a);
         return;
     }
     uint16_t token = s->hist_len ? s->tok_hist[(s->hist_head + HC_MAX_HIST - 1) % HC_MAX_HIST]
                                  : 0xFFFF;
     uint32_t site = s->hist_len ? s->last_site : 0;
-    lookup(p, s, site, token, st_key(site, token), NULL, out);   /* context keys lazily */
+    lookup_slot(p, s, site, token, find(p, st_key(site, token)), a);   /* keys lazily */
 }
 
-/* hc_run for a next/free table: the stream loop calling the lookup and the feed directly (what
- * hc_stream_predict and hc_stream_feed do per event, without their per-call dispatch). */
-void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, uint64_t n,
-                        hc_prediction *out) {
-    const hc_policy *p = s->p;
-    uint32_t site = 0;
-    uint16_t token = 0xFFFF;
-    uint64_t kst = st_key(site, token);
-    for (uint64_t j = 0; j < n; j++) {
-        if (want[j]) lookup(p, s, site, token, kst, NULL, &out[j]);   /* context keys lazily */
-        token = ev[j].token != 0xFFFF ? ev[j].token : hc_event_token_inline(p, &ev[j]);
-        site = ev[j].site;
-        hc_table_feed(s, token, site, ev[j].ts_ns, 0);
-        kst = st_key(site, token);
-        __builtin_prefetch(&p->tab_slots[home(p, kst) & ~3ull]);
-    }
+void hc_table_predict_next(const hc_stream *s, hc_prediction *out) {
+    struct hc_tab_answer a;
+    answer_next(s, &a);
+    hc_tab_answer_fill(&a, out);
 }
 
 /* ---------------------------------------------------------------- context hashes */
@@ -294,7 +310,8 @@ void hc_table_ctx_reset(hc_stream *s) {
  * token) slot and, for the context lengths that slot flags, computes the keys and prefetches the
  * slots and filter words they may read, so that in a running program those misses overlap the
  * program's own work. */
-void hc_table_feed(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns, int prepare) {
+static inline __attribute__((always_inline)) void feed(hc_stream *s, uint16_t token, uint32_t site,
+                                                       uint64_t ts_ns, int prepare) {
     const hc_policy *p = s->p;
     const int nctx = p->tab_nctx;
     const uint32_t head = s->hist_head;
@@ -313,7 +330,7 @@ void hc_table_feed(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns, 
         if (flags >> j & 1) {      /* only the contexts that hold entries under this slot */
             uint64_t k = s->tab_ctx_keys[j] = ctx_key(p, s, x, j), bit = k >> p->tab_filter_shift;
             __builtin_prefetch(&p->tab_filter[bit >> 6]);
-            __builtin_prefetch(&p->tab_slots[home(p, k) & ~3ull]);
+            __builtin_prefetch(&p->tab_slots[home(p, k)]);
         }
     }
     s->tok_hist[head] = token;
@@ -322,4 +339,35 @@ void hc_table_feed(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns, 
     s->last_ts = ts_ns;
     s->last_site = site;
     s->events++;
+}
+
+void hc_table_feed(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns, int prepare) {
+    feed(s, token, site, ts_ns, prepare);
+}
+
+/* next/free in a running program (the recorder's hook), one call per event: the answer for the
+ * event of `token` at `site` that is happening now (with `a`; prepared when the event before it
+ * was fed), then the feed of that event. */
+void hc_table_step(hc_stream *s, uint16_t token, uint32_t site, uint64_t ts_ns,
+                   struct hc_tab_answer *a, int prepare) {
+    if (a) answer_next(s, a);
+    feed(s, token, site, ts_ns, prepare);
+}
+
+/* hc_run for a next/free table: the stream loop calling the lookup and the feed directly (what
+ * hc_stream_predict and hc_stream_feed do per event, without their per-call dispatch). */
+void hc_table_run_shift(hc_stream *s, const hc_event *ev, const uint8_t *want, uint64_t n,
+                        hc_prediction *out) {
+    const hc_policy *p = s->p;
+    uint32_t site = 0;
+    uint16_t token = 0xFFFF;
+    uint64_t kst = st_key(site, token);
+    for (uint64_t j = 0; j < n; j++) {
+        if (want[j]) lookup(p, s, site, token, kst, &out[j]);   /* context keys lazily */
+        token = ev[j].token != 0xFFFF ? ev[j].token : hc_event_token_inline(p, &ev[j]);
+        site = ev[j].site;
+        feed(s, token, site, ev[j].ts_ns, 0);
+        kst = st_key(site, token);
+        __builtin_prefetch(&p->tab_slots[home(p, kst)]);
+    }
 }

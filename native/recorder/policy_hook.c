@@ -27,7 +27,10 @@
 #include "raw_format.h"
 
 #define PRED_MAGIC "HCPRED1"
-#define PRED_BUF 2048
+/* Records buffered per thread before a write: each write(2) costs microseconds here (the kernel's
+ * speculation mitigations), a few ns per prediction at 2048 records (32 KB) on every event. */
+#define PRED_BUF 8192
+#define FEAT_BUF 2048
 #define MAX_THREADS 4096
 
 /* A prediction, 16 bytes (version 2): the seq of the event it predicted (bits 0-39), the top
@@ -73,13 +76,13 @@ struct hook_thread {
     uint32_t n, nf;                     /* records in buf, fbuf */
     uint32_t index;
     struct pred_rec buf[PRED_BUF];
-    struct feat_rec fbuf[PRED_BUF];
+    struct feat_rec fbuf[FEAT_BUF];
 };
 
 int hc_hook_on;
 static hc_policy *g_pol;
 static int g_every = 1, g_fd = -1, g_ffd = -1, g_thread_streams, g_uses_time, g_features;
-static int g_table_next;                /* a next-event table: the hook calls its stream directly */
+static int g_table_next;                /* a next-event table: the hook steps its stream directly */
 static char g_dir[4096];
 static hc_stream *g_proc_stream;
 static uint64_t g_proc_countdown;    /* allocations before the next lifetime prediction */
@@ -340,13 +343,21 @@ static inline int kind_of(int op) {
     }
 }
 
-static inline void log_prediction(struct hook_thread *ht, uint64_t seq, const hc_prediction *pr) {
+/* Logs a prediction: its labels as the table stores them (int16, -1 padding) and confidence. */
+static inline void log_labels(struct hook_thread *ht, uint64_t seq, const int16_t *label,
+                              float conf) {
     struct pred_rec *r = &ht->buf[ht->n];
-    float c = pr->conf < 0 ? 0 : pr->conf > 1 ? 1 : pr->conf;
+    float c = conf < 0 ? 0 : conf > 1 ? 1 : conf;
     r->seq_conf_top = (seq & ((1ull << 40) - 1)) | (uint64_t)(uint8_t)(c * 255.0f + 0.5f) << 40 |
-                      (uint64_t)(uint16_t)(int16_t)pr->label[0] << 48;
-    for (int i = 1; i < HC_TOPK; i++) r->label[i - 1] = (int16_t)pr->label[i];
+                      (uint64_t)(uint16_t)label[0] << 48;
+    memcpy(r->label, label + 1, sizeof r->label);
     if (++ht->n == PRED_BUF) flush_thread(ht);
+}
+
+static void log_prediction(struct hook_thread *ht, uint64_t seq, const hc_prediction *pr) {
+    int16_t label[HC_TOPK];
+    for (int i = 0; i < HC_TOPK; i++) label[i] = (int16_t)pr->label[i];
+    log_labels(ht, seq, label, pr->conf);
 }
 
 /* Development mode: the features a decision reads (the stream's inputs prepared for this row),
@@ -378,7 +389,7 @@ static void features_end(struct hook_thread *ht, struct feat_rec *f, const hc_pr
     for (int i = 0; i < 3; i++) f->pred[i] = pr->label[i];
     f->pred_conf = pr->conf;
     f->level = (uint8_t)pr->level;
-    if (++ht->nf == PRED_BUF) flush_thread(ht);
+    if (++ht->nf == FEAT_BUF) flush_thread(ht);
 }
 
 void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t old,
@@ -425,21 +436,33 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
             }
         }
     }
-    if (g_thread_streams) {          /* next: predicted before it happens, on its thread */
+    if (g_table_next) {              /* next, a table: its answer straight into the log */
+        unlock(lk);
+        int now = ht->countdown == 0;
+        ht->countdown = now ? (uint64_t)g_every - 1 : ht->countdown - 1;
+        struct hc_tab_answer a;
+        struct feat_rec *f = now && g_features
+                                 ? features_begin(ht, ht->s, seq, &ev, (int32_t)ev.token) : NULL;
+        hc_table_step(ht->s, ev.token, ev.site, ev.ts_ns, now ? &a : NULL, ht->countdown == 0);
+        if (f) {
+            hc_prediction pr;
+            hc_tab_answer_fill(&a, &pr);
+            features_end(ht, f, &pr);
+        }
+        if (now) log_labels(ht, seq, a.labels, a.conf);
+    } else if (g_thread_streams) {   /* next: predicted before it happens, on its thread */
         unlock(lk);
         int32_t label = (int32_t)ev.token;
         int now = ht->countdown == 0;
         if (now) {
             hc_prediction pr;
             struct feat_rec *f = g_features ? features_begin(ht, ht->s, seq, &ev, label) : NULL;
-            if (g_table_next) hc_table_predict_next(ht->s, &pr);
-            else hc_stream_predict(ht->s, &pr);
+            hc_stream_predict(ht->s, &pr);
             if (f) features_end(ht, f, &pr);
             log_prediction(ht, seq, &pr);
         }
         ht->countdown = now ? (uint64_t)g_every - 1 : ht->countdown - 1;
-        if (g_table_next) hc_table_feed(ht->s, ev.token, ev.site, ev.ts_ns, ht->countdown == 0);
-        else hc_stream_feed_ex(ht->s, &ev, label, ht->countdown == 0);
+        hc_stream_feed_ex(ht->s, &ev, label, ht->countdown == 0);
     } else {                          /* lifetime: one stream per process */
         int alloc = op <= HC_PVALLOC, now = alloc && g_proc_countdown == 0;
         if (alloc) g_proc_countdown = now ? (uint64_t)g_every - 1 : g_proc_countdown - 1;

@@ -97,12 +97,13 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
             from .placement import lab_placement
             with tempfile.TemporaryDirectory(prefix="heapcast-compile-") as tmp:
                 provisional = Path(tmp) / "table.policy"
-                write_policy(provisional, tensors, spec)
+                write_policy(provisional, tensors, spec, align="tab.slots")
                 spec["placement"] = lab_placement(provisional, spec["table"]["distilled_from"],
                                                   distilled, placement)
             tensors["alloc.lifetime_groups"] = np.array(
                 [int(spec["placement"]["lifetime_groups"])], np.int32)
-    write_policy(output, tensors, spec)
+    # a table's slots start on a cache line of the file: the runtime probes them in place
+    write_policy(output, tensors, spec, align="tab.slots" if kind == "table" else None)
     spec["output"] = str(output)
     spec["bytes"] = Path(output).stat().st_size
     return spec

@@ -45,21 +45,31 @@ def cfg_array(**values) -> np.ndarray:
     return np.array([int(values.get(f, 0)) for f in CFG_FIELDS], np.int32)
 
 
-def write_policy(path, tensors: dict, spec: dict) -> Path:
+def write_policy(path, tensors: dict, spec: dict, align: str | None = None) -> Path:
     """Writes a POLICY atomically: `tensors` (name -> numpy array) and `spec` (JSON-able).
 
     The data section's CRC-32 goes into the header as a fixed-width number, so that the header
-    has the same length before and after it is known (the data does not move)."""
+    has the same length before and after it is known (the data does not move). With `align`, the
+    header is padded (metadata `heapcast_pad`, spaces) so that that tensor's data starts on a
+    64-byte boundary of the file: the runtime then reads it in place, with no aligned copy."""
     path = Path(path)
     arrays = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
     meta = {"heapcast_policy": json.dumps({"format": FORMAT, **spec}, sort_keys=True),
             "heapcast_kind": spec["kind"], "heapcast_abi": str(ABI),
             "heapcast_model_sha256": spec.get("model", {}).get("sha256", ""),
             "heapcast_crc32": "0" * _CRC_DIGITS}
+    if align:
+        meta["heapcast_pad"] = ""
     try:
         blob = save(arrays, metadata=meta)
         hlen = int.from_bytes(blob[:8], "little")
         meta["heapcast_crc32"] = str(zlib.crc32(blob[8 + hlen:])).zfill(_CRC_DIGITS)
+        if align:
+            start = 8 + hlen + json.loads(blob[8:8 + hlen])[align]["data_offsets"][0]
+            # offsets and the header's length are multiples of 8, and so is the padding: the
+            # header (padded to 8 bytes by safetensors) grows by exactly its length
+            meta["heapcast_pad"] = " " * (-start % 64)
+            hlen += -start % 64
         blob = save(arrays, metadata=meta)
     except (SafetensorError, ValueError, TypeError) as e:
         raise PolicyError(f"{path}: these tensors cannot be stored in a POLICY: {e}") from None
