@@ -14,13 +14,15 @@ OLDEST = FREE_YOUNG           # the label of the oldest live block
 
 
 def trace_of(steps):
-    """A one-process trace from ("malloc", name, site) / ("free", name) steps; blocks get
-    distinct addresses, sites are location ids 1 and 2."""
+    """A one-process trace from ("malloc", name, site[, size]) / ("free", name) steps; blocks get
+    distinct addresses, sites are location ids 1 and 2 (a block's size: 16 x its site unless
+    given)."""
     rows, addr_of = [], {}
     for i, step in enumerate(steps):
         if step[0] == "malloc":
-            addr_of[step[1]] = 0x1000 + 0x40 * i
-            rows.append((MALLOC, 16 * step[2], addr_of[step[1]], 0, step[2]))
+            addr_of[step[1]] = 0x1000 + 0x100 * i
+            size = step[3] if len(step) > 3 else 16 * step[2]
+            rows.append((MALLOC, size, addr_of[step[1]], 0, step[2]))
         else:
             rows.append((FREE, 0, 0, addr_of[step[1]], 0))
     ev = np.zeros(len(rows), EVENT_DTYPE)

@@ -14,30 +14,9 @@ from heapcast.forecast.modelfile import ModelError, read_model_file, save_model_
 from heapcast.forecast.models import load_model
 from heapcast.forecast.tasks import (FREE_BEYOND, FREE_YOUNG, free_block_codes, free_code_table,
                                      grouped_free_labels, label_names, make_task)
-from heapcast.trace.format import EVENT_DTYPE, FREE, MALLOC
-from heapcast.trace.model import LocationTable, Process, Trace
+from test_forecast_free import trace_of   # ("malloc", name, site, size) / ("free", name) steps
 
 OLDEST = FREE_YOUNG
-
-
-def trace_of(steps):
-    """A one-process trace from ("malloc", name, site, size) / ("free", name) steps (sites are
-    location ids 1 and 2)."""
-    rows, addr_of = [], {}
-    for i, step in enumerate(steps):
-        if step[0] == "malloc":
-            addr_of[step[1]] = 0x1000 + 0x100 * i
-            rows.append((MALLOC, step[3], addr_of[step[1]], 0, step[2]))
-        else:
-            rows.append((FREE, 0, 0, addr_of[step[1]], 0))
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for k, name in enumerate(("op", "size", "addr", "old_addr", "loc")):
-        ev[name] = [r[k] for r in rows]
-    ev["seq"] = np.arange(1, len(ev) + 1)
-    ev["ts"] = 1000 * ev["seq"]
-    locs = LocationTable.from_lists([[], [0x401000], [0x402000]])
-    return Trace("steps", [Process(index=0, pid=1, _events=ev, event_count=len(ev),
-                                   locations=locs)])
 
 
 def test_codes_by_hand():

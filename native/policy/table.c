@@ -173,6 +173,13 @@ static inline const struct hc_tab_slot *find(const hc_policy *p, uint64_t key) {
     return q->key ? find_past_home(p, key, h) : NULL;
 }
 
+/* The slot of context key `k`, or NULL: the filter answers most absent keys without a probe. */
+static inline const struct hc_tab_slot *find_ctx(const hc_policy *p, uint64_t k) {
+    uint64_t bit = k >> p->tab_filter_shift;
+    if (!(p->tab_filter[bit >> 6] >> (bit & 63) & 1)) return NULL;   /* surely absent */
+    return find(p, k);
+}
+
 static inline uint64_t st_key(uint32_t site, uint16_t token) {
     return key_of(2, ((uint64_t)site << 16) ^ token);
 }
@@ -198,10 +205,7 @@ static void lookup_slot(const hc_policy *p, const hc_stream *s, uint32_t site, u
         while (flags) {                      /* the longest context that holds this one */
             int c = __builtin_ctz(flags);
             flags &= flags - 1;
-            uint64_t k = ctx_key(p, s, x, c);
-            uint64_t bit = k >> p->tab_filter_shift;
-            if (!(p->tab_filter[bit >> 6] >> (bit & 63) & 1)) continue;   /* surely absent */
-            const struct hc_tab_slot *ec = find(p, k);
+            const struct hc_tab_slot *ec = find_ctx(p, ctx_key(p, s, x, c));
             if (ec) {
                 answer_of(p, ec, (uint32_t)(3 + p->tab_nctx - c), a);
                 return;
@@ -252,9 +256,7 @@ static inline __attribute__((always_inline)) void answer_next(const hc_stream *s
     if (s->tab_ready && e) {
         for (unsigned flags = TAB_FLAGS(e->info); flags; flags &= flags - 1) {
             int c = __builtin_ctz(flags);
-            uint64_t k = s->tab_ctx_keys[c], bit = k >> p->tab_filter_shift;
-            if (!(p->tab_filter[bit >> 6] >> (bit & 63) & 1)) continue;   /* surely absent */
-            const struct hc_tab_slot *ec = find(p, k);
+            const struct hc_tab_slot *ec = find_ctx(p, s->tab_ctx_keys[c]);
             if (ec) {
                 answer_of(p, ec, (uint32_t)(3 + p->tab_nctx - c), a);
                 return;
