@@ -41,6 +41,18 @@ def build(tmp_path_factory):
     return _build
 
 
+def record_inputs(exe, out_dir: Path, inputs) -> dict:
+    """Records `exe` once per (name, N, SEED) of `inputs` (`exe N SEED`) into out_dir/name;
+    returns name -> trace directory."""
+    import heapcast
+    out = {}
+    for name, n, seed in inputs:
+        r = heapcast.record([exe, str(n), str(seed)], output=out_dir / name, progress=False)
+        assert r.exit_code == 0
+        out[name] = out_dir / name
+    return out
+
+
 def run_untraced(cmd, **kwargs) -> subprocess.CompletedProcess:
     """Runs cmd without the recorder (LD_PRELOAD and HEAPCAST_* removed), capturing its output."""
     env = {k: v for k, v in os.environ.items()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import heapcast
+from conftest import record_inputs
 from heapcast.forecast.cli import main
 
 
@@ -16,11 +17,7 @@ def runs(tmp_path_factory, build):
     """Traces of programs/forecast_work.c with three inputs, and of a Python one-liner."""
     d = tmp_path_factory.mktemp("forecast")
     exe = build("forecast_work")
-    out = {}
-    for name, n, seed in (("a", 3000, 1), ("b", 2000, 2), ("c", 1500, 3)):
-        r = heapcast.record([exe, str(n), str(seed)], output=d / name, progress=False)
-        assert r.exit_code == 0
-        out[name] = d / name
+    out = record_inputs(exe, d, (("a", 3000, 1), ("b", 2000, 2), ("c", 1500, 3)))
     r = heapcast.record([sys.executable, "-c", "x = [str(i) * 3 for i in range(3000)]"],
                         output=d / "py", env={"PYTHONMALLOC": "malloc"}, progress=False)
     assert r.exit_code == 0

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-import heapcast
 from heapcast.forecast.cli import main
 from heapcast.forecast.features import featurize
 from heapcast.forecast.modelfile import ModelError, read_model_file, save_model_file
 from heapcast.forecast.models import load_model
 from heapcast.forecast.tasks import (FREE_BEYOND, FREE_YOUNG, free_block_codes, free_code_table,
                                      grouped_free_labels, label_names, make_task)
+from conftest import record_inputs
 from test_forecast_free import trace_of   # ("malloc", name, site, size) / ("free", name) steps
 
 OLDEST = FREE_YOUNG
@@ -58,14 +58,8 @@ def test_codes_by_hand():
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory, build):
     """Recordings of programs/free_pools.c with three inputs (a: train, b: test, c: validate)."""
-    d = tmp_path_factory.mktemp("pools")
-    exe = build("free_pools")
-    out = {}
-    for name, n, seed in (("a", 3000, 1), ("b", 2000, 2), ("c", 1500, 3)):
-        r = heapcast.record([exe, str(n), str(seed)], output=d / name, progress=False)
-        assert r.exit_code == 0
-        out[name] = d / name
-    return out
+    return record_inputs(build("free_pools"), tmp_path_factory.mktemp("pools"),
+                         (("a", 3000, 1), ("b", 2000, 2), ("c", 1500, 3)))
 
 
 def run_json(capsys, *args):
