@@ -603,7 +603,8 @@ static void atfork_child(void) {
     T.busy++;
     int ok = open_process_files(parent, fork_seq);
     if (ok) hc_hook_fork_child();
-    if (ok && g_pym_state == 3) pym_note(fork_seq);   /* the wrappers came with the fork */
+    /* the wrappers came with the fork (or some of them: another thread was installing them) */
+    if (ok && g_pym_state >= 2) pym_note(fork_seq);
     T.busy--;
     if (!ok) __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE);
 }
