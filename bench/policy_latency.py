@@ -131,11 +131,8 @@ def prepare(a, work: Path):
 
 def test_data(model, trace: Path, cap: int):
     """TaskData of the first `cap` events of `trace` (all for 0), in the model's stream order."""
-    from heapcast.forecast.dataset import load_features
-    from heapcast.forecast.tasks import make_task_for, rank_groupings
-    feats = load_features([trace], model.meta["training"].get("order", "thread"),
-                          need_ranks=rank_groupings(model.task, model.free_group))
-    data = make_task_for(feats, model)
+    from heapcast.forecast.dataset import load_task_for
+    _, data = load_task_for([trace], model.meta["training"].get("order", "thread"), model)
     if cap and len(data) > cap:
         data = data.select(np.arange(len(data)) < cap)
     return data

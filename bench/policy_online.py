@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import shutil
 import sys
 import tempfile
@@ -121,8 +120,8 @@ def main() -> int:
     finally:
         shutil.rmtree(build, ignore_errors=True)
     print(format_table(["workload", "run", "median s", "+ns/event", "over recorder"], rows))
-    print(f"(recorder row: the recorder's own ns/event over untraced; target for a table on "
-          f"every event: <= 2x it)")
+    print("(recorder row: the recorder's own ns/event over untraced; target for a table on "
+          "every event: <= 2x it)")
     write_json(a.out, results)
     print(f"wrote {a.out}", file=sys.stderr)
     return 0

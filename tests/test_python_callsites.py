@@ -316,6 +316,12 @@ def test_daemon_threads_allocating_while_the_interpreter_exits(py, tmp_path, pym
         assert (trace.processes[0].pymalloc_seq > 0) == pymalloc
 
 
+def test_pymalloc_without_python_says_so(tmp_path):
+    r = heapcast.record(["/bin/true"], output=tmp_path / "t", progress=False, pymalloc=True)
+    assert r.exit_code == 0
+    assert any(p.startswith("--pymalloc: no process ran CPython") for p in r.problems)
+
+
 def test_pymalloc_with_extensions_subinterpreters_and_exec(py, tmp_path):
     """record --pymalloc through a C extension, a subinterpreter, exceptions and an exec'd
     interpreter (which wraps its own allocators again)."""

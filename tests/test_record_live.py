@@ -34,11 +34,11 @@ def keep_raw(monkeypatch, tmp_path):
     finalize; returns the list of (copy, live processes) it made."""
     real, kept = recording.finalize, []
 
-    def spy(path, result=None, sampler=None, progress=None, live=None):
+    def spy(path, result=None, sampler=None, progress=None, live=None, **options):
         copy = tmp_path / f"raw-copy-{len(kept)}"
         shutil.copytree(path, copy)
         kept.append((copy, live))
-        return real(path, result, sampler, progress, live)
+        return real(path, result, sampler, progress, live, **options)
 
     monkeypatch.setattr(recording, "finalize", spy)
     return kept

@@ -9,10 +9,11 @@
  * one event.
  *
  * When: CPython allows replacing an allocator of a running interpreter if the new one wraps the
- * old, with the GIL held. The recorder installs the wrappers at the first event of a thread that
- * runs Python code (it holds the GIL) once Py_IsInitialized(); what pymalloc handed out before
- * (the interpreter's start-up) is unknown to the trace, so its later frees are frees of unknown
- * blocks. The .mods file says from which seq on pymalloc was recorded ("Y" line). */
+ * old, with the GIL held. The recorder installs the wrappers at the first event at a new location
+ * (location_slow, never on the per-event path) of a thread that holds the GIL once
+ * Py_IsInitialized(); what pymalloc handed out before (the interpreter's start-up) is unknown to
+ * the trace, so its later frees are frees of unknown blocks. The .mods file says from which seq
+ * on pymalloc was recorded ("Y" line). */
 
 typedef struct {                   /* PyMemAllocatorEx */
     void *ctx;
@@ -116,11 +117,11 @@ static void pym_note(uint64_t seq) {
     T.busy--;
 }
 
-/* Installs the wrappers, from an event of a thread that runs Python code with the GIL once the
- * interpreter is initialized (and not finalizing); other calls return at once. Not from a signal
- * handler's nested event. */
+/* Installs the wrappers, from an event (at a location the thread had not seen: location_slow)
+ * of a thread that holds the GIL once the interpreter is initialized (and not finalizing); other
+ * calls return at once. Not from a signal handler's nested event. */
 static __attribute__((noinline)) void pym_install(struct tstate *t) {
-    if (t->emitting || t->busy || t->own) return;
+    if (t->emitting > 1 || t->busy || t->own) return;
     if (!pym_is_initialized() || __atomic_load_n(py_finalizing, __ATOMIC_ACQUIRE) ||
         !pym_holds_gil(t->self))
         return;

@@ -948,8 +948,13 @@ static int py_hybrid(struct tstate *t, uintptr_t *frames, int n, const char *f, 
  * per-thread table (the reader merges ids that different threads gave to the same frames). On a
  * thread running Python code the location is its Python stack (pf and the frames below it, at
  * most PY_STACK_MAX), and with --stacks the Python frames among the native ones. */
+static void pym_install(struct tstate *t);
+
 static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite,
                                                         const char *pf) {
+    /* pymalloc's wrappers wait here, off the per-event path: a new location comes at once when
+     * the interpreter starts running the program's code */
+    if (UNLIKELY(g_pym_state == 1)) pym_install(t);
     uintptr_t frames[MAX_STACK];
     int n = 1;
     uint64_t h;
@@ -1062,11 +1067,8 @@ static inline __attribute__((always_inline)) void fill(struct hc_record *r, int 
     __atomic_store_n(&r->head, (seq << 8) | (uint64_t)op, __ATOMIC_RELEASE);
 }
 
-static void pym_install(struct tstate *t);
-
 static inline __attribute__((always_inline)) void emit(struct tstate *t, int op, uint64_t seq,
         const void *a, uint64_t b, const void *callsite) {
-    if (UNLIKELY(g_pym_state == 1)) pym_install(t);
     emit_begin(t);
     uint32_t loc = location(t, callsite);
     uint32_t ts;
@@ -1078,7 +1080,6 @@ static inline __attribute__((always_inline)) void emit(struct tstate *t, int op,
 
 static inline __attribute__((always_inline)) void emit_ext(struct tstate *t, int op, uint64_t seq,
         const void *a, uint64_t b, const void *old, uint64_t arg, uint64_t lag, const void *callsite) {
-    if (UNLIKELY(g_pym_state == 1)) pym_install(t);
     emit_begin(t);
     uint32_t loc = location(t, callsite);
     uint32_t ts;

@@ -237,7 +237,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         result.problems.append(problem + "; the program ran untraced")
     else:
         finalize(path, result, sampler, progress=progress,
-                 live=converter.processes() if converter is not None else None)
+                 live=converter.processes() if converter is not None else None,
+                 pymalloc=pymalloc)
     return result
 
 
@@ -424,13 +425,15 @@ def _progress_bar(total: int, progress: bool | None):
 
 
 def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | None = None,
-             progress: bool | None = None, live: dict | None = None) -> RecordResult:
+             progress: bool | None = None, live: dict | None = None,
+             pymalloc: bool = False) -> RecordResult:
     """Converts the raw files of a trace directory into .hct files and writes session.json.
 
     `heapcast record` calls it when the program has ended, with what its converter did while the
     program ran (`live`: LiveProcess by raw file); run it by hand (`heapcast finalize`) on a
     directory whose recording session was itself interrupted: the raw files hold every event,
-    and what an interrupted conversion left (`*.hct.tmp`) is replaced.
+    and what an interrupted conversion left (`*.hct.tmp`) is replaced. `pymalloc`: the recording
+    asked for pymalloc's allocations (record --pymalloc); a warning when no process wrapped them.
     """
     from .trace.raw import RawProcess, raw_files
     from .trace.writer import write_session
@@ -465,7 +468,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
         scanned.append((raw, rp, lp))
         total += sum(c.n for c in rp.chunks)
     bar = _progress_bar(total, progress)
-    pids, threads = set(), 0
+    pids, threads, wrapped = set(), 0, 0
     for raw, rp, lp in scanned:
         try:
             proc = _convert(raw, rp, sampler, bar, lp)
@@ -485,6 +488,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
         result.lost_events += proc.lost_events
         result.truncated |= proc.truncated
         threads += proc.threads
+        wrapped += proc.pymalloc_seq >= 0
         pids.add((proc.pid, proc.image))
     bar.close()
     claim = path / "root.claim"
@@ -492,6 +496,9 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
         claim.unlink()
     result.processes = len(pids)
     result.threads = threads
+    if pymalloc and scanned and not wrapped:
+        result.problems.append("--pymalloc: no process ran CPython 3.11-3.13 (a release build) "
+                               "with the GIL held after its start-up: pymalloc was not recorded")
     session = {
         "command": result.command, "exit_code": result.exit_code, "events": result.events,
         "processes": result.processes, "lost_events": result.lost_events,

@@ -174,3 +174,12 @@ def load_features(paths, order: str, need_ranks=False) -> Features:
     if traces:
         parts.append(featurize(traces, order, need_ranks))
     return parts[0] if len(parts) == 1 else concat(parts)
+
+
+def load_task_for(paths, order: str, model) -> tuple:
+    """(Features, TaskData) of the recordings or datasets `paths` in stream `order`, as `model` (a
+    model, or a POLICY's label space) reads them: with only the rank columns its labels need."""
+    from .tasks import make_task_for, rank_groupings
+    feats = load_features(list(paths), order,
+                          need_ranks=rank_groupings(model.task, getattr(model, "free_group", "all")))
+    return feats, make_task_for(feats, model)

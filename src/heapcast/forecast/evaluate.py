@@ -19,11 +19,11 @@ import time
 
 import numpy as np
 
-from .dataset import load_features
+from .dataset import load_task_for
 from .modelfile import ModelError
 from .models import load_model
 from .protocols import PROTOCOLS, split_masks
-from .tasks import FREE_OLD, FREE_YOUNG, label_names, make_task_for, rank_groupings
+from .tasks import FREE_OLD, FREE_YOUNG, label_names
 from .vocab import article_target, is_allocation_token, rich_to_seed64
 
 PER_CLASS_ROWS = 30
@@ -38,9 +38,7 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
         raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
     model = load_model(model_path)
     training = model.meta.get("training", {})
-    feats = load_features(list(traces), training.get("order", "thread"),
-                          need_ranks=rank_groupings(model.task, model.free_group))
-    data = make_task_for(feats, model)
+    feats, data = load_task_for(traces, training.get("order", "thread"), model)
     test, trained = scored_rows(model_path, protocol, data, training, feats.sources)
     rows = np.flatnonzero(test)
     total = len(rows)

@@ -16,7 +16,7 @@ import numpy as np
 from ..stats import size_classes
 from ..trace.reader import iter_process_blocks, load
 from . import classes
-from .native import NO_CLASS, POLICY_IDS, Replay
+from .native import NO_CLASS, Replay
 
 from .names import ALL_POLICIES, CLAIRVOYANT, CLASSIC, LEARNED, LabError  # noqa: F401
 #: The fits that lifetime segregation is layered over (kernels NAME@FIT in native.POLICY_IDS).

@@ -14,13 +14,10 @@
 from __future__ import annotations
 
 import hashlib
-import math
 from pathlib import Path
 
 import numpy as np
 
-from ..forecast.features import mix64
-from ..forecast.modelfile import ModelError
 from .fileformat import ABI, KINDS, TASK_IDS, VOCAB_IDS, PolicyError, cfg_array, write_policy
 from .names import COMPILE_KINDS, DEFAULT_CTX  # noqa: F401 (re-exported)
 from .native import TOPK, index_build
@@ -304,8 +301,8 @@ def _votes(keys: np.ndarray, labels: np.ndarray):
 def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count: int) -> tuple:
     """(the table's tensors, the TaskData it was distilled from, in process order for a lifetime
     model as the allocator lab reads it)."""
-    from ..forecast.dataset import load_features
-    from ..forecast.tasks import DEFAULT_ORDER, make_task, make_task_for, rank_groupings
+    from ..forecast.dataset import load_features, load_task_for
+    from ..forecast.tasks import DEFAULT_ORDER, make_task
     from ..forecast.train import spread_rows
     lens = sorted({int(k) for k in ([ctx] if isinstance(ctx, int) else ctx) if int(k)},
                   reverse=True)
@@ -321,9 +318,7 @@ def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count:
                               f"its training traces ({', '.join(map(str, missing)) or 'none'}) "
                               f"are not here: give some with --data TRACE...")
     order = training.get("order", DEFAULT_ORDER[model.task])
-    feats = load_features(list(data), order,
-                          need_ranks=rank_groupings(model.task, model.free_group))
-    td = make_task_for(feats, model)
+    feats, td = load_task_for(data, order, model)
     rows = np.flatnonzero(td.labels >= 0)
     if max_rows and len(rows) > max_rows:
         rows = np.flatnonzero(spread_rows(td.labels >= 0, max_rows) & (td.labels >= 0))

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..forecast.dataset import load_features
+from ..forecast.dataset import load_task_for
 from ..forecast.evaluate import metrics, scored_rows
 from ..forecast.protocols import PROTOCOLS
-from ..forecast.tasks import DEFAULT_ORDER, make_task_for, rank_groupings
+from ..forecast.tasks import DEFAULT_ORDER
 from .fileformat import read_spec
 from .native import Policy, events_of
 
@@ -51,9 +51,7 @@ def evaluate_policy(policy_path, traces, protocol: str) -> dict:
     training = spec.get("training", {})
     order = training.get("order", DEFAULT_ORDER[spec["task"]])
     labels = label_space(spec)
-    feats = load_features(list(traces), order,
-                          need_ranks=rank_groupings(spec["task"], labels.free_group))
-    data = make_task_for(feats, labels)
+    feats, data = load_task_for(traces, order, labels)
     test, overlap = scored_rows(policy_path, protocol, data, training, feats.sources)
     rows = np.flatnonzero(test)
     t0 = time.perf_counter()

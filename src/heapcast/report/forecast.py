@@ -19,10 +19,9 @@ def predictions(model_path, trace) -> tuple[object, np.ndarray, np.ndarray, str]
 
     Scored rows follow heapcast evaluate's protocols: the held-out part ('time'/'article' split)
     when the model was trained on this very recording, else the whole recording (cross-run)."""
-    from ..forecast.dataset import load_features
+    from ..forecast.dataset import load_task_for
     from ..forecast.evaluate import overlap, scored_rows
     from ..forecast.models import load_model
-    from ..forecast.tasks import make_task_for, rank_groupings
     from ..policy.evaluate import label_space
     from ..policy.fileformat import is_policy, read_spec
     policy = is_policy(model_path)
@@ -34,9 +33,7 @@ def predictions(model_path, trace) -> tuple[object, np.ndarray, np.ndarray, str]
     else:
         model = load_model(model_path)
     training = model.meta.get("training", {})
-    feats = load_features([str(trace.path)], training.get("order", "thread"),
-                          need_ranks=rank_groupings(model.task, model.free_group))
-    data = make_task_for(feats, model)
+    feats, data = load_task_for([str(trace.path)], training.get("order", "thread"), model)
     trained = overlap(training.get("traces", []), feats.sources)
     split = training.get("split", "all")
     protocol = split if trained and split in ("time", "article") else "cross-run"
