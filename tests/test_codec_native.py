@@ -370,6 +370,25 @@ def test_threads_encode_independently():
         assert list(pool.map(work, range(6))) == want
 
 
+def test_one_thread_block_after_block_keeps_no_stale_addresses():
+    """A thread keeps its back-reference table from one block to the next (cleared by epoch,
+    started at the previous block's size): blocks with many distinct addresses, then few, then
+    the same addresses again, each encode exactly as alone, on one thread."""
+    sizes = [(200_000, 150_000), (3000, 50), (200_000, 150_000), (200_000, 150_000),
+             (70_000, 5000), (1, 1), (0, 1), (120_000, 100_000)]
+    blocks = [realistic(n, seed=40 + i, pool=pool) for i, (n, pool) in enumerate(sizes)]
+    blocks[3] = blocks[2].copy()   # the very addresses of the previous block: none may leak in
+    blocks[3]["old_addr"][:1000] = blocks[2]["addr"][-1000:]
+    want = [reference_encode_events(b) for b in blocks]
+
+    def all_on_one_thread():
+        return [bytes(encode_events(b)) for b in blocks]
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(all_on_one_thread).result() == want
+        assert pool.submit(all_on_one_thread).result() == want   # a thread with a big table
+
+
 # ---- through the writer and the reader
 
 def write_and_load(tmp_path, events, name="7.hct"):

@@ -9,6 +9,9 @@ import mmap
 import os
 import struct
 import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -493,9 +496,10 @@ def test_the_file_can_be_closed_between_blocks(tmp_path):
         next(blocks)
 
 
-def test_block_memory_is_reused_only_when_no_view_of_it_is_left(tmp_path):
+def test_block_memory_is_reused_only_when_no_view_of_it_is_left(tmp_path, monkeypatch):
     """iter_events reuses a block's memory once nothing refers to it: blocks taken one at a
     time and dropped, or kept whole, or only through views derived from them, stay intact."""
+    monkeypatch.setattr(native_raw, "SHARED", native_raw.Buffers())   # none taken by other tests
     rng = np.random.default_rng(3)
     path = random_raw(rng, tmp_path / "1.raw", threads=3, events=4000)
     rp = RawProcess(path)
@@ -518,6 +522,34 @@ def test_block_memory_is_reused_only_when_no_view_of_it_is_left(tmp_path):
         np.testing.assert_array_equal(ts, want[k]["ts"][1:].view(np.int64))
         np.testing.assert_array_equal(op, want[k]["op"][::2])
     rp.close()
+
+
+def test_threads_never_share_a_set_of_block_memory(tmp_path, monkeypatch):
+    """The decoding memory is shared by the process's threads (the converter's, then the main
+    thread's): two threads reading at once never get the same set of columns."""
+    monkeypatch.setattr(native_raw, "SHARED", native_raw.Buffers(keep=2))
+    rng = np.random.default_rng(5)
+    path = random_raw(rng, tmp_path / "1.raw", threads=3, events=6000)
+    rps = [RawProcess(path) for _ in range(3)]
+    want = [{k: v.copy() for k, v in b.items()} for b in ref_iter_events(rps[0], 200)]
+    start = threading.Barrier(3)
+
+    def read(rp):
+        start.wait()
+        got = []
+        for block in rp.iter_events(200):
+            got.append({k: v.copy() for k, v in block.items()})
+            time.sleep(0)   # let the others decode into whatever they were given meanwhile
+        return got
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(read, rps))
+    for got in results:
+        assert len(got) == len(want)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert_same_columns(g, w, f"block {k}")
+    for rp in rps:
+        rp.close()
 
 
 def test_chunks_outside_the_mapping_are_refused():

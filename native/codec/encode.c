@@ -4,8 +4,9 @@
  * every value, then byte k + 1...).
  *
  * heapcast.trace.native_codec calls this through ctypes (heapcast/libheapcast_codec.so) from the
- * trace writer's worker thread: there is no global state, and the only memory allocated is the
- * back-reference hash table and the escape list of one call, freed before it returns. The decoder
+ * trace writer's worker threads. The only state kept between calls is the memory of the
+ * back-reference tables (a small pool, see below); the escape list of one call is freed before
+ * it returns. The decoder
  * is numpy code (heapcast/trace/codec.py); tests/test_codec_native.py checks that the two agree,
  * byte for byte with the numpy encoder this code replaced.
  *
@@ -19,13 +20,12 @@
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE   /* mmap's MAP_ANONYMOUS, madvise */
 #endif
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __linux__
 #include <sys/mman.h>
-#endif
 #if defined(__SSE2__) && !defined(HC_NO_SIMD)
 #define HC_SIMD 1
 #include <emmintrin.h>
@@ -362,16 +362,91 @@ static void encode_column(const hc_column *c, colstate *s, uint8_t *out, uint64_
     finish_column(c, s, out, n);
 }
 
-/* ---- back-references: an open-addressing table from address to the latest row producing it ---- */
+/* ---- back-references: an open-addressing table from address to the latest row producing it ----
+ *
+ * The table's memory is kept from one block to the next: a block of 2^20 events of a Python
+ * program holds about half a million distinct addresses, and a fresh table per block cost more
+ * than the encoding itself (the kernel zeroing up to 32 MB of new pages, very slowly in a virtual
+ * machine, and a rehash at every doubling). A call takes a store from a small process-wide pool
+ * (the writer encodes on two worker threads, and replaces them when it changes their priority)
+ * and gives it back. A slot is empty unless it carries the epoch of the table in use, so a
+ * table is cleared by taking a new epoch, and it starts at the size its store's previous table
+ * ended with. */
 
-typedef struct { uint64_t key, row; } slot;   /* key 0: empty (address 0 is never stored) */
+typedef struct { uint64_t key; uint32_t row, epoch; } slot;   /* address 0 is never stored */
+
+/* Table memory: two buffers (a growth rehashes from one into the other). */
+typedef struct {
+    slot *mem[2];
+    size_t bytes[2];
+    uint32_t epoch;     /* the last epoch taken; fresh memory (zeros) holds epoch 0 */
+    uint64_t last_cap;  /* the capacity its previous table ended with */
+} table_store;
+
 typedef struct {
     slot *s;
-    void *base;         /* what to free: s, or the mapping s lies in (mapped bytes) */
-    size_t mapped;
     uint64_t cap, used, max_cap;
     unsigned shift;
+    uint32_t epoch;
+    int buf;            /* which of the store's buffers holds s (a growth takes the other) */
+    table_store *st;
 } table;
+
+#define STORES 4        /* more concurrent calls than this get a store of their own */
+static table_store stores[STORES];
+static int store_busy[STORES];
+static pthread_mutex_t stores_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void store_release(table_store *st) {
+    for (int b = 0; b < 2; b++)
+        if (st->mem[b]) munmap(st->mem[b], st->bytes[b]);
+    memset(st, 0, sizeof *st);
+}
+
+/* A store for one call: a free one of the pool, else `own` (released by store_put). */
+static table_store *store_get(table_store *own) {
+    pthread_mutex_lock(&stores_lock);
+    for (int k = 0; k < STORES; k++)
+        if (!store_busy[k]) {
+            store_busy[k] = 1;
+            pthread_mutex_unlock(&stores_lock);
+            return &stores[k];
+        }
+    pthread_mutex_unlock(&stores_lock);
+    memset(own, 0, sizeof *own);
+    return own;
+}
+
+static void store_put(table_store *st) {
+    if (st < stores || st >= stores + STORES) {
+        store_release(st);
+        return;
+    }
+    pthread_mutex_lock(&stores_lock);
+    store_busy[st - stores] = 0;
+    pthread_mutex_unlock(&stores_lock);
+}
+
+/* Buffer b of a store, holding at least cap slots (new memory if it was smaller). */
+static slot *store_buffer(table_store *st, int b, uint64_t cap) {
+    size_t need = cap * sizeof(slot);
+    if (st->bytes[b] >= need) return st->mem[b];
+    if (st->mem[b]) munmap(st->mem[b], st->bytes[b]);
+    st->mem[b] = NULL;
+    st->bytes[b] = 0;
+    const size_t huge = 2u << 20;
+    size_t len = (need + huge - 1) & ~(huge - 1);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    /* accessed at random: on huge pages, that costs no TLB misses (page walks, slow in a
+     * virtual machine); a hint, without it small pages */
+    madvise(p, len, MADV_HUGEPAGE);
+#endif
+    st->mem[b] = p;
+    st->bytes[b] = len;
+    return p;
+}
 
 static inline uint64_t slot_of(const table *tb, uint64_t key) {
     /* The top bits of a multiplication, after folding the high bits in: heap addresses (a dense
@@ -380,75 +455,62 @@ static inline uint64_t slot_of(const table *tb, uint64_t key) {
     return ((key ^ (key >> 33)) * 0xff51afd7ed558ccdull) >> tb->shift;
 }
 
-static int table_init(table *tb, uint64_t cap, uint64_t max_cap) {
-    size_t bytes = cap * sizeof(slot);
-    tb->s = NULL;
-    tb->mapped = 0;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const size_t huge = 2u << 20;
-    if (bytes >= huge) {
-        /* A big table is accessed at random: on huge pages, that costs no TLB misses (page walks,
-         * slow in a virtual machine). Fresh mappings read as zeros. */
-        size_t len = bytes + huge;
-        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p != MAP_FAILED) {
-            tb->s = (slot *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
-            madvise(tb->s, bytes, MADV_HUGEPAGE);   /* a hint: without it, small pages */
-            tb->base = p;
-            tb->mapped = len;
-        }
+/* A new, empty table of cap slots in buffer b of store st. */
+static int table_init(table *tb, table_store *st, int b, uint64_t cap, uint64_t max_cap) {
+    tb->s = store_buffer(st, b, cap);
+    if (!tb->s) return ERR_NOMEM;
+    if (++st->epoch == 0) {   /* epochs wrapped: empty both buffers for real */
+        for (int k = 0; k < 2; k++)
+            if (st->mem[k]) memset(st->mem[k], 0, st->bytes[k]);
+        st->epoch = 1;
     }
-#endif
-    if (!tb->s) tb->s = tb->base = calloc(cap, sizeof(slot));
+    tb->st = st;
+    tb->epoch = st->epoch;
+    tb->buf = b;
     tb->cap = cap;
     tb->used = 0;
     tb->max_cap = max_cap;
     tb->shift = 64 - (unsigned)__builtin_ctzll(cap);
-    return tb->s ? 0 : ERR_NOMEM;
-}
-
-static void table_free(table *tb) {
-#ifdef __linux__
-    if (tb->mapped) {
-        munmap(tb->base, tb->mapped);
-        return;
-    }
-#endif
-    free(tb->base);
+    return 0;
 }
 
 /* Doubles the table (at most to max_cap, which holds a whole block at load 1/2). */
 static int table_grow(table *tb) {
     table big;
-    if (table_init(&big, tb->cap * 2, tb->max_cap)) return ERR_NOMEM;
+    if (table_init(&big, tb->st, !tb->buf, tb->cap * 2, tb->max_cap)) return ERR_NOMEM;
     for (uint64_t k = 0; k < tb->cap; k++) {
-        if (!tb->s[k].key) continue;
+        if (tb->s[k].epoch != tb->epoch) continue;
         uint64_t h = slot_of(&big, tb->s[k].key);
-        while (big.s[h].key) h = (h + 1) & (big.cap - 1);
+        while (big.s[h].epoch == big.epoch) h = (h + 1) & (big.cap - 1);
         big.s[h] = tb->s[k];
+        big.s[h].epoch = big.epoch;
     }
     big.used = tb->used;
-    table_free(tb);
     *tb = big;
     return 0;
+}
+
+static inline void table_prefetch(const table *tb, uint64_t key) {
+    __builtin_prefetch(&tb->s[slot_of(tb, key)]);
 }
 
 /* The row that last produced `key`, or UINT64_MAX. */
 static inline uint64_t table_find(const table *tb, uint64_t key) {
     for (uint64_t h = slot_of(tb, key);; h = (h + 1) & (tb->cap - 1)) {
+        if (tb->s[h].epoch != tb->epoch) return UINT64_MAX;
         if (tb->s[h].key == key) return tb->s[h].row;
-        if (!tb->s[h].key) return UINT64_MAX;
     }
 }
 
 static inline int table_put(table *tb, uint64_t key, uint64_t r) {
     uint64_t h = slot_of(tb, key);
     for (;; h = (h + 1) & (tb->cap - 1)) {
-        if (tb->s[h].key == key) { tb->s[h].row = r; return 0; }
-        if (!tb->s[h].key) break;
+        if (tb->s[h].epoch != tb->epoch) break;
+        if (tb->s[h].key == key) { tb->s[h].row = (uint32_t)r; return 0; }
     }
     tb->s[h].key = key;
-    tb->s[h].row = r;
+    tb->s[h].row = (uint32_t)r;
+    tb->s[h].epoch = tb->epoch;
     if (++tb->used * 2 > tb->cap && tb->cap < tb->max_cap) return table_grow(tb);
     return 0;
 }
@@ -460,16 +522,27 @@ static int encode_backref(const hc_column *c, const hc_column *ref, colstate *s,
                           uint64_t n) {
     uint64_t max_cap = 16;
     while (max_cap < 2 * n) max_cap *= 2;
-    table tb;   /* starts small: blocks hold far fewer distinct addresses than rows */
-    if (table_init(&tb, max_cap < 4096 ? max_cap : 4096, max_cap)) return ERR_NOMEM;
+    /* Starts as large as the store's previous block needed (a program's blocks are alike),
+     * small for its first: blocks hold far fewer distinct addresses than rows. */
+    table_store own, *st = store_get(&own);
+    uint64_t cap = st->last_cap > 4096 ? st->last_cap : 4096;
+    table tb;
     uint64_t *esc = malloc((n ? n : 1) * sizeof *esc);
-    if (!esc) { table_free(&tb); return ERR_NOMEM; }
+    if (!esc || table_init(&tb, st, 0, cap < max_cap ? cap : max_cap, max_cap)) {
+        free(esc);
+        store_put(st);
+        return ERR_NOMEM;
+    }
     uint64_t m = 0, t[2][CHUNK], old[CHUNK], addr[CHUNK];   /* t: codes, see stage() */
     int rc = 0, cur = 0;
     for (uint64_t i = 0; i < n && !rc; i += CHUNK, cur ^= 1) {
         unsigned cnt = n - i < CHUNK ? (unsigned)(n - i) : CHUNK;
         gather64(c, i, cnt, old);
         gather64(ref, i, cnt, addr);
+        for (unsigned j = 0; j < cnt; j++) {   /* the chunk's probes miss the cache together */
+            if (old[j]) table_prefetch(&tb, old[j]);
+            if (addr[j]) table_prefetch(&tb, addr[j]);
+        }
         for (unsigned j = 0; j < cnt; j++) {
             uint64_t r = i + j, code = 0;
             if (old[j]) {   /* a release comes before its own row's acquisition: find, then put */
@@ -483,7 +556,8 @@ static int encode_backref(const hc_column *c, const hc_column *ref, colstate *s,
         if (i) put64(t[!cur], CHUNK, out + i - CHUNK, n);
         if (i + CHUNK >= n) put64(t[cur], cnt, out + i, n);
     }
-    table_free(&tb);
+    st->last_cap = tb.cap;
+    store_put(st);
     if (rc) { free(esc); return rc; }
 
     uint8_t wrapped = 0;

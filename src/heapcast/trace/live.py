@@ -69,7 +69,7 @@ class LiveProcess:
         self.locs_done: dict[int, int] = {}      # chunk offset -> slot where parsing stopped
         self.pairs = [(self.start_tsc, self.start_mono)]
         self.assigner = LocationAssigner()
-        self.buffers = native_raw.Buffers()
+        self.buffers = native_raw.SHARED
         self.clock = None
         self.writer = None
         self.next_lo = None                    # the next window to convert

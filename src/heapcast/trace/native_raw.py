@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -116,25 +117,34 @@ def _columns(cap: int) -> tuple[np.ndarray, dict, Columns]:
 class Buffers:
     """Output memory for decode_window, reused once no array made from it is referenced any more
     (a view of it, however derived, refers to it: its reference count tells). Fresh memory costs
-    a page fault per 4 KiB; the trace writer holds two or three blocks at a time, so that a few
-    sets of columns suffice."""
+    the kernel zeroing it (slowly in a virtual machine, where it was a fifth of `heapcast
+    record`'s conversion); the trace writer holds two or three blocks at a time, so a few sets of
+    columns suffice. Thread-safe: get() makes the views it returns under its lock, so a set is
+    counted as taken before another thread looks."""
 
     def __init__(self, keep: int = 4):
         self.keep = keep
         self.sets: list = []   # [memory, columns, Columns, rows, its reference count when free]
+        self.lock = threading.Lock()
 
     def get(self, cap: int) -> tuple[dict, Columns]:
-        for entry in self.sets:
-            if entry[3] >= cap and sys.getrefcount(entry[0]) == entry[4]:
-                return entry[1], entry[2]
-        rows = cap + cap // 8   # room for the next windows, which differ a little in size
-        memory, cols, ccols = _columns(rows)
-        if len(self.sets) < self.keep:
-            entry = [memory, cols, ccols, rows, 0]
-            del memory
-            entry[4] = sys.getrefcount(entry[0])   # measured as get() measures it
-            self.sets.append(entry)
-        return cols, ccols
+        with self.lock:
+            for entry in self.sets:
+                if entry[3] >= cap and sys.getrefcount(entry[0]) == entry[4]:
+                    return {name: col[:cap] for name, col in entry[1].items()}, entry[2]
+            rows = cap + cap // 8   # room for the next windows, which differ a little in size
+            memory, cols, ccols = _columns(rows)
+            if len(self.sets) < self.keep:
+                entry = [memory, cols, ccols, rows, 0]
+                del memory
+                entry[4] = sys.getrefcount(entry[0])   # measured as get() measures it
+                self.sets.append(entry)
+            return {name: col[:cap] for name, col in cols.items()}, ccols
+
+
+#: The process's decoding memory: the converter while the program runs, then the conversion
+#: after its exit, take their windows' columns from it.
+SHARED = Buffers()
 
 
 def _remap(remap) -> tuple:

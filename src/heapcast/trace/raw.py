@@ -198,7 +198,7 @@ class RawProcess:
         maxs = np.array([c.seq_max for c in self.chunks], np.uint64)
         lo_all, hi_all = int(mins.min()), int(maxs.max())
         clock = self._clock()
-        buffers = native_raw.Buffers()
+        buffers = native_raw.SHARED   # the memory of the conversion while the program ran
         lo = lo_all if start is None else start
         if assigner is not None:
             assigner.add_definitions(self.locs)

@@ -47,7 +47,6 @@ class _SectionWriter:
         self.workers = max(1, min(2, len(os.sched_getaffinity(0))))
         self.pool = ThreadPoolExecutor(self.workers, initializer=lower_priority, initargs=(nice,))
         self.pending = deque()
-        self.local = threading.local()      # per worker: its compressor and encoding buffer
 
     def _section(self, kind: int, raw: bytes, count: int, compress: bool, zstd) -> bytes:
         stored = zstd.compress(raw) if compress and raw else raw
@@ -61,15 +60,12 @@ class _SectionWriter:
 
     def write_events(self, block) -> None:
         def work(block=block):
-            mine = self.local
-            if not hasattr(mine, "zstd"):       # compressors are not thread-safe
-                mine.zstd = zstandard.ZstdCompressor(level=self.level)
-                mine.buffer = None
-            raw = encode_events(block, mine.buffer)
-            # The section is a copy (compressed), so the buffer is free for this worker's next
-            # block: reusing it saves faulting in fresh pages, a third of the encoding time.
-            section = self._section(EVENTS, raw, _length(block), True, mine.zstd)
-            mine.buffer = raw.obj
+            zstd, buffer = _SCRATCH.take(self.level)
+            raw = encode_events(block, buffer)
+            # The section is a copy (compressed), so the buffer is free for the next block:
+            # fresh pages cost more than the encoding (the kernel zeroes them).
+            section = self._section(EVENTS, raw, _length(block), True, zstd)
+            _SCRATCH.give(self.level, zstd, raw.obj)
             return section
         self.pending.append(self.pool.submit(work))
         while len(self.pending) > self.workers:
@@ -84,12 +80,40 @@ class _SectionWriter:
         self.drain()
         self.pool.shutdown(wait=True)
         self.pool = ThreadPoolExecutor(self.workers)
-        self.local = threading.local()
 
     def close(self) -> None:
         for fut in self.pending:
             fut.cancel()
         self.pool.shutdown(wait=True)
+
+
+class _Scratch:
+    """The EVENTS encoders' zstd compressors and encoding buffers, kept for the next block of any
+    writer of the process (the conversion while the program runs, then the one after its exit,
+    on other worker threads): a compressor is not thread-safe, so a block's work takes one and
+    gives it back."""
+
+    KEEP = 4
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.free: list = []   # (level, compressor, buffer or None)
+
+    def take(self, level: int) -> tuple:
+        with self.lock:
+            for i, (lv, zstd, buffer) in enumerate(self.free):
+                if lv == level:
+                    del self.free[i]
+                    return zstd, buffer
+        return zstandard.ZstdCompressor(level=level), None
+
+    def give(self, level: int, zstd, buffer) -> None:
+        with self.lock:
+            if len(self.free) < self.KEEP:
+                self.free.append((level, zstd, buffer))
+
+
+_SCRATCH = _Scratch()
 
 
 def lower_priority(nice: int) -> None:
