@@ -56,7 +56,7 @@ codec = Extension(
 )
 
 # The drainer that `heapcast record` runs beside the program to recycle full chunks
-# (heapcast.drain): a plain shared library loaded with ctypes.
+# (heapcast.recorder.drain): a plain shared library loaded with ctypes.
 drain = Extension(
     "heapcast.libheapcast_drain",
     sources=["native/recorder/drain.c"],

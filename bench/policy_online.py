@@ -26,7 +26,7 @@ from _common import (RESULTS_DIR, compile_c, format_table, interleaved, machine_
                      median, python_executable, time_command, workload, write_json)
 
 import heapcast  # noqa: E402
-from heapcast.recording import recorder_library  # noqa: E402
+from heapcast.recorder.session import recorder_library  # noqa: E402
 
 
 def _record_kwargs() -> dict:

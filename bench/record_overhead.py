@@ -6,7 +6,7 @@ interleaved and --repeats times each:
   heapcast                  `heapcast record -o DIR -- CMD` (recording and the conversion after it)
   heapcast --stacks 16      the same with 16-frame stacks
   heapcast [program]        CMD alone under the recorder library (LD_PRELOAD, HEAPCAST_DIR) with the
-                            chunk drainer (heapcast.drain) and the converter (heapcast.trace.live)
+                            chunk drainer (heapcast.recorder.drain) and the converter (heapcast.recorder.live)
                             beside it, as `heapcast record` runs them:
                             the program's own run time inside `record`, without the conversion
   article tracer            bench/article_tracer.c: mutex + sprintf + write() per call
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heapcast.drain import ENV as DRAIN_ENV, Drainer  # noqa: E402
-from heapcast.trace.live import LiveConverter  # noqa: E402
+from heapcast.recorder.drain import ENV as DRAIN_ENV, Drainer  # noqa: E402
+from heapcast.recorder.live import LiveConverter  # noqa: E402
 
 from _common import (RESULTS_DIR, BenchError, compile_c, directory_bytes,  # noqa: E402
                      format_table, interleaved, machine_info, median, python_executable,
@@ -300,7 +300,7 @@ def heapcast_tools() -> tuple[list | None, str | None, str]:
     """The `heapcast` command and the recorder library's path (None when heapcast is missing),
     and a note saying what is missing."""
     try:
-        from heapcast.recording import recorder_library
+        from heapcast.recorder.session import recorder_library
     except ImportError:
         return None, None, "heapcast is not installed (pip install -e .): its rows are left out"
     beside = Path(sys.executable).parent / "heapcast"  # the venv's, even if not on PATH

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from heapcast.heap import match_trace
+from heapcast.trace.blocks import match_trace
 from heapcast.stats.classes import size_classes
 from heapcast.stats.python_lines import program_lines
 from heapcast.stats.summary import _larger, rss_peak as _rss_peak
-from heapcast.symbolize import UNKNOWN, Symbolizer
+from heapcast.stats.symbolize import UNKNOWN, Symbolizer
 from heapcast.trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
 from heapcast.trace.model import PY_FRAME_TAG
 

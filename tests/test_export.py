@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import heapcast
-from heapcast.export import PROCESSES_KEY, SESSION_KEY, export_parquet
+from heapcast.trace.export import PROCESSES_KEY, SESSION_KEY, export_parquet
 from heapcast.trace.format import EVENT_DTYPE, OPS, TraceError
 from heapcast.trace.model import LocationTable, Process, Trace
 from heapcast.trace.writer import write_process_file, write_session

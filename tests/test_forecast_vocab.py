@@ -8,7 +8,7 @@ from heapcast.forecast.vocab import (RICH_FREE_NULL, RICH_FREE_UNKNOWN, RICH_SIZ
                                      article_target, fine_size_class, get_vocab,
                                      is_allocation_token, rich_to_seed64, rich_tokens,
                                      seed64_tokens)
-from heapcast.heap import match
+from heapcast.trace.blocks import match
 from heapcast.trace.format import EVENT_DTYPE, OP
 from heapcast.trace.model import LocationTable, Process, Trace
 

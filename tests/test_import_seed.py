@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import heapcast
-from heapcast.heap import match
+from heapcast.trace.blocks import match
 from heapcast.trace.format import EVENT_DTYPE, FREE, MALLOC, TraceError
 from heapcast.trace.seed_import import SeedLogError, import_seed, iter_seed_events
 

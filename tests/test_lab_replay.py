@@ -61,7 +61,7 @@ def test_streamed_in_small_blocks_gives_the_same_result(recorded, monkeypatch):
 
 def test_lifetime_classes_match_the_forecasting_labels(recorded):
     lifetime = pytest.importorskip("heapcast.forecast.lifetime")
-    from heapcast.heap import match
+    from heapcast.trace.blocks import match
     p = recorded.processes[0]
     theirs = lifetime.lifetime_labels(p.events, match(p.events))["cls"]
     mine = lifetime_classes(p).astype(np.int16)

@@ -14,7 +14,7 @@ from heapcast.forecast.train import train
 from heapcast.policy import compile_policy
 from heapcast.policy.evaluate import evaluate_policy
 from heapcast.policy.online import evaluate_online, read_predictions
-from heapcast.recording import RecordError
+from heapcast.recorder.session import RecordError
 from heapcast.trace.format import TraceError
 from model_configs import TINY
 

@@ -15,7 +15,7 @@ import pytest
 
 import heapcast
 from heapcast.stats import format_stats
-from heapcast.symbolize import Symbolizer, python_symbol
+from heapcast.stats.symbolize import Symbolizer, python_symbol
 from heapcast.trace.format import ALLOC_OPS
 from heapcast.trace.model import is_python_frame
 
@@ -338,7 +338,7 @@ def test_parquet_export_resolves_python_call_sites(py, tmp_path):
 
     import pyarrow.parquet as pq
 
-    from heapcast.export import export_parquet
+    from heapcast.trace.export import export_parquet
     trace = record(tmp_path, py, "basic")
     table = pq.read_table(export_parquet(trace, tmp_path / "e.parquet"))
     frames = {k: (file, func, line) for k, file, func, line in

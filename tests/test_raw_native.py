@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from heapcast.recording import recorder_library
+from heapcast.recorder.session import recorder_library
 from heapcast.trace import format as F
 from heapcast.trace import native_raw
 from heapcast.trace.format import TraceError
@@ -145,7 +145,7 @@ def ref_decode_chunk(rp: RawProcess, c: Chunk) -> dict:
 
 
 def ref_iter_events(rp: RawProcess, window: int = 1 << 20, remap=None):
-    """RawProcess.iter_events as numpy code, with recording.py's location remap after it."""
+    """RawProcess.iter_events as numpy code, with the recorder session's location remap after it."""
     if not rp.chunks:
         return
     lo_all = min(c.seq_min for c in rp.chunks)
@@ -636,7 +636,7 @@ def test_recordings_decode_as_the_reference(build, tmp_path, program, env, windo
 def test_finalize_writes_the_events_the_reference_decodes(build, tmp_path):
     """Through recording.finalize: the .hct holds exactly the reference's events, remapped."""
     import heapcast
-    from heapcast.recording import finalize
+    from heapcast.recorder.session import finalize
     raws = record_raw(tmp_path / "t", [build("threads")], HEAPCAST_STACKS=4)
     want = {}
     for raw in raws:

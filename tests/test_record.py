@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import heapcast
-from heapcast.heap import INHERITED, match, match_trace
+from heapcast.trace.blocks import INHERITED, match, match_trace
 from heapcast.trace.format import OP
 
 U64_MAX = 2**64 - 1

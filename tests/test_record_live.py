@@ -1,4 +1,4 @@
-"""Conversion while the program runs (heapcast.trace.live): a trace converted while its program ran
+"""Conversion while the program runs (heapcast.recorder.live): a trace converted while its program ran
 is identical, event for event, to the same raw files converted after the exit; killing the
 program or `heapcast record` at any point of it loses nothing; a wrong guess is caught."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import heapcast
-from heapcast import recording
-from heapcast.recording import finalize, record
-from heapcast.trace import live
+from heapcast.recorder import session as recording
+from heapcast.recorder.session import finalize, record
+from heapcast.recorder import live
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_record_killed_while_converting_loses_nothing(build, tmp_path, when):
     prog = build("phases")
     pairs, phases_n = 3000, 40
     # `heapcast record` with small_windows's settings
-    code = ("import sys; from heapcast.trace import live; live.WINDOW = 4096; "
+    code = ("import sys; from heapcast.recorder import live; live.WINDOW = 4096; "
             "live.FREEZE_NS = 5_000_000; live.POLL_S = 0.005; "
             "from heapcast.cli import main; sys.exit(main())")
     rec = subprocess.Popen([sys.executable, "-c", code, "record", "-o", str(out), "--", str(prog),

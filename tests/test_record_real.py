@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import heapcast
-from heapcast.heap import match_trace
+from heapcast.trace.blocks import match_trace
 from heapcast.trace.format import HEAP_OPS
 
 PYTHON_CODE = """

@@ -12,9 +12,9 @@ import time
 import numpy as np
 
 import heapcast
-from heapcast.drain import ENV as DRAIN_ENV, Drainer
-from heapcast.heap import match
-from heapcast.recording import finalize, recorder_library
+from heapcast.recorder.drain import ENV as DRAIN_ENV, Drainer
+from heapcast.trace.blocks import match
+from heapcast.recorder.session import finalize, recorder_library
 from heapcast.trace.format import OP
 from heapcast.trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, HEADER_SIZE, RawProcess,
                                 raw_files)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import heapcast
-from heapcast.heap import match, match_trace
+from heapcast.trace.blocks import match, match_trace
 from heapcast.trace.format import OP, SESSION_FILE, TRACE_SUFFIX
 
 NATIVE = os.path.join(os.path.dirname(__file__), "..", "native")

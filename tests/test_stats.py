@@ -232,7 +232,7 @@ def test_format_stats_report():
 
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    from heapcast.plot import plot_stats
+    from heapcast.stats.plot import plot_stats
     out = tmp_path / "stats.png"
     d = plot_stats(family_trace(), out)
     assert d["peak_live_bytes"] == 2000

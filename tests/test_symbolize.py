@@ -1,4 +1,4 @@
-"""heapcast.symbolize on real ELF files: programs compiled here with gcc/g++, and this process's libc."""
+"""heapcast.stats.symbolize on real ELF files: programs compiled here with gcc/g++, and this process's libc."""
 import ctypes
 import os
 import shutil
@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from heapcast.symbolize import Symbolizer, load_symbol_table
+from heapcast.stats.symbolize import Symbolizer, load_symbol_table
 from heapcast.trace.model import Module, ModuleSnapshot, Process
 
 SOURCE = r"""

@@ -10,8 +10,8 @@ import types
 
 _API = {
     "EVENT_DTYPE": ".trace.format", "OPS": ".trace.format", "TraceError": ".trace.base",
-    "Process": ".trace.model", "Trace": ".trace.model", "finalize": ".recording",
-    "record": ".recording", "stats": ".stats", "load": ".trace.reader", "report": ".report",
+    "Process": ".trace.model", "Trace": ".trace.model", "finalize": ".recorder.session",
+    "record": ".recorder.session", "stats": ".stats", "load": ".trace.reader", "report": ".report",
 }
 __all__ = sorted(_API)
 __version__ = "0.1.0"

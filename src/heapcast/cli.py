@@ -6,12 +6,12 @@ import json
 import sys
 from pathlib import Path
 
-from .plot import PlotError
+from .stats.plot import PlotError
 from .trace.base import TraceError
 
 
 def _cmd_record(a) -> int:
-    from .recording import RecordError, record
+    from .recorder.session import RecordError, record
     if not a.command:
         raise UsageError("record needs a command: heapcast record [options] -- CMD ARGS...")
     try:
@@ -28,7 +28,7 @@ def _cmd_record(a) -> int:
 
 
 def _cmd_finalize(a) -> int:
-    from .recording import finalize
+    from .recorder.session import finalize
     r = finalize(a.trace)
     print(r.summary(), file=sys.stderr)
     return 0
@@ -57,7 +57,7 @@ def _cmd_import(a) -> int:
 
 
 def _cmd_export(a) -> int:
-    from .export import export_parquet
+    from .trace.export import export_parquet
     from .trace.reader import load
     if not a.parquet:
         raise UsageError("export needs a format: heapcast export TRACE --parquet OUT")

@@ -21,7 +21,7 @@ def _cmd_run(a) -> int:
         return 0
     if not cmd:
         raise ValueError("no command to run (heapcast run [--policy P] -- CMD ARGS...)")
-    from ..recording import RecordError
+    from ..recorder.session import RecordError
     from .runner import family
     if family(a.policy) == "glibc":
         print(f"heapcast: {a.policy}'s placement is glibc's own malloc (the allocator lab's "

@@ -26,7 +26,7 @@ def argv_hash(argv) -> int:
 def allocation_classes(process) -> np.ndarray:
     """The lifetime class (uint8, 0-5) of each allocation of `process`, in its seq order."""
     from ..forecast.lifetime import lifetime_labels
-    from ..heap import match
+    from ..trace.blocks import match
     ev = process.events
     cls = lifetime_labels(ev, match(ev))["cls"]
     return cls[cls >= 0].astype(np.uint8)

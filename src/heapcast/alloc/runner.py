@@ -101,7 +101,7 @@ class RunResult:
 def run(cmd, policy: str = "none", log=None, env: dict | None = None) -> RunResult:
     """Runs `cmd` under heapcast's allocator and returns its exit status (and with `log`, a path,
     the merged summary written there as JSON)."""
-    from ..recording import _run as run_program
+    from ..recorder.session import _run as run_program
     from .summary import merge_logs
     cmd = [str(c) for c in cmd]
     if not cmd:

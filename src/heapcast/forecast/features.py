@@ -22,7 +22,7 @@ article did), processes in trace order) or one per process
 | free_site_rank, free_site_live | i4 | free_rank and free_live among the live blocks of the freed block's call site only |
 | free_class_rank, free_class_live | i4 | the same among the live blocks of its size class |
 
-Everything is vectorized per process (heapcast.heap.match, numpy sorts): no Python loop per event.
+Everything is vectorized per process (heapcast.trace.blocks.match, numpy sorts): no Python loop per event.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..heap import match_trace
+from ..trace.blocks import match_trace
 from ..stats import size_classes
 from ..trace.format import FREE
 from ..trace.model import Process, Trace, is_python_frame
@@ -268,7 +268,7 @@ def featurize_process(process: Process, blocks=None, order: str = "thread",
     """Features of one process (its events in the stream order asked for); `need_ranks` as
     featurize takes it."""
     if blocks is None:
-        from ..heap import match
+        from ..trace.blocks import match
         blocks = match(process.events)
     return _build([(process, blocks)], order, need_ranks, proc)
 

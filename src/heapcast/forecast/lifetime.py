@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..heap import NEVER, Blocks
+from ..trace.blocks import NEVER, Blocks
 from ..stats import size_classes
 
 LIFETIME_VERSION = 1

@@ -11,7 +11,7 @@ Every event of a process becomes exactly one token (docs/vocabularies.md has the
   real task; 1002 tokens, uint16.
 
 All encoders are vectorized over a process's events and need the block matching
-(`heapcast.heap.match`) for the size of the block a free releases.
+(`heapcast.trace.blocks.match`) for the size of the block a free releases.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..heap import Blocks
+from ..trace.blocks import Blocks
 from ..stats import size_classes
 from ..trace.format import (ALIGNED_ALLOC, CALLOC, FREE, MALLOC, MEMALIGN, MMAP, MREMAP, MUNMAP,
                             POSIX_MEMALIGN, PVALLOC, REALLOC, REALLOCARRAY, VALLOC)

@@ -9,11 +9,11 @@ from .names import ALL_POLICIES, LabError
 
 
 def _cmd_simulate(a) -> int:
-    from ..plot import PlotError
+    from ..stats.plot import PlotError
     from .replay import simulate
     from .report import format_simulation, plot_simulation
     if a.plot:   # fail before a long replay, not after it
-        from ..plot import require_matplotlib
+        from ..stats.plot import require_matplotlib
         try:
             require_matplotlib()
         except PlotError as e:

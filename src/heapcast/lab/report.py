@@ -62,7 +62,7 @@ def plot_simulation(d: dict, out: str | Path) -> None:
     """Draws the footprint over time of every policy (heap extent above, resident 4 KiB pages
     below) with the live bytes, for the process with the largest peak live bytes. `d` must come
     from simulate(..., series=True). Needs matplotlib (imported here only)."""
-    from ..plot import require_matplotlib
+    from ..stats.plot import require_matplotlib
     plt = require_matplotlib()
     series = d.get("series") or []
     if not series:

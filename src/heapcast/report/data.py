@@ -9,7 +9,7 @@ import numpy as np
 
 from ..stats.aggregate import NCLASS, aggregate
 from ..stats.summary import CallSites, site_key, summarize, trace_clock
-from ..symbolize import Symbolizer
+from ..stats.symbolize import Symbolizer
 from ..trace.model import PY_FRAME_TAG
 from .flame import CallTree
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..symbolize import UNKNOWN
+from ..stats.symbolize import UNKNOWN
 from ..trace.model import PY_FRAME_TAG
 
 METRICS = ("at_peak", "count", "temporary", "leaked_bytes")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..symbolize import UNKNOWN, Symbolizer
+from .symbolize import UNKNOWN, Symbolizer
 from ..trace.format import HEAP_OPS, MMAP, MREMAP, MUNMAP, OPS
 from ..trace.model import PY_FRAME_TAG
 from .aggregate import CHUNK, aggregate
@@ -208,7 +208,7 @@ def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool =
     `progress`: a progress bar on stderr. One streaming pass in chunks of `chunk` events.
     """
     if plot is not None:
-        from ..plot import require_matplotlib
+        from .plot import require_matplotlib
         require_matplotlib()
     if not hasattr(trace, "processes"):
         from ..trace.reader import load
@@ -216,7 +216,7 @@ def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool =
     aggs, shared = aggregate(trace, detail=plot is not None, chunk=chunk, progress=progress)
     result = summarize(trace, aggs, shared, top)
     if plot is not None:
-        from ..plot import draw_stats
+        from .plot import draw_stats
         t0 = trace_clock(trace, aggs)[0]
         series = []
         for p, a in zip(trace.processes, aggs):

@@ -54,7 +54,7 @@ class Chunk:
 class RawProcess:
     """One raw file (and its .mods companion), scanned and ready to yield events in seq order.
 
-    `skip`: offsets of chunks not to scan (copies that heapcast.trace.live converted already:
+    `skip`: offsets of chunks not to scan (copies that heapcast.recorder.live converted already:
     their events, location definitions and clock pairs are not read again)."""
 
     def __init__(self, path: Path, skip=frozenset()):
@@ -314,7 +314,7 @@ class LocationAssigner:
     """Numbers the locations of a process's events as they are converted, in seq order: a
     location's id is the order of its first use (different raw ids with the same frames, which
     different threads defined, share one); definitions no event used come last, in raw id
-    order. The conversion while the program runs (heapcast.trace.live) and the one after it
+    order. The conversion while the program runs (heapcast.recorder.live) and the one after it
     number the same events the same way, although the first knows only the definitions written
     so far."""
 

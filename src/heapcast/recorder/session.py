@@ -2,8 +2,8 @@
 
 The program runs with the recorder preloaded; while it runs, this process samples the resident set
 of every traced process from /proc every `rss_interval_ms`, a native thread recycles the
-recorder's full chunks (heapcast.drain), and a converter thread turns the chunks that no longer
-change into .hct blocks (heapcast.trace.live). When the program has ended (however it ended),
+recorder's full chunks (heapcast.recorder.drain), and a converter thread turns the chunks that no longer
+change into .hct blocks (heapcast.recorder.live). When the program has ended (however it ended),
 `finalize` converts the rest of the raw files (or all of them, when the conversion while the
 program ran did not complete a check) and removes them, so a trace cut by SIGKILL still yields
 everything that was written.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .drain import ENV as DRAIN_ENV, Drainer
-from .trace.base import RAW_HEADER_SIZE as HEADER_SIZE, RAW_MAGIC, SESSION_FILE, TRACE_SUFFIX
+from ..trace.base import RAW_HEADER_SIZE as HEADER_SIZE, RAW_MAGIC, SESSION_FILE, TRACE_SUFFIX
 
 # numpy and the trace writer are imported when the conversion starts, not before the program
 # runs: a recording starts sooner (docs/architecture.md, "Fast start").
@@ -34,7 +34,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 def recorder_library() -> Path:
     """Path of the preload library built by `pip install`."""
-    lib = Path(__file__).with_name("libheapcast_recorder.so")
+    lib = Path(__file__).parent.with_name("libheapcast_recorder.so")
     if not lib.exists():
         raise FileNotFoundError(f"{lib} is missing: reinstall heapcast (`pip install .`) so that "
                                 "the native recorder is built")
@@ -52,7 +52,7 @@ class RecordResult:
     processes: int = 0
     threads: int = 0
     lost_events: int = 0
-    live_events: int = 0          # events converted while the program ran (heapcast.trace.live)
+    live_events: int = 0          # events converted while the program ran (heapcast.recorder.live)
     truncated: bool = False
     trace_bytes: int = 0
     wall_s: float = 0.0
@@ -130,7 +130,7 @@ class _RssSampler:
 
     def rss(self, raw_name: str):
         import numpy as np
-        from .trace.format import RSS_DTYPE
+        from ..trace.format import RSS_DTYPE
         return np.array(self.samples.get(raw_name, []), dtype=RSS_DTYPE)
 
 
@@ -243,7 +243,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
 
 
 class _Converter:
-    """Runs heapcast.trace.live's converter on a thread that imports it (numpy, the codec) after
+    """Runs heapcast.recorder.live's converter on a thread that imports it (numpy, the codec) after
     the program has started, so that the program does not wait for those imports."""
 
     def __init__(self, path: Path, drainer):
@@ -253,7 +253,7 @@ class _Converter:
         self.thread = threading.Thread(target=self._run, name="heapcast-convert", daemon=True)
 
     def _run(self) -> None:
-        from .trace.live import LiveConverter
+        from .live import LiveConverter
         self.live = LiveConverter(self.path, self.drainer, self.stop_event)
         self.live.run()
 
@@ -315,8 +315,8 @@ def _default_signals() -> None:
 def _check_policy(policy, every: int) -> None:
     """Opens `policy` through the native runtime, as the recorder will: RecordError if it cannot
     run online (damaged, mismatched, or of a task the recorder cannot feed)."""
-    from .policy.fileformat import PolicyError
-    from .policy.native import Policy
+    from ..policy.fileformat import PolicyError
+    from ..policy.native import Policy
     if every < 1:
         raise RecordError(f"--policy-every {every}: expected a positive number of events")
     try:
@@ -340,9 +340,9 @@ def _convert(raw: Path, rp, sampler, bar, live=None):
     without the copies it converted); when the check fails, the whole file is converted again.
     On a full disk the .hct is written to the temporary directory first, then moved into place
     once the raw file (which holds the space) is gone."""
-    from .trace import live as live_windows   # the same windows as the conversion while running
-    from .trace.raw import LocationAssigner, RawProcess
-    from .trace.writer import ProcessFileWriter, open_private
+    from . import live as live_windows   # the same windows as the conversion while running
+    from ..trace.raw import LocationAssigner, RawProcess
+    from ..trace.writer import ProcessFileWriter, open_private
     proc = rp.process()
     if sampler is not None:
         proc.rss = sampler.rss(raw.name)
@@ -435,8 +435,8 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     and what an interrupted conversion left (`*.hct.tmp`) is replaced. `pymalloc`: the recording
     asked for pymalloc's allocations (record --pymalloc); a warning when no process wrapped them.
     """
-    from .trace.raw import RawProcess, raw_files
-    from .trace.writer import write_session
+    from ..trace.raw import RawProcess, raw_files
+    from ..trace.writer import write_session
 
     path = Path(path)
     if result is None:

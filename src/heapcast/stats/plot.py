@@ -29,7 +29,7 @@ def plot_stats(trace, out_png: str | Path, top: int = 10) -> dict:
 
     Returns the statistics (stats.stats's dict), so a caller never computes them twice.
     """
-    from .stats import stats
+    from . import stats
     return stats(trace, top=top, plot=out_png)
 
 

@@ -16,9 +16,9 @@ import ctypes
 import os
 from pathlib import Path
 
-from .trace.base import LoadedOnce, NativeError
+from ..trace.base import LoadedOnce, NativeError
 
-LIBRARY = Path(__file__).resolve().parent / "libheapcast_drain.so"
+LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_drain.so"
 
 #: The environment variable (and value) that tells the recorder a drainer is running.
 ENV = {"HEAPCAST_DRAIN": "1"}
@@ -67,7 +67,7 @@ class Drainer:
     def copies(self, max_copies: int = 4096) -> tuple[list, int]:
         """The chunk copies completed since the last call, oldest first, as (inode of the raw
         file, offset of the copy) pairs, and the number of copies that could not be logged (no
-        memory) since the start. A copy never changes: heapcast.trace.live reads it at once."""
+        memory) since the start. A copy never changes: heapcast.recorder.live reads it at once."""
         if self._handle is None:
             return [], 0
         out = (ctypes.c_uint64 * (2 * max_copies))()

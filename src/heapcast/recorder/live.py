@@ -1,13 +1,13 @@
 """Converts raw files into .hct files while the program runs (`heapcast record`).
 
 The recorder's threads hand every full 1 MiB chunk to the drainer, which copies it to the end of
-the raw file (heapcast.drain): a copy never changes again, and the drainer logs it. A thread's
+the raw file (heapcast.recorder.drain): a copy never changes again, and the drainer logs it. A thread's
 first chunks (4 KiB to 512 KiB) are never recycled, so their written slots never change either.
 A converter thread reads exactly those, and writes the windows of seq numbers that they complete
 (decoded, numbered, encoded and compressed as after the exit, on the core the program leaves
 free) into `<pid>.hct.tmp`. When the program has ended, `finish` checks that every event below
 the converted windows was converted, and converts the rest (the last chunks, a lagging tail)
-and the index (heapcast.recording).
+and the index (heapcast.recorder.session).
 
 What makes a window complete: every event with a seq below its end is in a chunk read. Per
 thread, its events after the last chunk read have higher seqs (a thread takes its seq numbers in
@@ -33,12 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import native_raw
-from .base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
-from .raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC,
+from ..trace import native_raw
+from ..trace.base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
+from ..trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC,
                   SLOT, SLOT_DTYPE, Chunk, LocationAssigner, RawProcess, _CHUNK,
                   _COUNTERS, _HEADER, fit_clock, location_definitions)
-from .writer import ProcessFileWriter, lower_priority
+from ..trace.writer import ProcessFileWriter, lower_priority
 
 WINDOW = 1 << 20                 # seq numbers per converted window, as RawProcess.iter_events
 FREEZE_NS = 100_000_000          # clock pairs must span this long before the clock is fixed
@@ -305,7 +305,7 @@ def _chunk_table(chunks) -> np.ndarray:
 class LiveConverter:
     """Converts the trace directory's raw files while the program runs (see the module's
     docstring): run() polls until `stop` is set; `processes` then maps each raw file's path to
-    its LiveProcess, which heapcast.recording.finalize completes."""
+    its LiveProcess, which heapcast.recorder.session.finalize completes."""
 
     def __init__(self, directory, drainer=None, stop: threading.Event | None = None):
         self.directory = Path(directory)

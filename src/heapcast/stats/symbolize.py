@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .trace.model import PY_FRAME_TAG
+from ..trace.model import PY_FRAME_TAG
 
 UNKNOWN = "?"
 DEBUG_ROOT = "/usr/lib/debug"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .trace.format import ALLOC_OPS, FREE, REALLOC, REALLOCARRAY
+from .format import ALLOC_OPS, FREE, REALLOC, REALLOCARRAY
 
 NEVER = -1      # release_of: the block was never released (still live at the end)
 UNKNOWN = -1    # alloc_of: the released address was not live

@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .trace.format import EVENT_DTYPE, OPS, TraceError
-from .trace.model import Trace
-from .trace.reader import load
-from .trace.writer import open_private
+from .format import EVENT_DTYPE, OPS, TraceError
+from .model import Trace
+from .reader import load
+from .writer import open_private
 
 PROCESSES_KEY = b"heapcast.processes"
 SESSION_KEY = b"heapcast.session"
