@@ -490,6 +490,8 @@ static int table_grow(table *tb) {
     return 0;
 }
 
+#define PREFETCH_CAP (1u << 16)   /* slots (1 MiB): a smaller table stays in the cache */
+
 static inline void table_prefetch(const table *tb, uint64_t key) {
     __builtin_prefetch(&tb->s[slot_of(tb, key)]);
 }
@@ -539,10 +541,11 @@ static int encode_backref(const hc_column *c, const hc_column *ref, colstate *s,
         unsigned cnt = n - i < CHUNK ? (unsigned)(n - i) : CHUNK;
         gather64(c, i, cnt, old);
         gather64(ref, i, cnt, addr);
-        for (unsigned j = 0; j < cnt; j++) {   /* the chunk's probes miss the cache together */
-            if (old[j]) table_prefetch(&tb, old[j]);
-            if (addr[j]) table_prefetch(&tb, addr[j]);
-        }
+        if (tb.cap > PREFETCH_CAP)   /* a table beyond the caches: the chunk's misses overlap */
+            for (unsigned j = 0; j < cnt; j++) {
+                if (old[j]) table_prefetch(&tb, old[j]);
+                if (addr[j]) table_prefetch(&tb, addr[j]);
+            }
         for (unsigned j = 0; j < cnt; j++) {
             uint64_t r = i + j, code = 0;
             if (old[j]) {   /* a release comes before its own row's acquisition: find, then put */
