@@ -1,0 +1,528 @@
+/* heapcast's packing allocator (HEAPCAST_ALLOC_BACKEND=pack; `heapcast run --backend pack`).
+ *
+ * Why: on the corpus neither glibc nor mimalloc is best everywhere. mimalloc's size classes are
+ * 12.5% apart and it keeps per-page free lists and resident pages, so it holds 8-19% more than
+ * glibc on sqlite3 and jq; glibc fragments (only the top of its heap is trimmed, a 32-byte
+ * minimum chunk) and loses on make and python. This packer takes glibc's fine granularity and
+ * mimalloc's segregation, and gives free pages back page by page:
+ *
+ * - Size classes: every multiple of 16 up to 1 KiB (a 1..16-byte request takes 16 bytes, like
+ *   glibc's alignment guarantee), then 8 classes per power of two up to PACK_MAX (256 KiB).
+ *   No per-block header: a block's size is its span's class.
+ * - One region, reserved once (mmap MAP_NORESERVE, 32 GiB of address space, nothing committed:
+ *   pages become resident when first written), cut into units of 2^HEAPCAST_PACK_SPAN bytes
+ *   (default 64 KiB). "Is this pointer mine" is a range check; a unit's metadata lives in side
+ *   tables indexed by (p - base) >> shift (also NORESERVE, touched only for units in use).
+ *   The region is mapped read-write rather than PROT_NONE + mprotect per span: the kernel
+ *   commits nothing until a page is written either way, and mprotect would split the mapping
+ *   into one VMA per span.
+ * - A span is 1 unit for small classes, more (a power of two) so that it holds >= 8 blocks of
+ *   larger ones. Spans belong to one (lifetime group, class): blocks of different groups never
+ *   share a span. Free blocks: a bitmap per span (1 = free), allocation takes the lowest free
+ *   block, so the low pages of a span fill first and its high pages drain.
+ * - Which span: spans of a class are kept in NB lists by fullness (live / blocks in eighths);
+ *   allocation takes a span from the fullest non-full list, so allocations pack into few spans
+ *   and the emptier ones drain.
+ * - Pages back to the kernel: when a free leaves every block overlapping a page free, the page
+ *   becomes "dirty" (free but resident), queued per class, oldest first. A class that holds more
+ *   than HEAPCAST_PACK_DIRTY bytes (default 64 KiB) of dirty pages gives the oldest back
+ *   (madvise MADV_DONTNEED) until it holds half of that: prompt, but a page that churns between
+ *   one block and none is not returned on every free. A span that becomes empty stays with its
+ *   class while the class has at most HEAPCAST_PACK_EMPTY (default 1) empty spans; beyond that
+ *   it is given back whole (one madvise) to a region pool of clean spans any class can take.
+ * - Threads: one mutex per (group, class) and one for the region; a free takes the lock of the
+ *   block's class (found from the span), so cross-thread frees need nothing more. fork: the
+ *   prepare handler takes every lock, parent and child release them.
+ * - Never calls malloc: metadata is mmap'd.
+ *
+ * What was measured (bench/alloc_pack.py; docs/allocator.md "The packing backend") decided the
+ * defaults above. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "alloc.h"
+#include "pack.h"
+
+_Static_assert(PACK_GROUPS == HA_HEAPS, "one packer group per heap index");
+
+#define PAGE_SHIFT 12
+#define PAGE ((size_t)1 << PAGE_SHIFT)
+#define REGION ((size_t)32 << 30)
+#define MIN_BLOCK 16
+#define SMALL_MAX 1024                   /* classes every 16 bytes up to here */
+#define NSMALL (SMALL_MAX / MIN_BLOCK)   /* 64 */
+#define STEPS 8                          /* classes per power of two above SMALL_MAX */
+#define NCLASSES (NSMALL + STEPS * 8)    /* up to 1024 << 8 = 256 KiB */
+#define NB 8                             /* fullness lists of partly used spans */
+#define L_EMPTY NB                       /* the list of empty spans */
+#define L_FULL (NB + 1)                  /* full spans are in no list */
+#define MIN_SPAN_BLOCKS 8
+#define MAX_NLOG 7                       /* spans of at most 128 units */
+
+typedef struct {              /* per unit */
+    uint32_t head;            /* the unit index of its span's first unit */
+    uint32_t dnext, dprev;    /* the class's dirty-unit queue (unit index + 1; 0: none) */
+    uint64_t dirty;           /* its pages that are free and resident, one bit per page */
+} unit_meta;
+
+typedef struct {              /* per span, at its first unit's index */
+    uint32_t size, nblocks, live, hint;   /* hint: no free block below word `hint` */
+    uint32_t next, prev;                  /* its class list (unit index + 1; 0: none) */
+    uint16_t cls;
+    uint8_t group, nlog;                  /* nlog: log2 of its units */
+    uint8_t list;                         /* 0..NB-1, L_EMPTY or L_FULL */
+} span_meta;
+
+typedef struct {
+    pthread_mutex_t lock;
+    uint32_t list[NB + 1];    /* heads (unit index + 1): fullness lists, then empty spans */
+    uint32_t nempty;
+    uint32_t dhead, dtail;    /* units with dirty pages, oldest first */
+    size_t dirty;             /* bytes of dirty pages */
+} __attribute__((aligned(64))) pack_class;
+
+uintptr_t pack_lo, pack_hi;
+
+static unsigned ushift;            /* unit = 1 << ushift bytes */
+static unsigned upages_shift;      /* ushift - PAGE_SHIFT */
+static unsigned bwords;            /* bitmap words per span: (unit / 16) bits */
+static uint32_t nunits;
+static unit_meta *units;
+static span_meta *spans;
+static uint64_t *bitmaps;          /* bwords per unit index */
+static size_t dirty_budget = 64 * 1024;
+static uint32_t keep_empty = 1;
+static uint32_t class_size[NCLASSES];
+static uint8_t class_nlog[NCLASSES];
+static pack_class classes[PACK_GROUPS][NCLASSES];
+
+static pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t region_top;                 /* units handed out so far */
+static uint32_t pool[MAX_NLOG + 1];         /* clean free spans by nlog (unit index + 1) */
+
+/* ---- size classes ---- */
+
+static inline unsigned class_of(size_t size) {
+    if (size <= SMALL_MAX)
+        return size <= MIN_BLOCK ? 0 : (unsigned)((size + MIN_BLOCK - 1) / MIN_BLOCK) - 1;
+    unsigned e = 63 - (unsigned)__builtin_clzll(size - 1);      /* 2^e < size <= 2^(e+1) */
+    size_t step = ((size_t)1 << e) / STEPS;
+    unsigned k = (unsigned)((size - ((size_t)1 << e) + step - 1) / step);   /* 1..STEPS */
+    return NSMALL + (e - 10) * STEPS + k - 1;
+}
+
+static void init_classes(void) {
+    for (unsigned c = 0; c < NCLASSES; c++) {
+        size_t size;
+        if (c < NSMALL) {
+            size = (size_t)(c + 1) * MIN_BLOCK;
+        } else {
+            unsigned e = 10 + (c - NSMALL) / STEPS, k = (c - NSMALL) % STEPS + 1;
+            size = ((size_t)1 << e) + k * (((size_t)1 << e) / STEPS);
+        }
+        class_size[c] = (uint32_t)size;
+        unsigned nlog = 0;
+        while (nlog < MAX_NLOG && (((size_t)1 << (ushift + nlog)) / size) < MIN_SPAN_BLOCKS)
+            nlog++;
+        class_nlog[c] = (uint8_t)nlog;
+    }
+}
+
+/* ---- span lists (indices + 1, 0 = none) ---- */
+
+static inline span_meta *S(uint32_t h1) { return &spans[h1 - 1]; }
+
+static void list_push(pack_class *c, unsigned l, uint32_t h1) {
+    span_meta *s = S(h1);
+    s->list = (uint8_t)l;
+    if (l == L_FULL)
+        return;
+    s->prev = 0;
+    s->next = c->list[l];
+    if (s->next)
+        S(s->next)->prev = h1;
+    c->list[l] = h1;
+}
+
+static void list_remove(pack_class *c, uint32_t h1) {
+    span_meta *s = S(h1);
+    if (s->list == L_FULL)
+        return;
+    if (s->prev)
+        S(s->prev)->next = s->next;
+    else
+        c->list[s->list] = s->next;
+    if (s->next)
+        S(s->next)->prev = s->prev;
+}
+
+static inline unsigned list_for(const span_meta *s) {
+    if (s->live == 0)
+        return L_EMPTY;
+    if (s->live == s->nblocks)
+        return L_FULL;
+    return (unsigned)((uint64_t)s->live * NB / s->nblocks);
+}
+
+static inline void relist(pack_class *c, uint32_t h1) {
+    unsigned l = list_for(S(h1));
+    if (l != S(h1)->list) {
+        list_remove(c, h1);
+        list_push(c, l, h1);
+    }
+}
+
+/* ---- dirty pages ---- */
+
+static void dirty_link(pack_class *c, uint32_t u) {
+    unit_meta *m = &units[u];
+    m->dnext = 0;
+    m->dprev = c->dtail;
+    if (c->dtail)
+        units[c->dtail - 1].dnext = u + 1;
+    else
+        c->dhead = u + 1;
+    c->dtail = u + 1;
+}
+
+static void dirty_unlink(pack_class *c, uint32_t u) {
+    unit_meta *m = &units[u];
+    if (m->dprev)
+        units[m->dprev - 1].dnext = m->dnext;
+    else
+        c->dhead = m->dnext;
+    if (m->dnext)
+        units[m->dnext - 1].dprev = m->dprev;
+    else
+        c->dtail = m->dprev;
+}
+
+static inline uintptr_t unit_addr(uint32_t u) { return pack_lo + ((uintptr_t)u << ushift); }
+
+/* Pages [first, last] of unit u (page numbers within the unit) as a mask. */
+static inline uint64_t page_mask(unsigned first, unsigned last) {
+    uint64_t hi = last >= 63 ? ~(uint64_t)0 : (((uint64_t)1 << (last + 1)) - 1);
+    return hi & ~(((uint64_t)1 << first) - 1);
+}
+
+/* The pages of [a, a + len) are in use again: no longer dirty. */
+static void undirty(pack_class *c, uintptr_t a, size_t len) {
+    size_t pg = (a - pack_lo) >> PAGE_SHIFT, last = (a + len - 1 - pack_lo) >> PAGE_SHIFT;
+    while (pg <= last) {
+        uint32_t u = (uint32_t)(pg >> upages_shift);
+        size_t unit_last = (((size_t)u + 1) << upages_shift) - 1;
+        size_t end = last < unit_last ? last : unit_last;
+        unit_meta *m = &units[u];
+        if (m->dirty) {
+            size_t first_pg = (size_t)u << upages_shift;
+            uint64_t hit = m->dirty & page_mask((unsigned)(pg - first_pg), (unsigned)(end - first_pg));
+            if (hit) {
+                m->dirty &= ~hit;
+                c->dirty -= (size_t)__builtin_popcountll(hit) * PAGE;
+                if (!m->dirty)
+                    dirty_unlink(c, u);
+            }
+        }
+        pg = end + 1;
+    }
+}
+
+static void mark_dirty(pack_class *c, size_t pg) {
+    uint32_t u = (uint32_t)(pg >> upages_shift);
+    uint64_t bit = (uint64_t)1 << (pg & (((size_t)1 << upages_shift) - 1));
+    unit_meta *m = &units[u];
+    if (m->dirty & bit)
+        return;
+    if (!m->dirty)
+        dirty_link(c, u);
+    m->dirty |= bit;
+    c->dirty += PAGE;
+}
+
+/* madvise(DONTNEED) the dirty pages of unit u, in runs. */
+static void release_unit(pack_class *c, uint32_t u) {
+    unit_meta *m = &units[u];
+    uint64_t d = m->dirty;
+    c->dirty -= (size_t)__builtin_popcountll(d) * PAGE;
+    m->dirty = 0;
+    dirty_unlink(c, u);
+    while (d) {
+        unsigned first = (unsigned)__builtin_ctzll(d);
+        uint64_t rest = ~(d >> first);
+        unsigned n = rest ? (unsigned)__builtin_ctzll(rest) : 64 - first;
+        madvise((void *)(unit_addr(u) + ((uintptr_t)first << PAGE_SHIFT)), (size_t)n << PAGE_SHIFT,
+                MADV_DONTNEED);
+        d &= n + first >= 64 ? 0 : ~(uint64_t)0 << (first + n);
+    }
+}
+
+static void purge(pack_class *c) {
+    while (c->dirty > dirty_budget / 2 && c->dhead)
+        release_unit(c, c->dhead - 1);
+}
+
+/* ---- bitmaps ---- */
+
+static inline uint64_t *bits_of(uint32_t h) { return bitmaps + (size_t)h * bwords; }
+
+/* Are blocks [a, b] of bitmap bm all free? */
+static int all_free(const uint64_t *bm, uint32_t a, uint32_t b) {
+    uint32_t wa = a >> 6, wb = b >> 6;
+    for (uint32_t w = wa; w <= wb; w++) {
+        uint64_t mask = ~(uint64_t)0;
+        if (w == wa)
+            mask &= ~(uint64_t)0 << (a & 63);
+        if (w == wb && (b & 63) != 63)
+            mask &= ((uint64_t)1 << ((b & 63) + 1)) - 1;
+        if ((bm[w] & mask) != mask)
+            return 0;
+    }
+    return 1;
+}
+
+/* Page `q` of span h (page index from the span's start): are all blocks overlapping it free? */
+static int page_free(const span_meta *s, uint32_t h, size_t q) {
+    uint32_t a = (uint32_t)((q << PAGE_SHIFT) / s->size);
+    size_t end = ((q + 1) << PAGE_SHIFT) - 1;
+    uint32_t b = (uint32_t)(end / s->size);
+    if (b >= s->nblocks)
+        b = s->nblocks - 1;
+    return a > b || all_free(bits_of(h), a, b);
+}
+
+/* ---- the region ---- */
+
+static uint32_t span_take(unsigned nlog) {
+    uint32_t h1 = 0;
+    pthread_mutex_lock(&region_lock);
+    if (pool[nlog]) {
+        h1 = pool[nlog];
+        pool[nlog] = S(h1)->next;
+    } else if (region_top + (1u << nlog) <= nunits) {
+        h1 = region_top + 1;
+        region_top += 1u << nlog;
+    }
+    pthread_mutex_unlock(&region_lock);
+    return h1;
+}
+
+static void span_give(uint32_t h1) {
+    pthread_mutex_lock(&region_lock);
+    S(h1)->next = pool[S(h1)->nlog];
+    pool[S(h1)->nlog] = h1;
+    pthread_mutex_unlock(&region_lock);
+}
+
+static uint32_t span_new(pack_class *c, unsigned cls, unsigned group) {
+    unsigned nlog = class_nlog[cls];
+    uint32_t h1 = span_take(nlog);
+    if (!h1)
+        return 0;
+    uint32_t h = h1 - 1, n = 1u << nlog;
+    for (uint32_t i = 0; i < n; i++)
+        units[h + i].head = h;
+    span_meta *s = S(h1);
+    s->size = class_size[cls];
+    s->nblocks = (uint32_t)((((size_t)n) << ushift) / s->size);
+    if (s->nblocks > bwords * 64)
+        s->nblocks = bwords * 64;
+    s->live = 0;
+    s->hint = 0;
+    s->cls = (uint16_t)cls;
+    s->group = (uint8_t)group;
+    s->nlog = (uint8_t)nlog;
+    uint64_t *bm = bits_of(h);
+    uint32_t full = s->nblocks >> 6;
+    memset(bm, 0xff, (size_t)full * 8);
+    memset(bm + full, 0, (size_t)(bwords - full) * 8);
+    if (s->nblocks & 63)
+        bm[full] = ((uint64_t)1 << (s->nblocks & 63)) - 1;
+    list_push(c, L_EMPTY, h1);
+    c->nempty++;
+    return h1;
+}
+
+/* An empty span beyond the class's keep: every resident page of it is dirty (the last free of
+ * each page marked it), so one madvise of the whole span cleans it for the pool. */
+static void span_retire(pack_class *c, uint32_t h1) {
+    span_meta *s = S(h1);
+    uint32_t h = h1 - 1, n = 1u << s->nlog;
+    list_remove(c, h1);
+    c->nempty--;
+    for (uint32_t i = 0; i < n; i++)
+        if (units[h + i].dirty) {
+            c->dirty -= (size_t)__builtin_popcountll(units[h + i].dirty) * PAGE;
+            units[h + i].dirty = 0;
+            dirty_unlink(c, h + i);
+        }
+    madvise((void *)unit_addr(h), (size_t)n << ushift, MADV_DONTNEED);
+    span_give(h1);
+}
+
+/* ---- allocation ---- */
+
+static uint32_t span_for_alloc(pack_class *c, unsigned cls, unsigned group) {
+    for (int l = NB - 1; l >= 0; l--)
+        if (c->list[l])
+            return c->list[l];
+    if (c->list[L_EMPTY])
+        return c->list[L_EMPTY];
+    return span_new(c, cls, group);
+}
+
+static void *alloc_class(unsigned group, unsigned cls) {
+    pack_class *c = &classes[group][cls];
+    pthread_mutex_lock(&c->lock);
+    uint32_t h1 = span_for_alloc(c, cls, group);
+    if (!h1) {
+        pthread_mutex_unlock(&c->lock);
+        return NULL;
+    }
+    span_meta *s = S(h1);
+    uint64_t *bm = bits_of(h1 - 1);
+    uint32_t w = s->hint;
+    while (!bm[w])
+        w++;
+    unsigned bit = (unsigned)__builtin_ctzll(bm[w]);
+    bm[w] &= bm[w] - 1;
+    s->hint = w;
+    if (s->live++ == 0)
+        c->nempty--;
+    relist(c, h1);
+    uintptr_t p = unit_addr(h1 - 1) + ((uintptr_t)w * 64 + bit) * s->size;
+    undirty(c, p, s->size);
+    pthread_mutex_unlock(&c->lock);
+    return (void *)p;
+}
+
+void *pack_alloc(int group, size_t size, size_t align) {
+    if (size > PACK_MAX || align > PAGE || (unsigned)group >= PACK_GROUPS)
+        return NULL;
+    unsigned cls = class_of(size);
+    if (align > MIN_BLOCK) {     /* blocks sit at multiples of their size from a unit boundary */
+        while (cls < NCLASSES && class_size[cls] % align)
+            cls++;
+        if (cls == NCLASSES)
+            return NULL;
+    }
+    return alloc_class((unsigned)group, cls);
+}
+
+static void corrupt(const char *what, const void *p) {
+    ha_message("heapcast alloc (pack): %s: %p\n", what, p);
+    abort();
+}
+
+void pack_free(void *ptr) {
+    uintptr_t p = (uintptr_t)ptr;
+    uint32_t h = units[(p - pack_lo) >> ushift].head;
+    span_meta *s = &spans[h];
+    pack_class *c = &classes[s->group][s->cls];
+    pthread_mutex_lock(&c->lock);
+    size_t off = p - unit_addr(h);
+    uint32_t i = (uint32_t)(off / s->size);
+    if (HA_UNLIKELY(off != (size_t)i * s->size || i >= s->nblocks)) {
+        pthread_mutex_unlock(&c->lock);
+        corrupt("free(): invalid pointer", ptr);
+    }
+    uint64_t *bm = bits_of(h);
+    if (HA_UNLIKELY(bm[i >> 6] & ((uint64_t)1 << (i & 63)))) {
+        pthread_mutex_unlock(&c->lock);
+        corrupt("free(): double free detected", ptr);
+    }
+    bm[i >> 6] |= (uint64_t)1 << (i & 63);
+    if ((i >> 6) < s->hint)
+        s->hint = i >> 6;
+    s->live--;
+    /* the pages of this block whose every block is now free */
+    size_t fp = off >> PAGE_SHIFT, lp = (off + s->size - 1) >> PAGE_SHIFT;
+    size_t base_pg = ((size_t)h << upages_shift);
+    for (size_t q = fp; q <= lp; q++)
+        if ((q != fp && q != lp) || page_free(s, h, q))
+            mark_dirty(c, base_pg + q);
+    relist(c, h + 1);
+    if (s->live == 0) {
+        c->nempty++;
+        if (c->nempty > keep_empty)
+            span_retire(c, h + 1);
+    }
+    if (c->dirty > dirty_budget)
+        purge(c);
+    pthread_mutex_unlock(&c->lock);
+}
+
+size_t pack_usable_size(const void *p) {
+    return spans[units[((uintptr_t)p - pack_lo) >> ushift].head].size;
+}
+
+size_t pack_class_bytes(size_t size) {
+    return class_size[class_of(size)];
+}
+
+/* ---- setup ---- */
+
+static void lock_all(void) {
+    for (int g = 0; g < PACK_GROUPS; g++)
+        for (int c = 0; c < NCLASSES; c++)
+            pthread_mutex_lock(&classes[g][c].lock);
+    pthread_mutex_lock(&region_lock);
+}
+
+static void unlock_all(void) {
+    pthread_mutex_unlock(&region_lock);
+    for (int g = PACK_GROUPS - 1; g >= 0; g--)
+        for (int c = NCLASSES - 1; c >= 0; c--)
+            pthread_mutex_unlock(&classes[g][c].lock);
+}
+
+static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end || x < lo || x > hi) {
+        ha_message("heapcast alloc: %s=%s: expected a number %zu-%zu; using %zu\n", name, v, lo,
+                   hi, dflt);
+        return dflt;
+    }
+    return (size_t)x;
+}
+
+static void *reserve(size_t len) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    madvise(p, len, MADV_NOHUGEPAGE);     /* pages are given back one by one */
+    return p;
+}
+
+int pack_init(void) {
+    ushift = (unsigned)env_size("HEAPCAST_PACK_SPAN", 16, 14, 18);   /* log2 bytes */
+    dirty_budget = env_size("HEAPCAST_PACK_DIRTY", dirty_budget, 0, (size_t)1 << 40);
+    keep_empty = (uint32_t)env_size("HEAPCAST_PACK_EMPTY", keep_empty, 0, 1u << 20);
+    upages_shift = ushift - PAGE_SHIFT;
+    bwords = (unsigned)(((size_t)1 << ushift) / MIN_BLOCK / 64);
+    nunits = (uint32_t)(REGION >> ushift);
+    init_classes();
+    for (int g = 0; g < PACK_GROUPS; g++)
+        for (int c = 0; c < NCLASSES; c++)
+            pthread_mutex_init(&classes[g][c].lock, NULL);
+    size_t unit = (size_t)1 << ushift;
+    char *region = reserve(REGION + unit);
+    units = reserve((size_t)nunits * sizeof(unit_meta));
+    spans = reserve((size_t)nunits * sizeof(span_meta));
+    bitmaps = reserve((size_t)nunits * bwords * 8);
+    if (!region || !units || !spans || !bitmaps)
+        return -1;
+    uintptr_t lo = ((uintptr_t)region + unit - 1) & ~(uintptr_t)(unit - 1);
+    if (pthread_atfork(lock_all, unlock_all, unlock_all) != 0)
+        return -1;
+    pack_lo = lo;
+    pack_hi = lo + REGION;
+    return 0;
+}
