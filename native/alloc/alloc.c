@@ -262,14 +262,22 @@ static inline void *placed(void *p, int cls, size_t size, uint32_t site) {
     return p;
 }
 
+/* The packer's block of `size` bytes: up to PACK_MAX from its spans, above from a mapping of its
+ * own (zero-filled already); NULL where it does not serve the request. */
+static inline void *pack_block(int cls, size_t size, size_t align, int zero) {
+    if (size > PACK_MAX)
+        return align <= 4096 ? pack_big_alloc(size) : NULL;
+    void *p = pack_alloc(ha_heap_of[cls], size, align);
+    if (p && zero)
+        memset(p, 0, size);
+    return p;
+}
+
 /* A block of `size` (>= MIN_SIZE) bytes for class `cls`: from the packer when it serves it. */
 static inline void *block_in(int cls, size_t size, size_t align, int zero) {
     void *p;
-    if (backend_pack && (p = pack_alloc(ha_heap_of[cls], size, align))) {
-        if (zero)
-            memset(p, 0, size);
+    if (backend_pack && (p = pack_block(cls, size, align, zero)))
         return p;
-    }
     mi_heap_t *h = heap_of(cls);
     if (align > MIN_SIZE) {
         p = aligned_in(h, size, align);
@@ -289,32 +297,47 @@ static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint3
     return placed(block_in(cls, size, align, zero), cls, size, site);
 }
 
+/* Three kinds of live blocks: in the packer's region, a mapping of the packer's own (over
+ * PACK_MAX), mimalloc's (the default backend; with the packer: allocations made before the
+ * configuration was read, and alignments above a page). */
 static inline size_t usable(void *p) {
-    return pack_owns(p) ? pack_usable_size(p) : mi_usable_size(p);
+    if (pack_owns(p))
+        return pack_usable_size(p);
+    size_t len = backend_pack ? pack_big_len(p) : 0;
+    return len ? len : mi_usable_size(p);
 }
 
 static inline void block_free(void *p) {
     if (pack_owns(p))
         pack_free(p);
-    else
+    else if (!backend_pack || !pack_big_free(p))
         mi_free(p);
 }
 
+/* realloc by moving: a new block, the contents copied, the old block freed. */
+static void *block_move(int cls, void *p, size_t want) {
+    void *q = block_in(cls, want, 0, 0);
+    if (!q)
+        return NULL;
+    size_t have = usable(p);
+    memcpy(q, p, have < want ? have : want);
+    block_free(p);
+    return q;
+}
+
 /* realloc of a live block to `want` (>= MIN_SIZE) bytes. A packed block stays where it is while
- * `want` has its size class; otherwise, and for a mimalloc block the packer would serve, the
- * block moves (copy, free). Other mimalloc blocks take mimalloc's realloc. */
+ * `want` has its size class, a mapping is remapped while `want` is over PACK_MAX; other blocks
+ * move. With mimalloc as the backend, mimalloc's realloc. */
 static void *block_realloc(int cls, void *p, size_t want) {
-    int packed = pack_owns(p);
-    if (packed && want <= PACK_MAX && pack_usable_size(p) == pack_class_bytes(want))
-        return p;
-    if (packed || (backend_pack && want <= PACK_MAX)) {
-        void *q = block_in(cls, want, 0, 0);
-        if (!q)
-            return NULL;
-        size_t have = usable(p);
-        memcpy(q, p, have < want ? have : want);
-        block_free(p);
-        return q;
+    if (pack_owns(p)) {
+        if (want <= PACK_MAX && pack_usable_size(p) == pack_class_bytes(want))
+            return p;
+        return block_move(cls, p, want);
+    }
+    if (backend_pack) {
+        if (want > PACK_MAX && pack_big_len(p))
+            return pack_big_realloc(p, want);
+        return block_move(cls, p, want);
     }
     mi_heap_t *h = heap_of(cls);
     return h ? mi_heap_realloc(h, p, want) : mi_realloc(p, want);
@@ -483,4 +506,6 @@ __attribute__((constructor)) static void alloc_load(void) {
 __attribute__((destructor)) static void alloc_unload(void) {
     if (log_path)
         ha_stats_write(log_path);
+    if (backend_pack && getenv("HEAPCAST_PACK_DEBUG"))
+        pack_dump();
 }

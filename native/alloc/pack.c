@@ -39,6 +39,7 @@
  * defaults above. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -47,15 +48,16 @@
 #include "pack.h"
 
 _Static_assert(PACK_GROUPS == HA_HEAPS, "one packer group per heap index");
+_Static_assert(PACK_MAX == (size_t)1 << 18, "PACK_MAX_LOG");
 
 #define PAGE_SHIFT 12
 #define PAGE ((size_t)1 << PAGE_SHIFT)
 #define REGION ((size_t)32 << 30)
 #define MIN_BLOCK 16
-#define SMALL_MAX 1024                   /* classes every 16 bytes up to here */
-#define NSMALL (SMALL_MAX / MIN_BLOCK)   /* 64 */
-#define STEPS 8                          /* classes per power of two above SMALL_MAX */
-#define NCLASSES (NSMALL + STEPS * 8)    /* up to 1024 << 8 = 256 KiB */
+#define MAX_FINE_LOG 13                  /* classes every 16 bytes up to at most 8 KiB */
+#define MAX_STEPS_LOG 5                  /* up to 32 classes per power of two above that */
+#define PACK_MAX_LOG 18
+#define NCLASSES ((1 << (MAX_FINE_LOG - 4)) + ((PACK_MAX_LOG - 10) << MAX_STEPS_LOG))
 #define NB 8                             /* fullness lists of partly used spans */
 #define L_EMPTY NB                       /* the list of empty spans */
 #define L_FULL (NB + 1)                  /* full spans are in no list */
@@ -76,7 +78,7 @@ typedef struct {              /* per span, at its first unit's index */
     uint8_t list;                         /* 0..NB-1, L_EMPTY or L_FULL */
 } span_meta;
 
-typedef struct {
+typedef struct {              /* zero-initialized: glibc's PTHREAD_MUTEX_INITIALIZER is zeros */
     pthread_mutex_t lock;
     uint32_t list[NB + 1];    /* heads (unit index + 1): fullness lists, then empty spans */
     uint32_t nempty;
@@ -93,8 +95,14 @@ static uint32_t nunits;
 static unit_meta *units;
 static span_meta *spans;
 static uint64_t *bitmaps;          /* bwords per unit index */
-static size_t dirty_budget = 64 * 1024;
+static size_t dirty_budget = 1024 * 1024;
+static _Atomic size_t dirty_total;          /* bytes of dirty pages, every class */
+static _Atomic int sweeping;
 static uint32_t keep_empty = 1;
+static unsigned fine_log = 10;     /* classes every 16 bytes up to 2^fine_log */
+static unsigned nfine;             /* their number */
+static unsigned steps_log = 3;     /* 2^steps_log classes per power of two above */
+static unsigned nclasses;
 static uint32_t class_size[NCLASSES];
 static uint8_t class_nlog[NCLASSES];
 static pack_class classes[PACK_GROUPS][NCLASSES];
@@ -106,22 +114,25 @@ static uint32_t pool[MAX_NLOG + 1];         /* clean free spans by nlog (unit in
 /* ---- size classes ---- */
 
 static inline unsigned class_of(size_t size) {
-    if (size <= SMALL_MAX)
+    if (size <= ((size_t)1 << fine_log))
         return size <= MIN_BLOCK ? 0 : (unsigned)((size + MIN_BLOCK - 1) / MIN_BLOCK) - 1;
     unsigned e = 63 - (unsigned)__builtin_clzll(size - 1);      /* 2^e < size <= 2^(e+1) */
-    size_t step = ((size_t)1 << e) / STEPS;
-    unsigned k = (unsigned)((size - ((size_t)1 << e) + step - 1) / step);   /* 1..STEPS */
-    return NSMALL + (e - 10) * STEPS + k - 1;
+    unsigned sh = e - steps_log;                                 /* step = 2^sh */
+    unsigned k = (unsigned)((size - ((size_t)1 << e) + ((size_t)1 << sh) - 1) >> sh);
+    return nfine + ((e - fine_log) << steps_log) + k - 1;        /* k: 1..2^steps_log */
 }
 
 static void init_classes(void) {
-    for (unsigned c = 0; c < NCLASSES; c++) {
+    nfine = 1u << (fine_log - 4);
+    nclasses = nfine + ((PACK_MAX_LOG - fine_log) << steps_log);
+    for (unsigned c = 0; c < nclasses; c++) {
         size_t size;
-        if (c < NSMALL) {
+        if (c < nfine) {
             size = (size_t)(c + 1) * MIN_BLOCK;
         } else {
-            unsigned e = 10 + (c - NSMALL) / STEPS, k = (c - NSMALL) % STEPS + 1;
-            size = ((size_t)1 << e) + k * (((size_t)1 << e) / STEPS);
+            unsigned e = fine_log + ((c - nfine) >> steps_log);
+            unsigned k = ((c - nfine) & ((1u << steps_log) - 1)) + 1;
+            size = ((size_t)1 << e) + ((size_t)k << (e - steps_log));
         }
         class_size[c] = (uint32_t)size;
         unsigned nlog = 0;
@@ -200,6 +211,11 @@ static void dirty_unlink(pack_class *c, uint32_t u) {
         c->dtail = m->dprev;
 }
 
+static inline void dirty_sub(pack_class *c, size_t bytes) {
+    c->dirty -= bytes;
+    atomic_fetch_sub_explicit(&dirty_total, bytes, memory_order_relaxed);
+}
+
 static inline uintptr_t unit_addr(uint32_t u) { return pack_lo + ((uintptr_t)u << ushift); }
 
 /* Pages [first, last] of unit u (page numbers within the unit) as a mask. */
@@ -221,7 +237,7 @@ static void undirty(pack_class *c, uintptr_t a, size_t len) {
             uint64_t hit = m->dirty & page_mask((unsigned)(pg - first_pg), (unsigned)(end - first_pg));
             if (hit) {
                 m->dirty &= ~hit;
-                c->dirty -= (size_t)__builtin_popcountll(hit) * PAGE;
+                dirty_sub(c, (size_t)__builtin_popcountll(hit) * PAGE);
                 if (!m->dirty)
                     dirty_unlink(c, u);
             }
@@ -240,13 +256,14 @@ static void mark_dirty(pack_class *c, size_t pg) {
         dirty_link(c, u);
     m->dirty |= bit;
     c->dirty += PAGE;
+    atomic_fetch_add_explicit(&dirty_total, PAGE, memory_order_relaxed);
 }
 
 /* madvise(DONTNEED) the dirty pages of unit u, in runs. */
 static void release_unit(pack_class *c, uint32_t u) {
     unit_meta *m = &units[u];
     uint64_t d = m->dirty;
-    c->dirty -= (size_t)__builtin_popcountll(d) * PAGE;
+    dirty_sub(c, (size_t)__builtin_popcountll(d) * PAGE);
     m->dirty = 0;
     dirty_unlink(c, u);
     while (d) {
@@ -260,8 +277,25 @@ static void release_unit(pack_class *c, uint32_t u) {
 }
 
 static void purge(pack_class *c) {
-    while (c->dirty > dirty_budget / 2 && c->dhead)
+    while (c->dhead)
         release_unit(c, c->dhead - 1);
+}
+
+/* More than dirty_budget bytes of dirty pages in all: every class gives its dirty pages back.
+ * Called with no lock held; a class whose lock is busy is skipped (trylock: no lock order to
+ * keep), and one thread sweeps at a time. */
+static void sweep(void) {
+    if (atomic_exchange(&sweeping, 1))
+        return;
+    for (int g = 0; g < PACK_GROUPS; g++)
+        for (unsigned k = 0; k < nclasses; k++) {
+            pack_class *c = &classes[g][k];
+            if (!c->dhead || pthread_mutex_trylock(&c->lock) != 0)
+                continue;
+            purge(c);
+            pthread_mutex_unlock(&c->lock);
+        }
+    atomic_store(&sweeping, 0);
 }
 
 /* ---- bitmaps ---- */
@@ -354,7 +388,7 @@ static void span_retire(pack_class *c, uint32_t h1) {
     c->nempty--;
     for (uint32_t i = 0; i < n; i++)
         if (units[h + i].dirty) {
-            c->dirty -= (size_t)__builtin_popcountll(units[h + i].dirty) * PAGE;
+            dirty_sub(c, (size_t)__builtin_popcountll(units[h + i].dirty) * PAGE);
             units[h + i].dirty = 0;
             dirty_unlink(c, h + i);
         }
@@ -403,9 +437,9 @@ void *pack_alloc(int group, size_t size, size_t align) {
         return NULL;
     unsigned cls = class_of(size);
     if (align > MIN_BLOCK) {     /* blocks sit at multiples of their size from a unit boundary */
-        while (cls < NCLASSES && class_size[cls] % align)
+        while (cls < nclasses && class_size[cls] % align)
             cls++;
-        if (cls == NCLASSES)
+        if (cls == nclasses)
             return NULL;
     }
     return alloc_class((unsigned)group, cls);
@@ -449,32 +483,186 @@ void pack_free(void *ptr) {
         if (c->nempty > keep_empty)
             span_retire(c, h + 1);
     }
-    if (c->dirty > dirty_budget)
-        purge(c);
     pthread_mutex_unlock(&c->lock);
+    if (atomic_load_explicit(&dirty_total, memory_order_relaxed) > dirty_budget)
+        sweep();
 }
 
 size_t pack_usable_size(const void *p) {
     return spans[units[((uintptr_t)p - pack_lo) >> ushift].head].size;
 }
 
+/* ---- blocks over PACK_MAX: a mapping each ----
+ * mmap'd (page-aligned, zero-filled: calloc needs no memset), grown and shrunk with mremap (no
+ * copy), munmap'd at free: their pages go back at once. A hash table (open addressing, mmap'd)
+ * maps a block's address to its length; only page-aligned pointers outside the region are
+ * looked up, so mimalloc's blocks rarely pay for it. */
+
+typedef struct {
+    uintptr_t addr;           /* 0: empty, 1: deleted */
+    size_t len;
+} big_slot;
+
+static pthread_mutex_t big_lock = PTHREAD_MUTEX_INITIALIZER;
+static big_slot *big_table;
+static size_t big_cap, big_used;      /* slots; slots not empty (live or deleted) */
+
+static inline size_t big_hash(uintptr_t a) {
+    return (size_t)(((a >> PAGE_SHIFT) * 0x9E3779B97F4A7C15ull) >> 20);
+}
+
+static big_slot *big_find(uintptr_t a) {
+    if (!big_cap)
+        return NULL;
+    for (size_t i = big_hash(a) & (big_cap - 1);; i = (i + 1) & (big_cap - 1)) {
+        if (big_table[i].addr == a)
+            return &big_table[i];
+        if (big_table[i].addr == 0)
+            return NULL;
+    }
+}
+
+static int big_insert(uintptr_t a, size_t len);
+
+static int big_grow(void) {
+    size_t cap = big_cap ? big_cap * 2 : 1024;
+    big_slot *old = big_table, *t = mmap(NULL, cap * sizeof *t, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (t == MAP_FAILED)
+        return -1;
+    size_t old_cap = big_cap;
+    big_table = t;
+    big_cap = cap;
+    big_used = 0;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].addr > 1)
+            big_insert(old[i].addr, old[i].len);
+    if (old)
+        munmap(old, old_cap * sizeof *old);
+    return 0;
+}
+
+static int big_insert(uintptr_t a, size_t len) {
+    if ((big_used + 1) * 2 > big_cap && big_grow() != 0)
+        return -1;
+    size_t i = big_hash(a) & (big_cap - 1);
+    while (big_table[i].addr > 1)
+        i = (i + 1) & (big_cap - 1);
+    if (big_table[i].addr == 0)
+        big_used++;
+    big_table[i].addr = a;
+    big_table[i].len = len;
+    return 0;
+}
+
+static inline size_t page_round(size_t n) { return (n + PAGE - 1) & ~(PAGE - 1); }
+
+void *pack_big_alloc(size_t size) {
+    size_t len = page_round(size);
+    if (len < size)
+        return NULL;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    pthread_mutex_lock(&big_lock);
+    int failed = big_insert((uintptr_t)p, len);
+    pthread_mutex_unlock(&big_lock);
+    if (failed) {
+        munmap(p, len);
+        return NULL;
+    }
+    return p;
+}
+
+size_t pack_big_len(const void *p) {
+    if ((uintptr_t)p & (PAGE - 1))
+        return 0;
+    pthread_mutex_lock(&big_lock);
+    big_slot *e = big_find((uintptr_t)p);
+    size_t len = e ? e->len : 0;
+    pthread_mutex_unlock(&big_lock);
+    return len;
+}
+
+int pack_big_free(void *p) {
+    if ((uintptr_t)p & (PAGE - 1))
+        return 0;
+    pthread_mutex_lock(&big_lock);
+    big_slot *e = big_find((uintptr_t)p);
+    size_t len = e ? e->len : 0;
+    if (e)
+        e->addr = 1;
+    pthread_mutex_unlock(&big_lock);
+    if (len)
+        munmap(p, len);
+    return len != 0;
+}
+
+void *pack_big_realloc(void *p, size_t size) {
+    size_t len = page_round(size);
+    if (len < size)
+        return NULL;
+    pthread_mutex_lock(&big_lock);
+    void *q = MAP_FAILED;
+    if ((big_used + 1) * 2 <= big_cap || big_grow() == 0) {   /* room for the new address */
+        big_slot *e = big_find((uintptr_t)p);
+        q = mremap(p, e->len, len, MREMAP_MAYMOVE);
+        if (q == p) {
+            e->len = len;
+        } else if (q != MAP_FAILED) {
+            e->addr = 1;
+            big_insert((uintptr_t)q, len);
+        }
+    }
+    pthread_mutex_unlock(&big_lock);
+    return q == MAP_FAILED ? NULL : q;
+}
+
 size_t pack_class_bytes(size_t size) {
     return class_size[class_of(size)];
+}
+
+/* HEAPCAST_PACK_DEBUG=1: at exit, what each class holds (stderr). */
+void pack_dump(void) {
+    size_t tot_cap = 0, tot_live = 0, tot_dirty = 0;
+    for (int g = 0; g < PACK_GROUPS; g++)
+        for (unsigned c = 0; c < nclasses; c++) {
+            pack_class *k = &classes[g][c];
+            size_t nspans = 0, cap = 0, live = 0;
+            for (unsigned l = 0; l <= NB; l++)
+                for (uint32_t h1 = k->list[l]; h1; h1 = S(h1)->next) {
+                    nspans++;
+                    cap += S(h1)->nblocks;
+                    live += S(h1)->live;
+                }
+            if (!nspans)
+                continue;
+            ha_message("pack g%d size %6u: %5zu partial/empty spans, %8zu blocks %8zu live, "
+                       "%6zu KiB dirty\n", g, class_size[c], nspans, cap, live, k->dirty >> 10);
+            tot_cap += cap * class_size[c];
+            tot_live += live * class_size[c];
+            tot_dirty += k->dirty;
+        }
+    ha_message("pack: units used %u (%zu MiB), partial spans %zu MiB capacity %zu MiB live, "
+               "%zu KiB dirty\n", region_top, ((size_t)region_top << ushift) >> 20, tot_cap >> 20,
+               tot_live >> 20, tot_dirty >> 10);
 }
 
 /* ---- setup ---- */
 
 static void lock_all(void) {
     for (int g = 0; g < PACK_GROUPS; g++)
-        for (int c = 0; c < NCLASSES; c++)
+        for (int c = 0; c < (int)nclasses; c++)
             pthread_mutex_lock(&classes[g][c].lock);
     pthread_mutex_lock(&region_lock);
+    pthread_mutex_lock(&big_lock);
 }
 
 static void unlock_all(void) {
+    pthread_mutex_unlock(&big_lock);
     pthread_mutex_unlock(&region_lock);
     for (int g = PACK_GROUPS - 1; g >= 0; g--)
-        for (int c = NCLASSES - 1; c >= 0; c--)
+        for (int c = (int)nclasses - 1; c >= 0; c--)
             pthread_mutex_unlock(&classes[g][c].lock);
 }
 
@@ -503,15 +691,14 @@ static void *reserve(size_t len) {
 
 int pack_init(void) {
     ushift = (unsigned)env_size("HEAPCAST_PACK_SPAN", 16, 14, 18);   /* log2 bytes */
+    steps_log = (unsigned)env_size("HEAPCAST_PACK_STEPS", steps_log, 2, MAX_STEPS_LOG);
+    fine_log = (unsigned)env_size("HEAPCAST_PACK_FINE", fine_log, 8, MAX_FINE_LOG);
     dirty_budget = env_size("HEAPCAST_PACK_DIRTY", dirty_budget, 0, (size_t)1 << 40);
     keep_empty = (uint32_t)env_size("HEAPCAST_PACK_EMPTY", keep_empty, 0, 1u << 20);
     upages_shift = ushift - PAGE_SHIFT;
     bwords = (unsigned)(((size_t)1 << ushift) / MIN_BLOCK / 64);
     nunits = (uint32_t)(REGION >> ushift);
     init_classes();
-    for (int g = 0; g < PACK_GROUPS; g++)
-        for (int c = 0; c < NCLASSES; c++)
-            pthread_mutex_init(&classes[g][c].lock, NULL);
     size_t unit = (size_t)1 << ushift;
     char *region = reserve(REGION + unit);
     units = reserve((size_t)nunits * sizeof(unit_meta));

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #define PACK_GROUPS 4                 /* lifetime groups (alloc.h's HA_HEAPS): spans never mix them */
-#define PACK_MAX (256 * 1024)         /* the largest request served */
+#define PACK_MAX ((size_t)256 * 1024)  /* the largest request served */
 
 /* The reserved region [pack_lo, pack_hi); both 0 until pack_init succeeds. */
 extern uintptr_t pack_lo, pack_hi;
@@ -27,6 +27,13 @@ int pack_init(void);
 void *pack_alloc(int group, size_t size, size_t align);
 void pack_free(void *p);                  /* p: pack_owns(p) */
 size_t pack_usable_size(const void *p);   /* p: pack_owns(p); the block's class size */
+/* Blocks over PACK_MAX: one mapping each (page-aligned, zero-filled). pack_big_len: the length
+ * of p's mapping if p is such a block, else 0; pack_big_free: 1 if p was one (and is freed). */
+void *pack_big_alloc(size_t size);
+size_t pack_big_len(const void *p);
+int pack_big_free(void *p);
+void *pack_big_realloc(void *p, size_t size);   /* p: pack_big_len(p) != 0; NULL: p untouched */
+void pack_dump(void);                     /* HEAPCAST_PACK_DEBUG: what each class holds */
 size_t pack_class_bytes(size_t size);     /* size <= PACK_MAX: the size of its class */
 
 #endif

@@ -1,0 +1,133 @@
+"""heapcast's packing backend (native/alloc/pack.c) against the allocators people use: peak RSS
+(VmHWM) and wall time of run b of corpus programs under glibc, jemalloc, mimalloc, tcmalloc,
+heapcast's allocator on mimalloc (`heapcast run --policy none`) and on its packer (`heapcast run
+--backend pack --policy none`: one group), the way bench/alloc_table.py measures them (same
+launcher, interleaved repeats, medians). No learned policy or oracle: this table is about the
+backend.
+
+    python bench/alloc_pack.py                        # python sqlite3 jq gcc make tclsh, 3 repeats
+    python bench/alloc_pack.py --programs jq --repeats 1 \\
+        --variant span32k:HEAPCAST_PACK_SPAN=15 --variant dirty0:HEAPCAST_PACK_DIRTY=0
+
+A --variant NAME:VAR=VALUE[,VAR=VALUE] adds a row: the packer with those HEAPCAST_PACK_*
+settings. Prints the table and the issue's target (peak RSS >= 5% below the best of the four on
+at least two programs), writes bench/results/alloc_pack.json.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus  # noqa: E402
+from _common import RESULTS_DIR, compile_c, format_table, interleaved, machine_info, median, write_json  # noqa: E402
+from alloc_table import FOUR, MIB, REAL, command_of, floor_of, measure  # noqa: E402
+
+import heapcast  # noqa: E402
+from heapcast.alloc import AllocError, environment  # noqa: E402
+
+DEFAULT_PROGRAMS = ["python", "sqlite3", "jq", "gcc", "make", "tclsh"]
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    name, _, assigns = text.partition(":")
+    env = dict(a.split("=", 1) for a in assigns.split(",") if a)
+    if not name or not all(k.startswith("HEAPCAST_") for k in env):
+        raise ValueError(f"--variant {text}: expected NAME:HEAPCAST_VAR=VALUE[,...]")
+    return name, env
+
+
+def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path,
+                variants: dict) -> dict:
+    trace_b = corpus.trace_path(program.name, "b")
+    cmd, env, cwd = command_of(program, heapcast.load(trace_b), tmp)
+    setups = {"glibc": {}}
+    setups.update({name: {"LD_PRELOAD": lib} for name, lib in REAL.items() if Path(lib).exists()})
+    setups["heapcast none"] = environment("none")
+    pack = environment("none", backend="pack")
+    setups["heapcast pack"] = pack
+    for name, extra in variants.items():
+        setups[f"pack {name}"] = {**pack, **extra}
+    trials = {name: (lambda e=e: measure(launcher, cmd, {**env, **e}, cwd)) for name, e in setups.items()}
+    runs = interleaved(trials, repeats, label=program.name)
+    out = {"program": program.name, "command": cmd, "allocators": {},
+           "settings": {name: {k: v for k, v in e.items() if k.startswith("HEAPCAST_")}
+                        for name, e in setups.items()}}
+    for name, rs in runs.items():
+        out["allocators"][name] = {k: median([r[k] for r in rs]) for k in ("peak_rss", "seconds")}
+        out["allocators"][name]["runs"] = rs
+    out.update(floor_of(trace_b, out["allocators"]["glibc"]["peak_rss"]))
+    four = {n: out["allocators"][n]["peak_rss"] for n in FOUR if n in out["allocators"]}
+    best = min(four, key=four.get)
+    out["best_of_four"], out["best_of_four_rss"] = best, four[best]
+    for a in out["allocators"].values():
+        a["vs_best_of_four"] = a["peak_rss"] / four[best]
+        a["wall_vs_glibc"] = a["seconds"] / out["allocators"]["glibc"]["seconds"]
+    return out
+
+
+def table(rows: list) -> str:
+    heads = ["program", "allocator", "peak RSS MiB", "vs best of 4", "wall s", "wall vs glibc"]
+    lines = []
+    for r in rows:
+        for name, a in r["allocators"].items():
+            lines.append([r["program"], name, f"{a['peak_rss'] / MIB:.1f}",
+                          f"{a['vs_best_of_four']:.3f}", f"{a['seconds']:.2f}",
+                          f"{a['wall_vs_glibc']:.2f}"])
+        lines.append([r["program"], "floor", f"{r['floor_bytes'] / MIB:.1f}",
+                      f"{r['floor_bytes'] / r['best_of_four_rss']:.3f}", None, None])
+    return format_table(heads, lines)
+
+
+def verdict(rows: list) -> list:
+    out = []
+    for which in sorted({n for r in rows for n in r["allocators"] if n.startswith(("heapcast pack", "pack "))}):
+        have = [r for r in rows if which in r["allocators"]]
+        below = [r["program"] for r in have if r["allocators"][which]["vs_best_of_four"] <= 0.95]
+        worst = max(have, key=lambda r: r["allocators"][which]["vs_best_of_four"])
+        wall = max(have, key=lambda r: r["allocators"][which]["wall_vs_glibc"])
+        out.append(f"{which}: >= 5% below the best of the four on >= 2 programs: "
+                   f"{'MET' if len(below) >= 2 else 'NOT met'} ({', '.join(below) or 'none'}); "
+                   f"worst {worst['program']} {worst['allocators'][which]['vs_best_of_four']:.3f}x "
+                   f"the best of four; wall worst {wall['program']} "
+                   f"{wall['allocators'][which]['wall_vs_glibc']:.2f}x glibc")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--programs", default=",".join(DEFAULT_PROGRAMS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,...]")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "alloc_pack.json")
+    a = ap.parse_args(argv)
+    variants = dict(parse_variant(v) for v in a.variant)
+    try:
+        environment("none", check=False, backend="pack")
+    except AllocError as e:
+        print(f"alloc_pack: {e}", file=sys.stderr)
+        return 2
+    names = a.programs.split(",")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="heapcast-pack-") as tmp:
+        launcher = compile_c(Path(__file__).with_name("rss_run.c"), Path(tmp) / "rss_run")
+        for program in corpus.PROGRAMS:
+            if program.name not in names:
+                continue
+            if not (corpus.trace_path(program.name, "b") / "session.json").exists():
+                print(f"alloc_pack: {program.name}: no recording, skipped", file=sys.stderr)
+                continue
+            rows.append(run_program(program, a.repeats, Path(tmp), launcher, variants))
+    print(table(rows))
+    lines = verdict(rows)
+    print("\n".join(lines))
+    write_json(a.out, {"machine": machine_info(), "repeats": a.repeats, "rows": rows,
+                       "verdict": lines})
+    print(f"wrote {a.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
