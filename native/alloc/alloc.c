@@ -273,11 +273,13 @@ static inline void *pack_block(int cls, size_t size, size_t align, int zero) {
     return p;
 }
 
-/* A block of `size` (>= MIN_SIZE) bytes for class `cls`: from the packer when it serves it. */
+/* A block of `size` bytes for class `cls`: from the packer when it serves it. */
 static inline void *block_in(int cls, size_t size, size_t align, int zero) {
     void *p;
     if (backend_pack && (p = pack_block(cls, size, align, zero)))
         return p;
+    if (size < MIN_SIZE)
+        size = MIN_SIZE;
     mi_heap_t *h = heap_of(cls);
     if (align > MIN_SIZE) {
         p = aligned_in(h, size, align);
@@ -292,9 +294,8 @@ static inline void *block_in(int cls, size_t size, size_t align, int zero) {
 }
 
 static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint32_t site) {
-    if (size < MIN_SIZE)
-        size = MIN_SIZE;
-    return placed(block_in(cls, size, align, zero), cls, size, site);
+    void *p = block_in(cls, size, align, zero);
+    return placed(p, cls, size < MIN_SIZE ? MIN_SIZE : size, site);
 }
 
 /* Three kinds of live blocks: in the packer's region, a mapping of the packer's own (over
