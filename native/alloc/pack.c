@@ -77,6 +77,8 @@ typedef struct {              /* per span, at its first unit's index */
     uint16_t cls;
     uint8_t group, nlog;                  /* nlog: log2 of its units */
     uint8_t list;                         /* 0..NB-1, L_EMPTY or L_FULL */
+    uint8_t bmk;                          /* its bitmap's chunks */
+    uint32_t bm;                          /* its bitmap's first chunk + 1 */
 } span_meta;
 
 typedef struct {              /* zero-initialized: glibc's PTHREAD_MUTEX_INITIALIZER is zeros */
@@ -91,11 +93,17 @@ uintptr_t pack_lo, pack_hi;
 
 static unsigned ushift;            /* unit = 1 << ushift bytes */
 static unsigned upages_shift;      /* ushift - PAGE_SHIFT */
-static unsigned bwords;            /* bitmap words per span: (unit / 16) bits */
+static unsigned bwords;            /* the most bitmap words a span needs: (unit / 16) bits */
 static uint32_t nunits;
 static unit_meta *units;
 static span_meta *spans;
-static uint64_t *bitmaps;          /* bwords per unit index */
+/* Span bitmaps, in chunks of BM_CHUNK words (512 blocks): a span takes as many as its blocks
+ * need (a unit of 16-byte blocks 8, of blocks >= 128 bytes 1) rather than a fixed slot per unit,
+ * which held 512 bytes per 64 KiB unit (0.8% of the heap) whatever the class. */
+#define BM_CHUNK 8
+static uint64_t *bitmaps;
+static uint32_t bm_top, bm_limit;           /* chunks handed out, chunks reserved */
+static uint32_t bm_free[65];                /* freed runs by length (first chunk + 1) */
 static size_t dirty_budget = 256 * 1024;
 static _Atomic size_t dirty_total;          /* bytes of dirty pages, every class */
 static _Atomic int sweeping;
@@ -325,7 +333,9 @@ static void sweep(void) {
 
 /* ---- bitmaps ---- */
 
-static inline uint64_t *bits_of(uint32_t h) { return bitmaps + (size_t)h * bwords; }
+static inline uint64_t *bits_of(uint32_t h) {
+    return bitmaps + (size_t)(spans[h].bm - 1) * BM_CHUNK;
+}
 
 /* Are blocks [a, b] of bitmap bm all free? */
 static int all_free(const uint64_t *bm, uint32_t a, uint32_t b) {
@@ -354,15 +364,42 @@ static int page_free(const span_meta *s, uint32_t h, size_t q) {
 
 /* ---- the region ---- */
 
-static uint32_t span_take(unsigned nlog) {
+/* k chunks of bitmap (region_lock held): first chunk + 1, or 0. */
+static uint32_t bm_take(unsigned k) {
+    uint32_t c1 = bm_free[k];
+    if (c1) {
+        bm_free[k] = (uint32_t)bitmaps[(size_t)(c1 - 1) * BM_CHUNK];
+        return c1;
+    }
+    if (bm_top + k > bm_limit)
+        return 0;
+    c1 = bm_top + 1;
+    bm_top += k;
+    return c1;
+}
+
+static void bm_give(uint32_t c1, unsigned k) {
+    bitmaps[(size_t)(c1 - 1) * BM_CHUNK] = bm_free[k];
+    bm_free[k] = c1;
+}
+
+/* A span of 2^nlog units with a bitmap of k chunks: its first unit + 1, or 0. */
+static uint32_t span_take(unsigned nlog, unsigned k) {
     uint32_t h1 = 0;
     pthread_mutex_lock(&region_lock);
-    if (pool[nlog]) {
+    uint32_t bm = bm_take(k);
+    if (bm && pool[nlog]) {
         h1 = pool[nlog];
         pool[nlog] = S(h1)->next;
-    } else if (region_top + (1u << nlog) <= nunits) {
+    } else if (bm && region_top + (1u << nlog) <= nunits) {
         h1 = region_top + 1;
         region_top += 1u << nlog;
+    } else if (bm) {
+        bm_give(bm, k);
+    }
+    if (h1) {
+        S(h1)->bm = bm;
+        S(h1)->bmk = (uint8_t)k;
     }
     pthread_mutex_unlock(&region_lock);
     return h1;
@@ -370,6 +407,7 @@ static uint32_t span_take(unsigned nlog) {
 
 static void span_give(uint32_t h1) {
     pthread_mutex_lock(&region_lock);
+    bm_give(S(h1)->bm, S(h1)->bmk);
     S(h1)->next = pool[S(h1)->nlog];
     pool[S(h1)->nlog] = h1;
     pthread_mutex_unlock(&region_lock);
@@ -377,17 +415,20 @@ static void span_give(uint32_t h1) {
 
 static uint32_t span_new(pack_class *c, unsigned cls, unsigned group) {
     unsigned nlog = class_nlog[cls];
-    uint32_t h1 = span_take(nlog);
+    uint32_t n = 1u << nlog;
+    uint32_t nblocks = (uint32_t)((((size_t)n) << ushift) / class_size[cls]);
+    if (nblocks > bwords * 64)
+        nblocks = bwords * 64;
+    unsigned k = (nblocks + 64 * BM_CHUNK - 1) / (64 * BM_CHUNK);
+    uint32_t h1 = span_take(nlog, k);
     if (!h1)
         return 0;
-    uint32_t h = h1 - 1, n = 1u << nlog;
+    uint32_t h = h1 - 1;
     for (uint32_t i = 0; i < n; i++)
         units[h + i].head = h;
     span_meta *s = S(h1);
     s->size = class_size[cls];
-    s->nblocks = (uint32_t)((((size_t)n) << ushift) / s->size);
-    if (s->nblocks > bwords * 64)
-        s->nblocks = bwords * 64;
+    s->nblocks = nblocks;
     s->live = 0;
     s->hint = 0;
     s->cls = (uint16_t)cls;
@@ -396,7 +437,7 @@ static uint32_t span_new(pack_class *c, unsigned cls, unsigned group) {
     uint64_t *bm = bits_of(h);
     uint32_t full = s->nblocks >> 6;
     memset(bm, 0xff, (size_t)full * 8);
-    memset(bm + full, 0, (size_t)(bwords - full) * 8);
+    memset(bm + full, 0, (size_t)(k * BM_CHUNK - full) * 8);
     if (s->nblocks & 63)
         bm[full] = ((uint64_t)1 << (s->nblocks & 63)) - 1;
     list_push(c, L_EMPTY, h1);
@@ -857,7 +898,8 @@ int pack_init(void) {
     char *region = reserve(REGION + unit);
     units = reserve((size_t)nunits * sizeof(unit_meta));
     spans = reserve((size_t)nunits * sizeof(span_meta));
-    bitmaps = reserve((size_t)nunits * bwords * 8);
+    bm_limit = (uint32_t)((size_t)nunits * bwords / BM_CHUNK);
+    bitmaps = reserve((size_t)bm_limit * BM_CHUNK * 8);
     if (!region || !units || !spans || !bitmaps)
         return -1;
     uintptr_t lo = ((uintptr_t)region + unit - 1) & ~(uintptr_t)(unit - 1);
