@@ -92,7 +92,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 
 def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path,
-                variants: dict) -> dict:
+                variants: dict, oracle: bool = False) -> dict:
     trace_b = corpus.trace_path(program.name, "b")
     cmd, env, cwd = command_of(program, heapcast.load(trace_b), tmp)
     setups = {"glibc": {}}
@@ -102,6 +102,8 @@ def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path
     setups["heapcast pack"] = pack
     for name, extra in variants.items():
         setups[f"pack {name}"] = {**pack, **extra}
+    if oracle:   # the lifetime classes of the recording of this very run, one group per class pair
+        setups["heapcast pack oracle"] = environment(f"oracle:{trace_b}", backend="pack")
     trials = {name: (lambda e=e: measure(launcher, cmd, {**env, **e}, cwd)) for name, e in setups.items()}
     runs = interleaved(trials, repeats, label=program.name)
     out = {"program": program.name, "command": cmd, "allocators": {},
@@ -158,6 +160,9 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", default=",".join(DEFAULT_PROGRAMS))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,...]")
+    ap.add_argument("--oracle", action="store_true",
+                    help="also the packer with the oracle's lifetime classes (groups of the "
+                         "default heap map)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "alloc_pack.json")
     a = ap.parse_args(argv)
     variants = dict(parse_variant(v) for v in a.variant)
@@ -176,7 +181,7 @@ def main(argv=None) -> int:
             if not (corpus.trace_path(program.name, "b") / "session.json").exists():
                 print(f"alloc_pack: {program.name}: no recording, skipped", file=sys.stderr)
                 continue
-            rows.append(run_program(program, a.repeats, Path(tmp), launcher, variants))
+            rows.append(run_program(program, a.repeats, Path(tmp), launcher, variants, a.oracle))
     print(table(rows))
     lines = verdict(rows)
     print("\n".join(lines))
