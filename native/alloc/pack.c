@@ -864,6 +864,12 @@ static void unlock_all(void) {
             pthread_mutex_unlock(&classes[g][c].lock);
 }
 
+/* The child also forgets a sweep another thread was in the middle of (it has no such thread). */
+static void unlock_all_in_child(void) {
+    atomic_store(&sweeping, 0);
+    unlock_all();
+}
+
 static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
     const char *v = getenv(name);
     if (!v || !*v)
@@ -909,7 +915,7 @@ int pack_init(void) {
     if (!region || !units || !spans || !bitmaps)
         return -1;
     uintptr_t lo = ((uintptr_t)region + unit - 1) & ~(uintptr_t)(unit - 1);
-    if (pthread_atfork(lock_all, unlock_all, unlock_all) != 0)
+    if (pthread_atfork(lock_all, unlock_all, unlock_all_in_child) != 0)
         return -1;
     tc_key_ok = pthread_key_create(&tc_key, tc_exit) == 0;
     pack_lo = lo;
