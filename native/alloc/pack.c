@@ -129,6 +129,14 @@ static uint32_t class_size[NCLASSES];
 static uint8_t class_nlog[NCLASSES];
 static pack_class classes[PACK_GROUPS][NCLASSES];
 
+/* Which classes hold dirty pages (bit g * NCLASSES + class): sweeps visit those only. */
+#define NCLASS_WORDS ((PACK_GROUPS * NCLASSES + 63) / 64)
+static _Atomic uint64_t dirty_classes[NCLASS_WORDS];
+
+static inline unsigned class_index(const pack_class *c) {
+    return (unsigned)(c - (const pack_class *)classes);
+}
+
 static pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t region_top;                 /* units handed out so far */
 static uint32_t pool[MAX_NLOG + 1];         /* clean free spans by nlog (unit index + 1) */
@@ -216,10 +224,14 @@ static void dirty_link(pack_class *c, uint32_t u) {
     m->epoch = atomic_load_explicit(&sweep_epoch, memory_order_relaxed);
     m->dnext = 0;
     m->dprev = c->dtail;
-    if (c->dtail)
+    if (c->dtail) {
         units[c->dtail - 1].dnext = u + 1;
-    else
+    } else {
         c->dhead = u + 1;
+        unsigned i = class_index(c);
+        atomic_fetch_or_explicit(&dirty_classes[i >> 6], (uint64_t)1 << (i & 63),
+                                 memory_order_relaxed);
+    }
     c->dtail = u + 1;
 }
 
@@ -233,6 +245,11 @@ static void dirty_unlink(pack_class *c, uint32_t u) {
         units[m->dnext - 1].dprev = m->dprev;
     else
         c->dtail = m->dprev;
+    if (!c->dhead) {
+        unsigned i = class_index(c);
+        atomic_fetch_and_explicit(&dirty_classes[i >> 6], ~((uint64_t)1 << (i & 63)),
+                                  memory_order_relaxed);
+    }
 }
 
 static inline void dirty_sub(pack_class *c, size_t bytes) {
@@ -311,16 +328,19 @@ static void release_unit(pack_class *c, uint32_t u) {
 static unsigned sweep_cursor;
 
 static void sweep_pass(size_t target, uint32_t before) {
-    unsigned total = PACK_GROUPS * nclasses;
-    for (unsigned n = 0; n < total && atomic_load(&dirty_total) > target; n++) {
-        unsigned i = sweep_cursor++ % total;
-        pack_class *c = &classes[i / nclasses][i % nclasses];
-        if (!c->dhead || pthread_mutex_trylock(&c->lock) != 0)
-            continue;
-        while (c->dhead && (int32_t)(units[c->dhead - 1].epoch - before) < 0 &&
-               atomic_load(&dirty_total) > target)
-            release_unit(c, c->dhead - 1);
-        pthread_mutex_unlock(&c->lock);
+    for (unsigned n = 0; n <= NCLASS_WORDS && atomic_load(&dirty_total) > target; n++) {
+        unsigned w = sweep_cursor++ % NCLASS_WORDS;
+        uint64_t bits = atomic_load_explicit(&dirty_classes[w], memory_order_relaxed);
+        while (bits && atomic_load(&dirty_total) > target) {
+            pack_class *c = (pack_class *)classes + w * 64 + (unsigned)__builtin_ctzll(bits);
+            bits &= bits - 1;
+            if (pthread_mutex_trylock(&c->lock) != 0)
+                continue;
+            while (c->dhead && (int32_t)(units[c->dhead - 1].epoch - before) < 0 &&
+                   atomic_load(&dirty_total) > target)
+                release_unit(c, c->dhead - 1);
+            pthread_mutex_unlock(&c->lock);
+        }
     }
 }
 
