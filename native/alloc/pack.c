@@ -31,7 +31,7 @@
  *   all classes exceed HEAPCAST_PACK_DIRTY bytes (default 256 KiB), a sweep gives the oldest
  *   back (madvise MADV_DONTNEED), sparing pages dirtied since the previous sweep (see sweep()).
  *   The budget is what this costs at the peak: 1 MiB held jq 0.8 MiB higher; 0 (every page at
- *   once) took make 2.2x glibc's time. A span that becomes empty stays with its class while the
+ *   once) took make 1.6x glibc's time. A span that becomes empty stays with its class while the
  *   class has at most HEAPCAST_PACK_EMPTY (default 1) empty spans; beyond that it is given back
  *   whole (one madvise) to a region pool of clean spans any class can take.
  * - Blocks over PACK_MAX: a mapping each (mremap on realloc, munmap at free). Left to mimalloc,
