@@ -98,9 +98,9 @@ native_exts = [recorder, lab, codec, drain, policy, stats]
 if _find_header("mimalloc.h"):
     native_exts.append(Extension(
         "heapcast.libheapcast_alloc",
-        sources=[f"native/alloc/{name}.c" for name in ("alloc", "classify", "oracle", "stats")]
+        sources=[f"native/alloc/{name}.c" for name in ("alloc", "classify", "oracle", "pack", "stats")]
         + policy.sources,
-        depends=["native/alloc/alloc.h", "native/alloc/exports.map", *policy.depends],
+        depends=["native/alloc/alloc.h", "native/alloc/pack.h", "native/alloc/exports.map", *policy.depends],
         define_macros=[("HC_HAVE_POLICY_RUNTIME", "1")],
         extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",
                             "-ftls-model=initial-exec", "-ffp-contract=off", "-pthread", "-Wall",

@@ -23,9 +23,12 @@ try:
 except AllocError as e:   # pragma: no cover - only where libmimalloc-dev was missing at install
     pytest.skip(str(e), allow_module_level=True)
 
-# Heap maps: the default (classes in their groups; no class: mimalloc's own heap), and every
-# allocation in a first-class heap of the thread (what placement uses, exercised without a policy).
-MAPS = {"default": {}, "class-heap": {"HEAPCAST_ALLOC_HEAPS": "0000001"}}
+# Heap maps: the default (classes in their groups; no class: mimalloc's own heap), every
+# allocation in a first-class heap of the thread (what placement uses, exercised without a
+# policy), and heapcast's packer as the backend (native/alloc/pack.c), in group 0 and group 1.
+MAPS = {"default": {}, "class-heap": {"HEAPCAST_ALLOC_HEAPS": "0000001"},
+        "pack": {"HEAPCAST_ALLOC_BACKEND": "pack"},
+        "pack-group": {"HEAPCAST_ALLOC_BACKEND": "pack", "HEAPCAST_ALLOC_HEAPS": "0000001"}}
 ADDR = re.compile(rb"\b[0-9a-f]{3,}\b")   # addresses and pids
 
 

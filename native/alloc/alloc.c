@@ -29,10 +29,14 @@
 
 #include "../policy/heapcast_policy.h"
 #include "alloc.h"
+#include "pack.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
 int ha_mode = HA_MODE_NONE;
+/* HEAPCAST_ALLOC_BACKEND=pack: blocks up to PACK_MAX from heapcast's packer (pack.c), one group
+ * per heap index; everything else (and everything with the default, mimalloc) from mimalloc. */
+static int backend_pack;
 uint8_t ha_heap_of[HA_SLOTS] = {1, 1, 2, 2, 0, 0, 0};   /* short, medium, long+never+default */
 
 /* 0: not yet, 1: being initialized (allocations meanwhile take the default heap), 2: ready */
@@ -111,11 +115,35 @@ static int find_recorder_image(struct dl_phdr_info *info, size_t size, void *arg
     return 1;
 }
 
+/* HEAPCAST_ALLOC_BACKEND: "mimalloc" (the default) or "pack"; 0, or -1 with err set. */
+static int choose_backend(char *err, size_t errlen) {
+    const char *b = getenv("HEAPCAST_ALLOC_BACKEND");
+    if (!b || !*b || strcmp(b, "mimalloc") == 0)
+        return 0;
+    if (strcmp(b, "pack") != 0) {
+        snprintf(err, errlen, "heapcast alloc: HEAPCAST_ALLOC_BACKEND=%s: expected pack or "
+                 "mimalloc", b);
+        return -1;
+    }
+    if (pack_init() != 0) {
+        snprintf(err, errlen, "heapcast alloc: the packer could not reserve its address space");
+        return -1;
+    }
+    backend_pack = 1;
+    return 0;
+}
+
 static void init_once(void) {
     int expected = 0;
     if (!atomic_compare_exchange_strong(&init_state, &expected, 1))
         return;
     char err[512];
+    if (choose_backend(err, sizeof err) != 0) {
+        const char *check = getenv("HEAPCAST_ALLOC_CHECK");
+        ha_message("%s%s\n", err, check && *check ? "" : "; using mimalloc");
+        if (check && *check)
+            _exit(97);
+    }
     const char *map = getenv("HEAPCAST_ALLOC_HEAPS");
     if (map && *map)
         parse_heap_map(map);
@@ -234,11 +262,25 @@ static inline void *placed(void *p, int cls, size_t size, uint32_t site) {
     return p;
 }
 
-static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint32_t site) {
-    mi_heap_t *h = heap_of(cls);
+/* The packer's block of `size` bytes: up to PACK_MAX from its spans, above from a mapping of its
+ * own (zero-filled already); NULL where it does not serve the request. */
+static inline void *pack_block(int cls, size_t size, size_t align, int zero) {
+    if (size > PACK_MAX)
+        return align <= 4096 ? pack_big_alloc(size) : NULL;
+    void *p = pack_alloc(ha_heap_of[cls], size, align);
+    if (p && zero)
+        memset(p, 0, size);
+    return p;
+}
+
+/* A block of `size` bytes for class `cls`: from the packer when it serves it. */
+static inline void *block_in(int cls, size_t size, size_t align, int zero) {
     void *p;
+    if (backend_pack && (p = pack_block(cls, size, align, zero)))
+        return p;
     if (size < MIN_SIZE)
         size = MIN_SIZE;
+    mi_heap_t *h = heap_of(cls);
     if (align > MIN_SIZE) {
         p = aligned_in(h, size, align);
         if (p && zero)
@@ -248,7 +290,58 @@ static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint3
     } else {
         p = zero ? mi_zalloc(size) : mi_malloc(size);
     }
-    return placed(p, cls, size, site);
+    return p;
+}
+
+static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint32_t site) {
+    void *p = block_in(cls, size, align, zero);
+    return placed(p, cls, size < MIN_SIZE ? MIN_SIZE : size, site);
+}
+
+/* Three kinds of live blocks: in the packer's region, a mapping of the packer's own (over
+ * PACK_MAX), mimalloc's (the default backend; with the packer: allocations made before the
+ * configuration was read, and alignments above a page). */
+static inline size_t usable(void *p) {
+    if (pack_owns(p))
+        return pack_usable_size(p);
+    size_t len = backend_pack ? pack_big_len(p) : 0;
+    return len ? len : mi_usable_size(p);
+}
+
+static inline void block_free(void *p) {
+    if (pack_owns(p))
+        pack_free(p);
+    else if (!backend_pack || !pack_big_free(p))
+        mi_free(p);
+}
+
+/* realloc by moving: a new block, the contents copied, the old block freed. */
+static void *block_move(int cls, void *p, size_t want) {
+    void *q = block_in(cls, want, 0, 0);
+    if (!q)
+        return NULL;
+    size_t have = usable(p);
+    memcpy(q, p, have < want ? have : want);
+    block_free(p);
+    return q;
+}
+
+/* realloc of a live block to `want` (>= MIN_SIZE) bytes. A packed block stays where it is while
+ * `want` has its size class, a mapping is remapped while `want` is over PACK_MAX; other blocks
+ * move. With mimalloc as the backend, mimalloc's realloc. */
+static void *block_realloc(int cls, void *p, size_t want) {
+    if (pack_owns(p)) {
+        if (want <= PACK_MAX && pack_usable_size(p) == pack_class_bytes(want))
+            return p;
+        return block_move(cls, p, want);
+    }
+    if (backend_pack) {
+        if (want > PACK_MAX && pack_big_len(p))
+            return pack_big_realloc(p, want);
+        return block_move(cls, p, want);
+    }
+    mi_heap_t *h = heap_of(cls);
+    return h ? mi_heap_realloc(h, p, want) : mi_realloc(p, want);
 }
 
 #define CALLER() ((uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0)))
@@ -283,7 +376,7 @@ EXPORT void free(void *p) {
         tick();
         ha_sample_free(p);
     }
-    mi_free(p);
+    block_free(p);
 }
 
 EXPORT void *calloc(size_t n, size_t size) {
@@ -318,9 +411,8 @@ static void *realloc_at(uintptr_t ra, void *p, size_t size) {
     tick();
     if (ha_mode == HA_MODE_POLICY)
         ha_sample_free(p);
-    mi_heap_t *h = heap_of(cls);
     size_t want = size < MIN_SIZE ? MIN_SIZE : size;
-    return placed(h ? mi_heap_realloc(h, p, want) : mi_realloc(p, want), cls, size, site);
+    return placed(block_realloc(cls, p, want), cls, size, site);
 }
 
 EXPORT void *realloc(void *p, size_t size) {
@@ -396,7 +488,7 @@ EXPORT void *pvalloc(size_t size) {
 }
 
 EXPORT size_t malloc_usable_size(void *p) {
-    return p ? mi_usable_size(p) : 0;
+    return p ? usable(p) : 0;
 }
 
 static void after_fork_child(void) {
@@ -415,4 +507,6 @@ __attribute__((constructor)) static void alloc_load(void) {
 __attribute__((destructor)) static void alloc_unload(void) {
     if (log_path)
         ha_stats_write(log_path);
+    if (backend_pack && getenv("HEAPCAST_PACK_DEBUG"))
+        pack_dump();
 }

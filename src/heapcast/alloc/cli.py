@@ -12,7 +12,7 @@ def _cmd_run(a) -> int:
     from .summary import format_summary
     cmd = a.command[1:] if a.command and a.command[0] == "--" else a.command
     if a.env:
-        env = environment(a.policy, a.log)
+        env = environment(a.policy, a.log, backend=a.backend)
         for name, value in env.items():
             print(f"{name}={shlex.quote(value)}")
         if not env:
@@ -28,7 +28,7 @@ def _cmd_run(a) -> int:
               f"verdict at compile): running the program on it, nothing preloaded",
               file=sys.stderr)
     try:
-        result = run(cmd, policy=a.policy, log=a.log)
+        result = run(cmd, policy=a.policy, log=a.log, backend=a.backend)
     except RecordError as e:   # the program could not be started
         raise ValueError(str(e)) from None
     if result.summary is not None:
@@ -50,6 +50,10 @@ def add_parsers(subparsers) -> None:
                    help="none (the allocator without predictions), a POLICY file (heapcast "
                         "compile --kind table), or oracle:TRACE (the true classes from a "
                         "recording of the same command)")
+    r.add_argument("--backend", choices=("mimalloc", "pack"), default="mimalloc",
+                   help="what serves the blocks: mimalloc's heaps (default) or heapcast's own "
+                        "packer (16-byte size classes, free pages given back; blocks over "
+                        "256 KiB from mimalloc)")
     r.add_argument("--log", type=Path, metavar="JSON", nargs="?", const=Path("heapcast-run.json"),
                    help="write the per-class summary here (default heapcast-run.json) and print "
                         "it; with --env: the prefix of the per-process files (PREFIX.PID.json)")

@@ -71,14 +71,24 @@ def family(policy: str) -> str:
     return (spec.get("placement") or {}).get("family", "mimalloc")
 
 
-def environment(policy: str = "none", log=None, check: bool = True) -> dict:
+BACKENDS = ("mimalloc", "pack")
+
+
+def environment(policy: str = "none", log=None, check: bool = True,
+                backend: str = "mimalloc") -> dict:
     """The environment variables that run a program under the allocator (LD_PRELOAD first, an
     existing LD_PRELOAD kept after it). `log`: a path prefix for the per-process summaries
-    (PREFIX.PID.json). A POLICY whose placement is glibc's malloc preloads nothing: {} (the
-    file is still checked). Raises AllocError for a missing library or a bad POLICY."""
+    (PREFIX.PID.json). `backend`: what serves the blocks, "mimalloc" (its heaps, one per lifetime
+    group) or "pack" (heapcast's packer, native/alloc/pack.c, one span set per group; mimalloc
+    for blocks over 256 KiB). A POLICY whose placement is glibc's malloc preloads nothing: {}
+    (the file is still checked). Raises AllocError for a missing library, a bad POLICY or an
+    unknown backend."""
+    if backend not in BACKENDS:
+        raise AllocError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     lib = str(alloc_library())
     preload = os.environ.get("LD_PRELOAD")
-    env = {"LD_PRELOAD": lib + (":" + preload if preload else "")}
+    env = {"LD_PRELOAD": lib + (":" + preload if preload else ""),
+           "HEAPCAST_ALLOC_BACKEND": backend}
     env.update(_policy_env(policy))
     if log is not None:
         env["HEAPCAST_ALLOC_LOG"] = str(Path(log).resolve())
@@ -98,7 +108,8 @@ class RunResult:
     processes: list = field(default_factory=list)
 
 
-def run(cmd, policy: str = "none", log=None, env: dict | None = None) -> RunResult:
+def run(cmd, policy: str = "none", log=None, env: dict | None = None,
+        backend: str = "mimalloc") -> RunResult:
     """Runs `cmd` under heapcast's allocator and returns its exit status (and with `log`, a path,
     the merged summary written there as JSON)."""
     from ..recorder.session import _run as run_program
@@ -108,7 +119,7 @@ def run(cmd, policy: str = "none", log=None, env: dict | None = None) -> RunResu
         raise AllocError("no command to run")
     with tempfile.TemporaryDirectory(prefix="heapcast-run-") as tmp:
         prefix = Path(tmp) / "log" if log is not None else None
-        ours = environment(policy, prefix)     # {}: the policy's placement is glibc's malloc
+        ours = environment(policy, prefix, backend=backend)     # {}: the policy's placement is glibc's malloc
         full = {**os.environ, **(env or {}), **ours}
         exit_code, _ = run_program(cmd, full, None, 10)
         result = RunResult(exit_code)
