@@ -53,8 +53,9 @@ def test_freed_pages_go_back_to_the_kernel(build, untraced):
 
 
 @pytest.mark.parametrize("extra", [{}, {"HEAPCAST_ALLOC_HEAPS": "0000001"},
-                                   {"HEAPCAST_PACK_SPAN": "14", "HEAPCAST_PACK_DIRTY": "0"}],
-                         ids=["group0", "group1", "16k-spans-no-dirty-budget"])
+                                   {"HEAPCAST_PACK_SPAN": "14", "HEAPCAST_PACK_DIRTY": "0"},
+                                   {"HEAPCAST_PACK_GRAIN": "8", "STRESS_MIN_ALIGN": "8"}],
+                         ids=["group0", "group1", "16k-spans-no-dirty-budget", "align8"])
 def test_randomized_stress_keeps_every_blocks_contents(build, extra):
     got = under([build("pack_stress")], extra=extra, timeout=300)
     assert got.returncode == 0, (got.stdout, got.stderr)
@@ -97,15 +98,20 @@ def test_backend_switch(cli, tmp_path):
     lines = dict(line.split("=", 1) for line in env.stdout.splitlines())
     assert lines["HEAPCAST_ALLOC_BACKEND"] == "pack"
     assert dict(line.split("=", 1) for line in cli("run", "--env").stdout.splitlines())[
-        "HEAPCAST_ALLOC_BACKEND"] == "mimalloc"
+        "HEAPCAST_ALLOC_BACKEND"] == "pack"                                   # the default
+    assert dict(line.split("=", 1) for line in cli("run", "--env", "--backend", "mimalloc")
+                .stdout.splitlines())["HEAPCAST_ALLOC_BACKEND"] == "mimalloc"
     # the packer serves the program: it reserves its region, one mapping of 32 GiB, which the
-    # mimalloc backend does not have
+    # mimalloc backend does not have; the library preloaded with no backend named is the packer
     probe = [sys.executable, "-c", "import re; print(sum(int(b, 16) - int(a, 16) >= 32 << 30 "
              "for a, b in re.findall(r'^([0-9a-f]+)-([0-9a-f]+)', open('/proc/self/maps').read(), re.M)))"]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
     pack = subprocess.run(probe, env={**clean, **lines}, capture_output=True, text=True)
-    mim = subprocess.run(probe, env={**clean, **environment("none")}, capture_output=True, text=True)
-    assert pack.stdout == "1\n" and mim.stdout == "0\n", (pack, mim)
+    mim = subprocess.run(probe, env={**clean, **environment("none", backend="mimalloc")},
+                         capture_output=True, text=True)
+    bare = {k: v for k, v in environment("none").items() if k != "HEAPCAST_ALLOC_BACKEND"}
+    unnamed = subprocess.run(probe, env={**clean, **bare}, capture_output=True, text=True)
+    assert pack.stdout == unnamed.stdout == "1\n" and mim.stdout == "0\n", (pack, mim, unnamed)
     done = cli("run", "--backend", "pack", "--", "sh", "-c", "exit 5")
     assert done.returncode == 5
     with pytest.raises(AllocError, match="backend 'bogus'"):
@@ -150,3 +156,61 @@ def test_lifetime_groups_get_spans_of_their_own(frag_trace, untraced):
     # the debug dump at exit lists spans per group: blocks sit in more than one group
     groups = {line.split()[1] for line in dump.splitlines() if line.startswith("pack g")}
     assert len(groups) >= 2, dump
+
+
+ALIGN_PROBE = r"""
+#include <malloc.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+/* per size 1..64: the least alignment of 2,000 blocks; then the memalign family asked for 16 */
+static unsigned low(void *p) { uintptr_t a = (uintptr_t)p; return (unsigned)(a & -a); }
+int main(void) {
+    static void *keep[64][2000];
+    for (int s = 1; s <= 64; s++) {
+        unsigned least = 4096;
+        for (int i = 0; i < 2000; i++) {
+            keep[s - 1][i] = malloc((size_t)s);
+            if (low(keep[s - 1][i]) < least) least = low(keep[s - 1][i]);
+        }
+        printf("%d:%u ", s, least < 16 ? least : 16);
+    }
+    unsigned bad = 0;
+    for (int s = 1; s <= 64; s++)
+        for (int i = 0; i < 200; i++) {
+            void *p = memalign(16, (size_t)s), *q = aligned_alloc(16, 64), *r = NULL;
+            if (posix_memalign(&r, 16, (size_t)s)) return 2;
+            bad += low(p) < 16 || low(q) < 16 || low(r) < 16;
+        }
+    printf("\nmisaligned %u\n", bad);
+    return 0;
+}
+"""
+
+
+def test_align_8_gives_8_byte_blocks_only_where_the_size_allows(tmp_path, cli):
+    """--align 8: the packer's classes every 8 bytes, so blocks of 24, 40, 56 bytes are 8-byte
+    aligned (less memory, as mimalloc's); sizes in multiples of 16 and every request for 16 stay
+    16-byte aligned. The default keeps glibc's 16 for every block, and the mimalloc backend
+    refuses --align 8."""
+    src = tmp_path / "probe.c"
+    src.write_text(ALIGN_PROBE)
+    exe = tmp_path / "probe"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(src)], check=True)
+
+    def least(extra):
+        got = under([exe], extra=extra)
+        assert got.returncode == 0, got.stderr
+        first, second = got.stdout.decode().splitlines()
+        assert second == "misaligned 0"
+        return {int(s): int(a) for s, a in (p.split(":") for p in first.split())}
+
+    default = least({})
+    assert set(default.values()) == {16}
+    eight = least({"HEAPCAST_PACK_GRAIN": "8"})
+    assert all(eight[s] == 8 for s in (1, 8, 24, 40, 56)), eight
+    assert all(eight[s] == 16 for s in (16, 32, 48, 64, 31, 47)), eight
+    env = cli("run", "--env", "--align", "8")
+    assert env.returncode == 0 and "HEAPCAST_PACK_GRAIN=8" in env.stdout
+    refused = cli("run", "--align", "8", "--backend", "mimalloc", "--", "true")
+    assert refused.returncode != 0 and "only the packer" in refused.stderr

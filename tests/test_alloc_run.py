@@ -23,12 +23,13 @@ try:
 except AllocError as e:   # pragma: no cover - only where libmimalloc-dev was missing at install
     pytest.skip(str(e), allow_module_level=True)
 
-# Heap maps: the default (classes in their groups; no class: mimalloc's own heap), every
-# allocation in a first-class heap of the thread (what placement uses, exercised without a
-# policy), and heapcast's packer as the backend (native/alloc/pack.c), in group 0 and group 1.
+# Heap maps, on both backends: heapcast's packer (native/alloc/pack.c, the default) and
+# mimalloc's heaps; with the default map (classes in their groups; no class: group 0) and with
+# every allocation in group 1 (what placement uses, exercised without a policy).
 MAPS = {"default": {}, "class-heap": {"HEAPCAST_ALLOC_HEAPS": "0000001"},
-        "pack": {"HEAPCAST_ALLOC_BACKEND": "pack"},
-        "pack-group": {"HEAPCAST_ALLOC_BACKEND": "pack", "HEAPCAST_ALLOC_HEAPS": "0000001"}}
+        "mimalloc": {"HEAPCAST_ALLOC_BACKEND": "mimalloc"},
+        "mimalloc-class-heap": {"HEAPCAST_ALLOC_BACKEND": "mimalloc",
+                                "HEAPCAST_ALLOC_HEAPS": "0000001"}}
 ADDR = re.compile(rb"\b[0-9a-f]{3,}\b")   # addresses and pids
 
 
@@ -161,6 +162,18 @@ def test_oracle_classes_reach_the_right_allocations(frag_trace, cli, tmp_path):
     assert got[2] == want[2] == 48000
     assert abs(got[5] - want[5]) <= 4 and got[5] >= 48000
     assert summary["process_count"] == len(summary["processes"]) == 1 and summary["max_vm_hwm_kb"] > 0
+    # pages given back, per heap: the short-lived blocks' heap returns most of its 21 MB (each
+    # round's pages once the round is freed), the never-freed blocks' heap nothing
+    assert summary["backend"] == "pack"
+    returned, heap_of = summary["pages_returned_by_heap"], summary["heap_of_class"]
+    assert returned[heap_of[2]] * 4096 > 10 * 2**20, returned
+    assert returned[heap_of[5]] * 4096 < 2**20, returned
+    assert re.search(rf"heap {heap_of[2]} \(256-4095\): [\d,]+ pages given back", done.stderr)
+
+    mim = cli("run", "--backend", "mimalloc", "--policy", f"oracle:{trace}", "--log", log, "--", prog)
+    assert mim.returncode == 0, mim.stderr
+    assert json.loads(log.read_text())["pages_returned_by_heap"] is None
+    assert "not counted on the mimalloc backend" in mim.stderr
 
 
 def test_lifetime_placement_holds_less_rss_than_glibc_on_a_fragmenting_pattern(frag_trace, untraced):
@@ -244,7 +257,7 @@ def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, 
     from heapcast.policy.fileformat import PolicyError, read_spec, write_policy
     from heapcast.policy.native import Policy
     frag = read_spec(frag_policy)["placement"]
-    assert frag["lifetime_groups"] and frag["family"] == "mimalloc" and frag["how"] == "lab"
+    assert frag["lifetime_groups"] and frag["family"] == "heapcast" and frag["how"] == "lab"
     assert frag["lab_gain"] >= frag["min_gain"]
     prog = build("churn")
     trace, model = tmp_path / "churn.trace", tmp_path / "churn.m"
@@ -253,7 +266,7 @@ def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, 
     lab = compile_policy(model, tmp_path / "lab.policy", kind="table")["placement"]
     assert not lab["lifetime_groups"] and lab["lab_gain"] < 0.02
     peaks = lab["peak_bytes"]
-    assert lab["family"] == ("mimalloc" if peaks["segregated"] < 0.95 * peaks["glibc"] else "glibc")
+    assert lab["family"] == ("heapcast" if peaks["segregated"] < 0.95 * peaks["glibc"] else "glibc")
     # two traces: each process's predicted rows go to its own trace's replay
     other = compile_policy(model, tmp_path / "other.policy", kind="table",
                            data=[frag_trace[1]])["placement"]["peak_bytes"]

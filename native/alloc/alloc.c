@@ -34,9 +34,9 @@
 #define EXPORT __attribute__((visibility("default")))
 
 int ha_mode = HA_MODE_NONE;
-/* HEAPCAST_ALLOC_BACKEND=pack: blocks up to PACK_MAX from heapcast's packer (pack.c), one group
- * per heap index; everything else (and everything with the default, mimalloc) from mimalloc. */
-static int backend_pack;
+/* HEAPCAST_ALLOC_BACKEND=pack (the default): blocks up to PACK_MAX from heapcast's packer
+ * (pack.c), one group per heap index; =mimalloc: everything from mimalloc's heaps. */
+int ha_backend_pack;
 uint8_t ha_heap_of[HA_SLOTS] = {1, 1, 2, 2, 0, 0, 0};   /* short, medium, long+never+default */
 
 /* 0: not yet, 1: being initialized (allocations meanwhile take the default heap), 2: ready */
@@ -115,12 +115,12 @@ static int find_recorder_image(struct dl_phdr_info *info, size_t size, void *arg
     return 1;
 }
 
-/* HEAPCAST_ALLOC_BACKEND: "mimalloc" (the default) or "pack"; 0, or -1 with err set. */
+/* HEAPCAST_ALLOC_BACKEND: "pack" (the default) or "mimalloc"; 0, or -1 with err set. */
 static int choose_backend(char *err, size_t errlen) {
     const char *b = getenv("HEAPCAST_ALLOC_BACKEND");
-    if (!b || !*b || strcmp(b, "mimalloc") == 0)
+    if (b && strcmp(b, "mimalloc") == 0)
         return 0;
-    if (strcmp(b, "pack") != 0) {
+    if (b && *b && strcmp(b, "pack") != 0) {
         snprintf(err, errlen, "heapcast alloc: HEAPCAST_ALLOC_BACKEND=%s: expected pack or "
                  "mimalloc", b);
         return -1;
@@ -129,7 +129,7 @@ static int choose_backend(char *err, size_t errlen) {
         snprintf(err, errlen, "heapcast alloc: the packer could not reserve its address space");
         return -1;
     }
-    backend_pack = 1;
+    ha_backend_pack = 1;
     return 0;
 }
 
@@ -276,7 +276,7 @@ static inline void *pack_block(int cls, size_t size, size_t align, int zero) {
 /* A block of `size` bytes for class `cls`: from the packer when it serves it. */
 static inline void *block_in(int cls, size_t size, size_t align, int zero) {
     void *p;
-    if (backend_pack && (p = pack_block(cls, size, align, zero)))
+    if (ha_backend_pack && (p = pack_block(cls, size, align, zero)))
         return p;
     if (size < MIN_SIZE)
         size = MIN_SIZE;
@@ -304,14 +304,14 @@ static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint3
 static inline size_t usable(void *p) {
     if (pack_owns(p))
         return pack_usable_size(p);
-    size_t len = backend_pack ? pack_big_len(p) : 0;
+    size_t len = ha_backend_pack ? pack_big_len(p) : 0;
     return len ? len : mi_usable_size(p);
 }
 
 static inline void block_free(void *p) {
     if (pack_owns(p))
         pack_free(p);
-    else if (!backend_pack || !pack_big_free(p))
+    else if (!ha_backend_pack || !pack_big_free(p))
         mi_free(p);
 }
 
@@ -335,7 +335,7 @@ static void *block_realloc(int cls, void *p, size_t want) {
             return p;
         return block_move(cls, p, want);
     }
-    if (backend_pack) {
+    if (ha_backend_pack) {
         if (want > PACK_MAX && pack_big_len(p))
             return pack_big_realloc(p, want);
         return block_move(cls, p, want);
@@ -507,6 +507,6 @@ __attribute__((constructor)) static void alloc_load(void) {
 __attribute__((destructor)) static void alloc_unload(void) {
     if (log_path)
         ha_stats_write(log_path);
-    if (backend_pack && getenv("HEAPCAST_PACK_DEBUG"))
+    if (ha_backend_pack && getenv("HEAPCAST_PACK_DEBUG"))
         pack_dump();
 }

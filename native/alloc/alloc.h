@@ -24,6 +24,7 @@ enum { HA_MODE_NONE = 0, HA_MODE_POLICY = 1, HA_MODE_ORACLE = 2 };
 
 /* Configuration, read once at load (HEAPCAST_ALLOC_* environment variables). */
 extern int ha_mode;
+extern int ha_backend_pack;             /* blocks from the packer (pack.c), not mimalloc's heaps */
 extern int ha_lifetime_groups;          /* the policy's placement: 0 one group (classify.c) */
 extern uint8_t ha_heap_of[HA_SLOTS];   /* class (or HA_DEFAULT) -> heap index */
 

@@ -114,12 +114,15 @@ static size_t dirty_budget = 256 * 1024;
 static _Atomic size_t dirty_total;          /* bytes of dirty pages, every class */
 static _Atomic int sweeping;
 static size_t n_release_calls, n_retire_calls;   /* HEAPCAST_PACK_DEBUG (racy) */
+static _Atomic uint64_t returned[PACK_GROUPS];   /* pages given back, per group (--log) */
 static _Atomic uint32_t sweep_epoch;        /* sweeps so far */
 static _Atomic size_t sweep_at;             /* the next sweep: dirty_total above this */
 static uint32_t keep_empty = 1;
 static unsigned fine_log = 13;     /* classes every 16 bytes up to 2^fine_log (8 KiB) */
-/* HEAPCAST_PACK_GRAIN=8, for measurement only: fine classes every 8 bytes, which breaks glibc's
- * 16-byte alignment of every block (what mimalloc, jemalloc and tcmalloc do for some sizes). */
+/* HEAPCAST_PACK_GRAIN=8 (`heapcast run --align 8`): fine classes every 8 bytes, so that a block
+ * whose size is not a multiple of 16 is only 8-byte aligned, as mimalloc's 24-, 40- and 56-byte
+ * blocks are: not glibc's guarantee (16 for every block), opt-in. Requests for an alignment
+ * still get it (pack_alloc skips to a class that gives it). */
 static unsigned grain_log = 4;
 static size_t min_block = MIN_BLOCK;    /* 8 with GRAIN=8: requests of <= 8 bytes take 8 */
 static unsigned nfine;             /* their number */
@@ -305,6 +308,8 @@ static void release_unit(pack_class *c, uint32_t u) {
     unit_meta *m = &units[u];
     uint64_t d = m->dirty;
     dirty_sub(c, (size_t)__builtin_popcountll(d) * PAGE);
+    atomic_fetch_add_explicit(&returned[class_index(c) / NCLASSES],
+                              (uint64_t)__builtin_popcountll(d), memory_order_relaxed);
     m->dirty = 0;
     dirty_unlink(c, u);
     while (d) {
@@ -480,6 +485,9 @@ static void span_retire(pack_class *c, uint32_t h1) {
     c->nempty--;
     for (uint32_t i = 0; i < n; i++)
         if (units[h + i].dirty) {
+            atomic_fetch_add_explicit(&returned[class_index(c) / NCLASSES],
+                                      (uint64_t)__builtin_popcountll(units[h + i].dirty),
+                                      memory_order_relaxed);
             dirty_sub(c, (size_t)__builtin_popcountll(units[h + i].dirty) * PAGE);
             units[h + i].dirty = 0;
             dirty_unlink(c, h + i);
@@ -659,7 +667,10 @@ void *pack_alloc(int group, size_t size, size_t align) {
     if (size > PACK_MAX || align > PAGE || (unsigned)group >= PACK_GROUPS)
         return NULL;
     unsigned cls = class_of(size);
-    if (align > MIN_BLOCK) {     /* blocks sit at multiples of their size from a unit boundary */
+    /* Blocks sit at multiples of their size from a unit boundary, so a class's blocks are
+     * aligned to the lowest set bit of its size: 16 or more, but 8 for the classes of
+     * HEAPCAST_PACK_GRAIN=8 that are odd multiples of 8 (an aligned request skips them). */
+    if (align > (class_size[cls] & -class_size[cls])) {
         while (cls < nclasses && class_size[cls] % align)
             cls++;
         if (cls == nclasses)
@@ -887,6 +898,8 @@ static void unlock_all(void) {
 /* The child also forgets a sweep another thread was in the middle of (it has no such thread). */
 static void unlock_all_in_child(void) {
     atomic_store(&sweeping, 0);
+    for (int g = 0; g < PACK_GROUPS; g++)   /* the child counts its own (as stats.c does) */
+        atomic_store(&returned[g], 0);
     unlock_all();
 }
 
@@ -941,4 +954,8 @@ int pack_init(void) {
     pack_lo = lo;
     pack_hi = lo + REGION;
     return 0;
+}
+
+uint64_t pack_pages_returned(int group) {
+    return (unsigned)group < PACK_GROUPS ? atomic_load(&returned[group]) : 0;
 }

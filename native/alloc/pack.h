@@ -33,6 +33,8 @@ void *pack_big_alloc(size_t size);
 size_t pack_big_len(const void *p);
 int pack_big_free(void *p);
 void *pack_big_realloc(void *p, size_t size);   /* p: pack_big_len(p) != 0; NULL: p untouched */
+/* Pages of `group`'s spans given back to the kernel so far (madvise; --log). */
+uint64_t pack_pages_returned(int group);
 void pack_dump(void);                     /* HEAPCAST_PACK_DEBUG: what each class holds */
 size_t pack_class_bytes(size_t size);     /* size <= PACK_MAX: the size of its class */
 

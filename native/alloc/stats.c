@@ -1,6 +1,6 @@
 /* The per-class summary of `heapcast run --log`: allocations and bytes per class (per-thread
  * counters, so the hot path stores without atomics), blocks found outliving their class and
- * sites reclassified. Written at exit as PREFIX.PID.json (0600); `heapcast run` merges them. */
+ * sites reclassified; with the packer, the pages each heap (lifetime group) gave back. Written at exit as PREFIX.PID.json (0600); `heapcast run` merges them. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "pack.h"
 
 #define SLOTS 512
 
@@ -68,7 +69,16 @@ void ha_stats_write(const char *prefix) {
                        vm_hwm_kb());
     for (int c = 0; c < HA_SLOTS; c++)
         len += snprintf(out + len, sizeof out - len, "%s%d", c ? ", " : "", ha_heap_of[c]);
-    len += snprintf(out + len, sizeof out - len, "], \"classes\": [");
+    len += snprintf(out + len, sizeof out - len, "], \"backend\": \"%s\"",
+                    ha_backend_pack ? "pack" : "mimalloc");
+    if (ha_backend_pack) {   /* mimalloc does not say which heap's pages it gave back */
+        len += snprintf(out + len, sizeof out - len, ", \"pages_returned_by_heap\": [");
+        for (int g = 0; g < HA_HEAPS; g++)
+            len += snprintf(out + len, sizeof out - len, "%s%llu", g ? ", " : "",
+                            (unsigned long long)pack_pages_returned(g));
+        len += snprintf(out + len, sizeof out - len, "]");
+    }
+    len += snprintf(out + len, sizeof out - len, ", \"classes\": [");
     for (int c = 0; c < HA_SLOTS && len < (int)sizeof out; c++)
         len += snprintf(out + len, sizeof out - len,
                         "%s{\"class\": %d, \"allocations\": %llu, \"bytes\": %llu, "

@@ -12,7 +12,7 @@ def _cmd_run(a) -> int:
     from .summary import format_summary
     cmd = a.command[1:] if a.command and a.command[0] == "--" else a.command
     if a.env:
-        env = environment(a.policy, a.log, backend=a.backend)
+        env = environment(a.policy, a.log, backend=a.backend, align=a.align)
         for name, value in env.items():
             print(f"{name}={shlex.quote(value)}")
         if not env:
@@ -28,7 +28,7 @@ def _cmd_run(a) -> int:
               f"verdict at compile): running the program on it, nothing preloaded",
               file=sys.stderr)
     try:
-        result = run(cmd, policy=a.policy, log=a.log, backend=a.backend)
+        result = run(cmd, policy=a.policy, log=a.log, backend=a.backend, align=a.align)
     except RecordError as e:   # the program could not be started
         raise ValueError(str(e)) from None
     if result.summary is not None:
@@ -41,8 +41,9 @@ def add_parsers(subparsers) -> None:
     """Adds `run` to the `heapcast` command's subparsers."""
     r = subparsers.add_parser(
         "run", help="run a program under heapcast's allocator (blocks placed by predicted lifetime)",
-        description="Runs CMD with heapcast's allocator preloaded: mimalloc heaps, one per "
-                    "lifetime group, fed by a compiled POLICY, placed as the POLICY's placement "
+        description="Runs CMD with heapcast's allocator preloaded: its packer (or mimalloc's "
+                    "heaps), spans of their own per lifetime group, fed by a compiled POLICY, "
+                    "placed as the POLICY's placement "
                     "says (by lifetime class, in one group, or on glibc's own malloc, which "
                     "preloads nothing; docs/allocator.md). Exits with CMD's status (128+N for "
                     "signal N).")
@@ -50,10 +51,15 @@ def add_parsers(subparsers) -> None:
                    help="none (the allocator without predictions), a POLICY file (heapcast "
                         "compile --kind table), or oracle:TRACE (the true classes from a "
                         "recording of the same command)")
-    r.add_argument("--backend", choices=("mimalloc", "pack"), default="mimalloc",
-                   help="what serves the blocks: mimalloc's heaps (default) or heapcast's own "
-                        "packer (16-byte size classes, free pages given back; blocks over "
-                        "256 KiB from mimalloc)")
+    r.add_argument("--backend", choices=("pack", "mimalloc"), default="pack",
+                   help="what serves the blocks: heapcast's own packer (default: 16-byte size "
+                        "classes, spans per lifetime group, free pages given back; blocks over "
+                        "256 KiB in a mapping each) or mimalloc's heaps, one per group")
+    r.add_argument("--align", type=int, choices=(16, 8), default=16,
+                   help="16: every block 16-byte aligned, glibc's guarantee (default); 8: the "
+                        "packer's size classes every 8 bytes, so a block whose size is not a "
+                        "multiple of 16 is 8-byte aligned, as mimalloc's and jemalloc's small "
+                        "blocks are (less memory; requests for an alignment still get it)")
     r.add_argument("--log", type=Path, metavar="JSON", nargs="?", const=Path("heapcast-run.json"),
                    help="write the per-class summary here (default heapcast-run.json) and print "
                         "it; with --env: the prefix of the per-process files (PREFIX.PID.json)")

@@ -59,36 +59,44 @@ def _check(env: dict) -> None:
 
 def family(policy: str) -> str:
     """What a --policy value runs the program on: "glibc" for a POLICY whose placement (the
-    allocator lab's verdict, heapcast.policy.placement) is glibc's own malloc, else "mimalloc"
-    (heapcast's allocator)."""
+    allocator lab's verdict, heapcast.policy.placement) is glibc's own malloc, else "heapcast"
+    (heapcast's allocator; policies compiled before the packer say "mimalloc" for it)."""
     if policy in (None, "", "none") or policy.startswith("oracle:"):
-        return "mimalloc"
+        return "heapcast"
     from ..policy.fileformat import PolicyError, read_spec
     try:
         spec = read_spec(policy)
     except (PolicyError, OSError):
-        return "mimalloc"           # the allocator's own check says what is wrong with it
-    return (spec.get("placement") or {}).get("family", "mimalloc")
+        return "heapcast"           # the allocator's own check says what is wrong with it
+    return "glibc" if (spec.get("placement") or {}).get("family") == "glibc" else "heapcast"
 
 
-BACKENDS = ("mimalloc", "pack")
+BACKENDS = ("pack", "mimalloc")
 
 
 def environment(policy: str = "none", log=None, check: bool = True,
-                backend: str = "mimalloc") -> dict:
+                backend: str = "pack", align: int = 16) -> dict:
     """The environment variables that run a program under the allocator (LD_PRELOAD first, an
     existing LD_PRELOAD kept after it). `log`: a path prefix for the per-process summaries
-    (PREFIX.PID.json). `backend`: what serves the blocks, "mimalloc" (its heaps, one per lifetime
-    group) or "pack" (heapcast's packer, native/alloc/pack.c, one span set per group; mimalloc
-    for blocks over 256 KiB). A POLICY whose placement is glibc's malloc preloads nothing: {}
-    (the file is still checked). Raises AllocError for a missing library, a bad POLICY or an
-    unknown backend."""
+    (PREFIX.PID.json). `backend`: what serves the blocks, "pack" (heapcast's packer,
+    native/alloc/pack.c, one span set per lifetime group; a mapping each for blocks over 256
+    KiB) or "mimalloc" (its heaps, one per group). `align`: 16 (glibc's guarantee for every
+    block) or 8 (the packer's classes every 8 bytes: a block whose size is not a multiple of 16
+    is 8-byte aligned, as mimalloc's are). A POLICY whose placement is glibc's malloc preloads
+    nothing: {} (the file is still checked). Raises AllocError for a missing library, a bad
+    POLICY, an unknown backend or alignment."""
     if backend not in BACKENDS:
         raise AllocError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if align not in (8, 16):
+        raise AllocError(f"align {align}: expected 16 (glibc's) or 8")
+    if align == 8 and backend != "pack":
+        raise AllocError("align 8: only the packer (--backend pack) has 8-byte size classes")
     lib = str(alloc_library())
     preload = os.environ.get("LD_PRELOAD")
     env = {"LD_PRELOAD": lib + (":" + preload if preload else ""),
            "HEAPCAST_ALLOC_BACKEND": backend}
+    if align == 8:
+        env["HEAPCAST_PACK_GRAIN"] = "8"
     env.update(_policy_env(policy))
     if log is not None:
         env["HEAPCAST_ALLOC_LOG"] = str(Path(log).resolve())
@@ -109,7 +117,7 @@ class RunResult:
 
 
 def run(cmd, policy: str = "none", log=None, env: dict | None = None,
-        backend: str = "mimalloc") -> RunResult:
+        backend: str = "pack", align: int = 16) -> RunResult:
     """Runs `cmd` under heapcast's allocator and returns its exit status (and with `log`, a path,
     the merged summary written there as JSON)."""
     from ..recorder.session import _run as run_program
@@ -119,7 +127,8 @@ def run(cmd, policy: str = "none", log=None, env: dict | None = None,
         raise AllocError("no command to run")
     with tempfile.TemporaryDirectory(prefix="heapcast-run-") as tmp:
         prefix = Path(tmp) / "log" if log is not None else None
-        ours = environment(policy, prefix, backend=backend)     # {}: the policy's placement is glibc's malloc
+        # {}: the policy's placement is glibc's malloc
+        ours = environment(policy, prefix, backend=backend, align=align)
         full = {**os.environ, **(env or {}), **ours}
         exit_code, _ = run_program(cmd, full, None, 10)
         result = RunResult(exit_code)

@@ -1,5 +1,6 @@
 """The `--log` summary: per lifetime class, allocations, bytes, blocks that outlived their
-class and sites reclassified, summed over the program's processes."""
+class and sites reclassified, and per heap (lifetime group) the pages the packer gave back to
+the kernel, summed over the program's processes."""
 from __future__ import annotations
 
 import json
@@ -20,11 +21,16 @@ def merge_logs(processes: list, policy: str) -> dict:
                 acc[f] += row[f]
     rows = [{"class": c, "name": CLASS_NAMES.get(c, str(c)), **classes[c]}
             for c in sorted(classes, key=lambda c: (c < 0, c))]
+    returned = None   # pages given back per heap: the packer counts them, mimalloc does not
+    if processes and all("pages_returned_by_heap" in p for p in processes):
+        returned = [sum(col) for col in zip(*(p["pages_returned_by_heap"] for p in processes))]
     peak = max((p.get("vm_hwm_kb", -1) for p in processes), default=-1)
     grouped = any(p.get("lifetime_groups", p.get("mode") != "none") for p in processes)
     return {"policy": policy or "none", "process_count": len(processes), "classes": rows,
             "placement": "by lifetime class" if grouped else "one group",
             "max_vm_hwm_kb": peak,
+            "backend": processes[0].get("backend", "mimalloc") if processes else None,
+            "pages_returned_by_heap": returned,
             "heap_of_class": processes[0]["heap_of_class"] if processes else None}
 
 
@@ -42,6 +48,19 @@ def format_summary(summary: dict) -> str:
         if r["allocations"] or r["mispredicted"]:
             lines.append(f"{r['name']:<30} {r['allocations']:>12,} {r['bytes']:>14,} "
                          f"{r['mispredicted']:>9,} {r['reclassified_sites']:>12,}")
+    returned, heap_of = summary.get("pages_returned_by_heap"), summary.get("heap_of_class")
+    if returned is not None and heap_of:
+        # spans belong to a heap (a lifetime group), not to a class: one line per heap in use
+        for h, pages in enumerate(returned):
+            names = [r["name"] for r in summary["classes"]
+                     if 0 <= (r["class"] if r["class"] >= 0 else len(heap_of) - 1) < len(heap_of)
+                     and heap_of[r["class"] if r["class"] >= 0 else len(heap_of) - 1] == h
+                     and r["allocations"]]
+            if names or pages:
+                lines.append(f"heap {h} ({', '.join(names) or 'no allocations'}): {pages:,} "
+                             f"pages given back to the kernel ({pages * 4096 / 2**20:.1f} MiB)")
+    elif summary.get("backend") == "mimalloc":
+        lines.append("pages given back: not counted on the mimalloc backend")
     return "\n".join(lines)
 
 

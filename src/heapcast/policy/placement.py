@@ -1,10 +1,11 @@
 """How heapcast's allocator should place a program's blocks: the allocator lab's verdict, which a
 compiled lifetime POLICY carries to `heapcast run` (docs/allocator.md, "Placement").
 
-The allocator can run a program three ways: on glibc's malloc as it is, on mimalloc's size-class
-pages in one group (`--policy none`), or on mimalloc with one heap per lifetime group. The lab
-replays the traces the policy is distilled on through the placements that model them: `glibc`,
-`segregated` (size classes in slabs, its model of mimalloc), best-fit, and lifetime segregation
+The allocator can run a program three ways: on glibc's malloc as it is, on heapcast's allocator
+(its packer's size classes, or mimalloc's with --backend mimalloc) in one group (`--policy
+none`), or on heapcast's allocator with spans (heaps) per lifetime group. The lab replays the
+traces the policy is distilled on through the placements that model them: `glibc`,
+`segregated` (size classes in slabs, its model of size-class allocators), best-fit, and lifetime segregation
 over best-fit fed the compiled policy's own predicted classes (`learned-lifetime`, the classes
 the allocator will get). Lifetime groups are chosen when they lower the peak footprint by at
 least MIN_GAIN below the best of the others; else the size-class family when `segregated` beats
@@ -27,13 +28,13 @@ LAB_POLICIES = ("glibc", "segregated", "best-fit", "learned-lifetime")
 def forced(placement: str) -> dict:
     """The placement asked for with --placement lifetime|one|glibc, without the lab."""
     return {"lifetime_groups": placement == "lifetime",
-            "family": "glibc" if placement == "glibc" else "mimalloc",
+            "family": "glibc" if placement == "glibc" else "heapcast",
             "how": f"--placement {placement}"}
 
 
 def lab_placement(policy_path, traces, data, placement: str = "lab") -> dict:
     """The placement of the lifetime POLICY at `policy_path`: {"lifetime_groups": bool, "family":
-    "mimalloc" | "glibc", "how": ...} and, with placement "lab", the lab's figures over `traces`
+    "heapcast" | "glibc", "how": ...} and, with placement "lab", the lab's figures over `traces`
     (peak footprints summed over them, the lifetime gain, the thresholds). `data`: the lifetime
     TaskData of `traces` in process order (one stream per process, a row per event), whose rows
     the policy predicts. "lifetime", "one" and "glibc" force the choice without the lab."""
@@ -70,7 +71,7 @@ def lab_placement(policy_path, traces, data, placement: str = "lab") -> dict:
     gain = (best_other - peaks["learned-lifetime"]) / best_other if best_other else 0.0
     groups = bool(gain >= MIN_GAIN)
     size_classes = peaks["segregated"] < (1 - MODEL_ERROR) * peaks["glibc"]
-    return {"lifetime_groups": groups, "family": "mimalloc" if groups or size_classes else "glibc",
+    return {"lifetime_groups": groups, "family": "heapcast" if groups or size_classes else "glibc",
             "how": "lab", "lab_gain": gain, "min_gain": MIN_GAIN, "model_error": MODEL_ERROR,
             "peak_bytes": peaks, "traces": per_trace}
 
@@ -78,8 +79,8 @@ def lab_placement(policy_path, traces, data, placement: str = "lab") -> dict:
 def describe(p: dict) -> str:
     """One line saying what a placement is and, for the lab's, why."""
     what = ("glibc's malloc (heapcast run preloads nothing)" if p["family"] == "glibc" else
-            "mimalloc, by lifetime class" if p["lifetime_groups"] else
-            "mimalloc, one group (as --policy none)")
+            "heapcast's allocator, by lifetime class" if p["lifetime_groups"] else
+            "heapcast's allocator, one group (as --policy none)")
     if p["how"] != "lab":
         return f"{what} ({p['how']})"
     k = {n: v / 2**20 for n, v in p["peak_bytes"].items()}
