@@ -104,3 +104,14 @@ def own_events(process) -> np.ndarray:
 def own():
     """own(process) -> the events the program's own code made (see own_events)."""
     return own_events
+
+
+@pytest.fixture(scope="session")
+def frag_trace(build, tmp_path_factory):
+    """(program, trace) of tests/programs/alloc_frag.c, a pattern that fragments glibc,
+    recorded once: the allocator tests run it under the oracle of its own recording."""
+    import heapcast
+    prog = build("alloc_frag")
+    out = tmp_path_factory.mktemp("frag") / "frag.trace"
+    assert heapcast.record([prog], output=out).exit_code == 0
+    return prog, out

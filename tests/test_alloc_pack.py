@@ -125,14 +125,6 @@ def test_backend_switch(cli, tmp_path):
     assert warned.returncode == 0 and "using mimalloc" in warned.stderr
 
 
-@pytest.fixture(scope="module")
-def frag_trace(build, tmp_path_factory):
-    import heapcast
-    prog = build("alloc_frag")
-    out = tmp_path_factory.mktemp("frag") / "frag.trace"
-    assert heapcast.record([prog], output=out).exit_code == 0
-    return prog, out
-
 
 def test_lifetime_groups_get_spans_of_their_own(frag_trace, untraced):
     """The fragmenting pattern (tests/programs/alloc_frag.c: rounds of short/long pairs of a

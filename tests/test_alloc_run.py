@@ -135,13 +135,6 @@ def test_corrupt_oracle_file_is_refused_with_offset(tmp_path):
     assert f"{bad}: offset 49: expected a lifetime class 0-5" in done.stderr
 
 
-@pytest.fixture(scope="module")
-def frag_trace(build, tmp_path_factory):
-    prog = build("alloc_frag")
-    out = tmp_path_factory.mktemp("frag") / "frag.trace"
-    assert heapcast.record([prog], output=out).exit_code == 0
-    return prog, out
-
 
 def peak_kb(stdout: bytes) -> int:
     return int(stdout.split()[3])

@@ -4,9 +4,10 @@ The Python API mirrors the command line: `record`, `load`, `stats`, ...
 Its names are imported on first use (PEP 562), so that `heapcast record` and `heapcast --help`
 start without numpy.
 """
-import importlib
 import sys
 import types
+
+from ._lazy import lazy_getattr
 
 _API = {
     "EVENT_DTYPE": ".trace.format", "OPS": ".trace.format", "TraceError": ".trace.base",
@@ -17,12 +18,7 @@ __all__ = sorted(_API)
 __version__ = "0.1.0"
 
 
-def __getattr__(name):
-    if name not in _API:
-        raise AttributeError(f"module 'heapcast' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_API[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(globals(), _API)
 
 
 class _Package(types.ModuleType):
