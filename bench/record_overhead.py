@@ -245,13 +245,21 @@ def heaptrack(w: Workload, scratch: Path, executable: str) -> Callable[[], dict]
     return run
 
 
+def memray_python(interpreter: str) -> str:
+    """The interpreter that runs memray for a workload of `interpreter` (a real binary): this
+    benchmark's own when it is that binary (a virtual environment's python, where `pip install
+    memray` puts it, is a link to it: the same interpreter with the environment's packages)."""
+    return sys.executable if os.path.realpath(sys.executable) == interpreter else interpreter
+
+
 def memray(w: Workload, scratch: Path) -> Callable[[], dict]:
     """memray run: the script under memray (in the workload's interpreter, where memray must be
     installed)."""
     def run():
         with fresh_dir(scratch) as d:
             out = d / "memray.bin"
-            cmd = [w.cmd[0], "-m", "memray", "run", "-q", "-o", str(out), *w.cmd[1:]]
+            cmd = [memray_python(w.cmd[0]), "-m", "memray", "run", "-q", "-o", str(out),
+                   *w.cmd[1:]]
             return {**timed(cmd, w.env, d), "bytes": out.stat().st_size}
     return run
 
@@ -281,8 +289,8 @@ def build_hook(scratch: Path, interpreter: str | None = None) -> Path:
 
 
 def memray_available(interpreter: str | None = None) -> bool:
-    return subprocess.run([interpreter or sys.executable, "-c", "import memray"],
-                          capture_output=True).returncode == 0
+    python = memray_python(interpreter or python_executable())
+    return subprocess.run([python, "-c", "import memray"], capture_output=True).returncode == 0
 
 
 def count_lines(path: Path) -> int:

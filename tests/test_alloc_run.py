@@ -289,6 +289,9 @@ def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, 
     assert bad.returncode != 0 and "not-a-log.json: field 'process_count'" in bad.stderr
     said = cli("run", "--policy", tmp_path / "glibc.policy", "--", prog)
     assert said.returncode == 0 and "placement is glibc's own malloc" in said.stderr
+    assert "--placement one" not in said.stderr
+    aligned = cli("run", "--align", "8", "--policy", tmp_path / "glibc.policy", "--", prog)
+    assert aligned.returncode == 0 and "--placement one` puts a policy on it" in aligned.stderr
     placement, used, s = summary(tmp_path / "glibc.policy")
     assert placement == "glibc's malloc" and not used and s["max_vm_hwm_kb"] == -1
     assert family(str(tmp_path / "glibc.policy")) == "glibc"

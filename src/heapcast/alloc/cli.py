@@ -25,7 +25,10 @@ def _cmd_run(a) -> int:
     from .runner import family
     if family(a.policy) == "glibc":
         print(f"heapcast: {a.policy}'s placement is glibc's own malloc (the allocator lab's "
-              f"verdict at compile): running the program on it, nothing preloaded",
+              f"verdict at compile): running the program on it, nothing preloaded"
+              + (" (--align and --backend apply to heapcast's allocator: `heapcast compile "
+                 "--placement one` puts a policy on it)"
+                 if a.align != 16 or a.backend != "pack" else ""),
               file=sys.stderr)
     try:
         result = run(cmd, policy=a.policy, log=a.log, backend=a.backend, align=a.align)
