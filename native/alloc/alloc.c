@@ -263,10 +263,10 @@ static inline void *placed(void *p, int cls, size_t size, uint32_t site) {
 }
 
 /* The packer's block of `size` bytes: up to PACK_MAX from its spans, above from a mapping of its
- * own (zero-filled already); NULL where it does not serve the request. */
+ * own; NULL where it does not serve the request. */
 static inline void *pack_block(int cls, size_t size, size_t align, int zero) {
     if (size > PACK_MAX)
-        return align <= 4096 ? pack_big_alloc(size) : NULL;
+        return align <= 4096 ? pack_big_alloc(size, zero) : NULL;
     void *p = pack_alloc(ha_heap_of[cls], size, align);
     if (p && zero)
         memset(p, 0, size);

@@ -414,7 +414,12 @@ static void bm_give(uint32_t c1, unsigned k) {
     bm_free[k] = c1;
 }
 
-/* A span of 2^nlog units with a bitmap of k chunks: its first unit + 1, or 0. */
+static void big_cache_flush(void);
+
+/* A span of 2^nlog units with a bitmap of k chunks: its first unit + 1, or 0. A span taken here
+ * is memory the program did not hold: the freed big mappings kept for reuse go back first, so
+ * that a heap growing towards its peak never carries them (keeping 16 MiB of them at all times
+ * cost sqlite3 3.9 MiB of peak RSS). */
 static uint32_t span_take(unsigned nlog, unsigned k) {
     uint32_t h1 = 0;
     pthread_mutex_lock(&region_lock);
@@ -433,6 +438,8 @@ static uint32_t span_take(unsigned nlog, unsigned k) {
         S(h1)->bmk = (uint8_t)k;
     }
     pthread_mutex_unlock(&region_lock);
+    if (h1)
+        big_cache_flush();
     return h1;
 }
 
@@ -720,8 +727,8 @@ size_t pack_usable_size(const void *p) {
 }
 
 /* ---- blocks over PACK_MAX: a mapping each ----
- * mmap'd (page-aligned, zero-filled: calloc needs no memset), grown and shrunk with mremap (no
- * copy), munmap'd at free: their pages go back at once. A hash table (open addressing, mmap'd)
+ * mmap'd (page-aligned), grown and shrunk with mremap (no copy); at free kept in a small cache
+ * for the next big block or munmap'd (their pages go back at once). A hash table (open addressing, mmap'd)
  * maps a block's address to its length; only page-aligned pointers outside the region are
  * looked up, so mimalloc's blocks rarely pay for it. */
 
@@ -784,13 +791,67 @@ static int big_insert(uintptr_t a, size_t len) {
 
 static inline size_t page_round(size_t n) { return (n + PAGE - 1) & ~(PAGE - 1); }
 
-void *pack_big_alloc(size_t size) {
+/* Freed mappings kept for the next big block (a program that allocates and frees a 1 MiB
+ * buffer in a loop otherwise pays an mmap, a munmap and a page fault per page every time: 60x
+ * mimalloc's time), at most BIG_CACHE of them and big_cache_max bytes (HEAPCAST_PACK_BIG_CACHE),
+ * the oldest given back first, and all of them whenever the packer takes a span of memory it did
+ * not hold (span_take): their pages stay resident only while the heap is not growing. Under
+ * big_lock. */
+#define BIG_CACHE 4
+static struct { uintptr_t addr; size_t len; } big_cache[BIG_CACHE];   /* oldest first */
+static unsigned big_ncached;
+static size_t big_cached, big_cache_max = (size_t)16 << 20;
+
+/* A cached mapping for `len` bytes (at most a quarter more, kept whole: *len becomes its
+ * length, so that the next larger request of a program whose sizes vary still fits); 0 if
+ * none. */
+static uintptr_t big_cache_take(size_t *len) {
+    unsigned best = BIG_CACHE;
+    for (unsigned i = 0; i < big_ncached; i++)
+        if (big_cache[i].len >= *len && big_cache[i].len - *len <= *len / 4 &&
+            (best == BIG_CACHE || big_cache[i].len < big_cache[best].len))
+            best = i;
+    if (best == BIG_CACHE)
+        return 0;
+    uintptr_t a = big_cache[best].addr;
+    size_t have = big_cache[best].len;
+    big_cached -= have;
+    memmove(&big_cache[best], &big_cache[best + 1], (big_ncached - best - 1) * sizeof big_cache[0]);
+    big_ncached--;
+    *len = have;
+    return a;
+}
+
+/* Gives back every kept mapping (see span_take). */
+static void big_cache_flush(void) {
+    if (!__atomic_load_n(&big_ncached, __ATOMIC_RELAXED))
+        return;
+    struct { uintptr_t addr; size_t len; } gone[BIG_CACHE];
+    pthread_mutex_lock(&big_lock);
+    unsigned n = big_ncached;
+    memcpy(gone, big_cache, n * sizeof gone[0]);
+    big_ncached = 0;
+    big_cached = 0;
+    pthread_mutex_unlock(&big_lock);
+    for (unsigned i = 0; i < n; i++)
+        munmap((void *)gone[i].addr, gone[i].len);
+}
+
+void *pack_big_alloc(size_t size, int zero) {
     size_t len = page_round(size);
     if (len < size)
         return NULL;
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
+    pthread_mutex_lock(&big_lock);
+    void *p = (void *)big_cache_take(&len);
+    pthread_mutex_unlock(&big_lock);
+    if (p) {
+        if (zero)   /* a fresh mapping reads zero; a reused one has the old contents */
+            memset(p, 0, size);
+    } else {
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+    }
     pthread_mutex_lock(&big_lock);
     int failed = big_insert((uintptr_t)p, len);
     pthread_mutex_unlock(&big_lock);
@@ -814,14 +875,31 @@ size_t pack_big_len(const void *p) {
 int pack_big_free(void *p) {
     if ((uintptr_t)p & (PAGE - 1))
         return 0;
+    struct { uintptr_t addr; size_t len; } gone[BIG_CACHE + 1];
+    unsigned ngone = 0;
     pthread_mutex_lock(&big_lock);
     big_slot *e = big_find((uintptr_t)p);
     size_t len = e ? e->len : 0;
-    if (e)
+    if (e) {
         e->addr = 1;
+        if (len <= big_cache_max) {   /* kept; the oldest go back while over the bounds */
+            while (big_ncached && (big_ncached == BIG_CACHE || big_cached + len > big_cache_max)) {
+                gone[ngone].addr = big_cache[0].addr;
+                gone[ngone++].len = big_cache[0].len;
+                big_cached -= big_cache[0].len;
+                memmove(&big_cache[0], &big_cache[1], --big_ncached * sizeof big_cache[0]);
+            }
+            big_cache[big_ncached].addr = (uintptr_t)p;
+            big_cache[big_ncached++].len = len;
+            big_cached += len;
+        } else {
+            gone[ngone].addr = (uintptr_t)p;
+            gone[ngone++].len = len;
+        }
+    }
     pthread_mutex_unlock(&big_lock);
-    if (len)
-        munmap(p, len);
+    for (unsigned i = 0; i < ngone; i++)
+        munmap((void *)gone[i].addr, gone[i].len);
     return len != 0;
 }
 
@@ -933,6 +1011,7 @@ int pack_init(void) {
     grain_log = env_size("HEAPCAST_PACK_GRAIN", 16, 8, 16) == 8 ? 3 : 4;
     dirty_budget = env_size("HEAPCAST_PACK_DIRTY", dirty_budget, 0, (size_t)1 << 40);
     keep_empty = (uint32_t)env_size("HEAPCAST_PACK_EMPTY", keep_empty, 0, 1u << 20);
+    big_cache_max = env_size("HEAPCAST_PACK_BIG_CACHE", big_cache_max, 0, (size_t)1 << 40);
     sweep_at = dirty_budget;
     upages_shift = ushift - PAGE_SHIFT;
     min_block = (size_t)1 << grain_log;

@@ -27,9 +27,10 @@ int pack_init(void);
 void *pack_alloc(int group, size_t size, size_t align);
 void pack_free(void *p);                  /* p: pack_owns(p) */
 size_t pack_usable_size(const void *p);   /* p: pack_owns(p); the block's class size */
-/* Blocks over PACK_MAX: one mapping each (page-aligned, zero-filled). pack_big_len: the length
- * of p's mapping if p is such a block, else 0; pack_big_free: 1 if p was one (and is freed). */
-void *pack_big_alloc(size_t size);
+/* Blocks over PACK_MAX: one mapping each (page-aligned; `zero`: its first `size` bytes read
+ * zero). pack_big_len: the length of p's mapping if p is such a block, else 0; pack_big_free: 1
+ * if p was one (and is freed: a few recent ones are kept for reuse, HEAPCAST_PACK_BIG_CACHE). */
+void *pack_big_alloc(size_t size, int zero);
 size_t pack_big_len(const void *p);
 int pack_big_free(void *p);
 void *pack_big_realloc(void *p, size_t size);   /* p: pack_big_len(p) != 0; NULL: p untouched */
