@@ -34,8 +34,9 @@
  *   once) took make 1.6x glibc's time. A span that becomes empty stays with its class while the
  *   class has at most HEAPCAST_PACK_EMPTY (default 1) empty spans; beyond that it is given back
  *   whole (one madvise) to a region pool of clean spans any class can take.
- * - Blocks over PACK_MAX: a mapping each (mremap on realloc, munmap at free). Left to mimalloc,
- *   its freed large pages stayed resident: python peaked 5.7 MiB higher.
+ * - Blocks over PACK_MAX: a mapping each (mremap on realloc). Left to mimalloc, its freed large
+ *   pages stayed resident: python peaked 5.7 MiB higher. At free a few are kept for the next big
+ *   request, and given back as soon as the heap grows (see "blocks over PACK_MAX").
  * - Threads: a per-thread cache of free small blocks (see "the thread cache"), one mutex per
  *   (group, class) and one for the region; a free takes the lock of the block's class (found
  *   from the span), so cross-thread frees need nothing more. fork: the prepare handler takes
