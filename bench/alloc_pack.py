@@ -1,18 +1,19 @@
 """heapcast's packing backend (native/alloc/pack.c) against the allocators people use: peak RSS
 (VmHWM) and wall time of run b of corpus programs under glibc, jemalloc, mimalloc, tcmalloc,
-heapcast's allocator on mimalloc (`heapcast run --policy none`) and on its packer (`heapcast run
---backend pack --policy none`: one group), the way bench/alloc_table.py measures them (same
-launcher, interleaved repeats, medians). No learned policy or oracle: this table is about the
-backend.
+heapcast's allocator on mimalloc (`heapcast run --backend mimalloc --policy none`) and on its
+packer (`heapcast run --policy none`, the default backend: one group), the way
+bench/alloc_table.py measures them (same launcher, interleaved repeats, medians). No learned
+policy: this table is about the backend.
 
-    python bench/alloc_pack.py                        # python sqlite3 jq gcc make tclsh, 3 repeats
+    python bench/alloc_pack.py                        # every corpus program recorded, 3 repeats
     python bench/alloc_pack.py --programs jq --repeats 1 \\
         --variant span32k:HEAPCAST_PACK_SPAN=15 --variant dirty0:HEAPCAST_PACK_DIRTY=0
 
 Beside the floor (peak live heap bytes plus the RSS that is not heap, as bench/alloc_table.py
 has it), the floor of an allocator with exact-fit 16-byte classes (glibc's alignment for every
 block, what the packer keeps) and with 8-byte classes (what mimalloc does for some sizes): the
-floor plus the rounding of the blocks live at the peak (trace replay).
+floor plus the rounding of the blocks live at the peak (the trace's heap blocks matched by
+heapcast.trace.blocks, as every analysis matches them).
 
 A --variant NAME:VAR=VALUE[,VAR=VALUE] adds a row: the packer with those HEAPCAST_PACK_*
 settings. Prints the table and the issue's target (peak RSS >= 5% below the best of the four on
@@ -30,57 +31,43 @@ import corpus  # noqa: E402
 from _common import RESULTS_DIR, compile_c, format_table, interleaved, machine_info, median, write_json  # noqa: E402
 from alloc_table import FOUR, MIB, REAL, command_of, floor_of, measure  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 import heapcast  # noqa: E402
 from heapcast.alloc import AllocError, environment  # noqa: E402
+from heapcast.trace.blocks import NEVER, match  # noqa: E402
 
-DEFAULT_PROGRAMS = ["python", "sqlite3", "jq", "gcc", "make", "tclsh"]
-PACK_MAX = 256 * 1024
+PACK_MAX = 256 * 1024   # native/alloc/pack.h: larger blocks get a mapping of their own
 PAGE = 4096
-FREE = 9            # heapcast.trace.format.FREE
 
 
-def rounded(size: int, grain: int) -> int:
+def rounded(sizes: np.ndarray, grain: int) -> np.ndarray:
     """The bytes an exact-fit allocator with `grain`-byte classes (glibc's alignment: 16, with a
-    16-byte minimum; 8: 8-byte blocks, 8-byte alignment) gives a request; a page multiple above
-    PACK_MAX (a mapping of its own)."""
-    if size > PACK_MAX:
-        return -(-size // PAGE) * PAGE
-    return max(grain, -(-size // grain) * grain)
+    16-byte minimum; 8: 8-byte blocks, 8-byte alignment) gives each request; a page multiple
+    above PACK_MAX (a mapping of its own)."""
+    sizes = sizes.astype(np.int64)
+    small = np.maximum(grain, -(-sizes // grain) * grain)
+    return np.where(sizes > PACK_MAX, -(-sizes // PAGE) * PAGE, small)
 
 
 def rounding_at_peak(trace_path: Path) -> dict:
-    """Replays the main process (the one with the most events) of a trace: at the peak of its
-    live bytes, how many more bytes exact-fit classes of 16 bytes (glibc's alignment) and of 8
-    bytes would hold. Added to the floor, these give the floor of any allocator that keeps the
-    alignment: what no packing can go below."""
+    """The main process (the one with the most events) of a trace, its blocks matched as every
+    analysis matches them (heapcast.trace.blocks): at the peak of its live bytes, how many more
+    bytes exact-fit classes of 16 bytes (glibc's alignment) and of 8 bytes would hold. Added to
+    the floor, these give the floor of any allocator that keeps the alignment: what no packing
+    can go below."""
     proc = max(heapcast.load(trace_path).processes, key=lambda p: len(p.events))
     ev = proc.events
-    op, addr, size, old = (ev[k].tolist() for k in ("op", "addr", "size", "old_addr"))
-    live, cur, peak, at = {}, 0, -1, 0
-    for i in range(len(op)):
-        if op[i] == FREE:
-            cur -= live.pop(addr[i], 0)
-            continue
-        if old[i]:
-            cur -= live.pop(old[i], 0)
-        if addr[i]:
-            cur += size[i] - live.get(addr[i], 0)
-            live[addr[i]] = size[i]
-        if cur > peak:
-            peak, at = cur, i
-    live = {}
-    for i in range(at + 1):
-        if op[i] == FREE:
-            live.pop(addr[i], None)
-            continue
-        if old[i]:
-            live.pop(old[i], None)
-        if addr[i]:
-            live[addr[i]] = size[i]
-    sizes = list(live.values())
+    blocks = match(ev)
+    live = np.cumsum(blocks.live_delta(ev["size"]))
+    at = int(np.argmax(live))
+    acquired = np.flatnonzero(blocks.acquires[:at + 1])
+    released = blocks.release_of[acquired]
+    sizes = ev["size"][acquired[(released == NEVER) | (released > at)]]
+    peak = int(live[at])
     return {"live_bytes_at_peak": peak,
-            "round16_extra_bytes": sum(rounded(x, 16) for x in sizes) - peak,
-            "round8_extra_bytes": sum(rounded(x, 8) for x in sizes) - peak}
+            "round16_extra_bytes": int(rounded(sizes, 16).sum()) - peak,
+            "round8_extra_bytes": int(rounded(sizes, 8).sum()) - peak}
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -97,7 +84,7 @@ def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path
     cmd, env, cwd = command_of(program, heapcast.load(trace_b), tmp)
     setups = {"glibc": {}}
     setups.update({name: {"LD_PRELOAD": lib} for name, lib in REAL.items() if Path(lib).exists()})
-    setups["heapcast none"] = environment("none")
+    setups["heapcast mimalloc"] = environment("none", backend="mimalloc")
     pack = environment("none", backend="pack")
     setups["heapcast pack"] = pack
     for name, extra in variants.items():
@@ -157,7 +144,8 @@ def verdict(rows: list) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--programs", default=",".join(DEFAULT_PROGRAMS))
+    ap.add_argument("--programs", help="comma-separated subset of the corpus (default: every "
+                                       "program recorded)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,...]")
     ap.add_argument("--oracle", action="store_true",
@@ -171,7 +159,7 @@ def main(argv=None) -> int:
     except AllocError as e:
         print(f"alloc_pack: {e}", file=sys.stderr)
         return 2
-    names = a.programs.split(",")
+    names = a.programs.split(",") if a.programs else [p.name for p in corpus.PROGRAMS]
     rows = []
     with tempfile.TemporaryDirectory(prefix="heapcast-pack-") as tmp:
         launcher = compile_c(Path(__file__).with_name("rss_run.c"), Path(tmp) / "rss_run")

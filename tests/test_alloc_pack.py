@@ -150,45 +150,12 @@ def test_lifetime_groups_get_spans_of_their_own(frag_trace, untraced):
     assert len(groups) >= 2, dump
 
 
-ALIGN_PROBE = r"""
-#include <malloc.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-/* per size 1..64: the least alignment of 2,000 blocks; then the memalign family asked for 16 */
-static unsigned low(void *p) { uintptr_t a = (uintptr_t)p; return (unsigned)(a & -a); }
-int main(void) {
-    static void *keep[64][2000];
-    for (int s = 1; s <= 64; s++) {
-        unsigned least = 4096;
-        for (int i = 0; i < 2000; i++) {
-            keep[s - 1][i] = malloc((size_t)s);
-            if (low(keep[s - 1][i]) < least) least = low(keep[s - 1][i]);
-        }
-        printf("%d:%u ", s, least < 16 ? least : 16);
-    }
-    unsigned bad = 0;
-    for (int s = 1; s <= 64; s++)
-        for (int i = 0; i < 200; i++) {
-            void *p = memalign(16, (size_t)s), *q = aligned_alloc(16, 64), *r = NULL;
-            if (posix_memalign(&r, 16, (size_t)s)) return 2;
-            bad += low(p) < 16 || low(q) < 16 || low(r) < 16;
-        }
-    printf("\nmisaligned %u\n", bad);
-    return 0;
-}
-"""
-
-
-def test_align_8_gives_8_byte_blocks_only_where_the_size_allows(tmp_path, cli):
+def test_align_8_gives_8_byte_blocks_only_where_the_size_allows(build, cli):
     """--align 8: the packer's classes every 8 bytes, so blocks of 24, 40, 56 bytes are 8-byte
     aligned (less memory, as mimalloc's); sizes in multiples of 16 and every request for 16 stay
     16-byte aligned. The default keeps glibc's 16 for every block, and the mimalloc backend
     refuses --align 8."""
-    src = tmp_path / "probe.c"
-    src.write_text(ALIGN_PROBE)
-    exe = tmp_path / "probe"
-    subprocess.run(["gcc", "-O1", "-o", str(exe), str(src)], check=True)
+    exe = build("pack_align_probe")
 
     def least(extra):
         got = under([exe], extra=extra)

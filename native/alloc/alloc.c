@@ -1,7 +1,9 @@
 /* heapcast's allocator: every glibc allocation entry point, with glibc's semantics, served by
- * mimalloc; each allocation goes to the heap of its predicted lifetime class.
+ * heapcast's packer (pack.c, the default backend) or by mimalloc (HEAPCAST_ALLOC_BACKEND=
+ * mimalloc); each allocation goes to the group of its predicted lifetime class: the packer's
+ * spans of that group, or the thread's mimalloc heap of that group.
  *
- * Placement: a thread owns one mimalloc first-class heap per lifetime group (ha_heap_of maps the
+ * Placement on mimalloc: a thread owns one mimalloc first-class heap per lifetime group (ha_heap_of maps the
  * six classes and "no class" to heaps; heap 0 is mimalloc's own default heap). mimalloc never
  * puts blocks of two heaps in one of its pages (64 KiB for small blocks), so blocks of different
  * groups never share a page, and a page whose short-lived blocks are all freed goes back whole.
@@ -299,7 +301,7 @@ static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint3
 }
 
 /* Three kinds of live blocks: in the packer's region, a mapping of the packer's own (over
- * PACK_MAX), mimalloc's (the default backend; with the packer: allocations made before the
+ * PACK_MAX), mimalloc's (its backend; with the packer: allocations made before the
  * configuration was read, and alignments above a page). */
 static inline size_t usable(void *p) {
     if (pack_owns(p))

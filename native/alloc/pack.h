@@ -1,8 +1,9 @@
 /* heapcast's packing allocator (native/alloc/pack.c): blocks up to PACK_MAX bytes in size
- * classes 16 bytes apart (then 8 per power of two), carved from spans of one reserved region, no
- * per-block header, free pages given back to the kernel. alloc.c serves everything else (larger
- * blocks, alignments above a page, allocations before the configuration is read) from mimalloc
- * and dispatches free() by address: pack_owns(p) is a range check. */
+ * classes 16 bytes apart (8 with HEAPCAST_PACK_GRAIN=8) up to 8 KiB, then 32 per power of two,
+ * carved from spans of one reserved region, no per-block header, free pages given back to the
+ * kernel; larger blocks in a mapping each (pack_big_*). alloc.c serves what is left (alignments
+ * above a page, allocations before the configuration is read) from mimalloc and dispatches
+ * free() by address: pack_owns(p) is a range check. */
 #ifndef HEAPCAST_PACK_H
 #define HEAPCAST_PACK_H
 

@@ -50,12 +50,14 @@ def format_summary(summary: dict) -> str:
                          f"{r['mispredicted']:>9,} {r['reclassified_sites']:>12,}")
     returned, heap_of = summary.get("pages_returned_by_heap"), summary.get("heap_of_class")
     if returned is not None and heap_of:
-        # spans belong to a heap (a lifetime group), not to a class: one line per heap in use
+        # spans belong to a heap (a lifetime group), not to a class: one line per heap in use.
+        # heap_of_class: the classes 0-5, then "no class" (class -1 in the rows)
+        names_of = {h: [] for h in range(len(returned))}
+        for r in summary["classes"]:
+            if r["allocations"]:
+                names_of[heap_of[r["class"]]].append(r["name"])   # -1: the last entry
         for h, pages in enumerate(returned):
-            names = [r["name"] for r in summary["classes"]
-                     if 0 <= (r["class"] if r["class"] >= 0 else len(heap_of) - 1) < len(heap_of)
-                     and heap_of[r["class"] if r["class"] >= 0 else len(heap_of) - 1] == h
-                     and r["allocations"]]
+            names = names_of[h]
             if names or pages:
                 lines.append(f"heap {h} ({', '.join(names) or 'no allocations'}): {pages:,} "
                              f"pages given back to the kernel ({pages * 4096 / 2**20:.1f} MiB)")
