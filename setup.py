@@ -39,7 +39,7 @@ lab = Extension(
     "heapcast.libheapcast_lab",
     sources=[f"native/lab/{name}.c" for name in ("util", "fitheap", "pages", "policy", "pol_fit",
                                                  "pol_buddy", "pol_seg", "pol_glibc", "pol_life",
-                                                 "predictor", "driver")],
+                                                 "pol_pack", "predictor", "driver")],
     depends=["native/lab/lab.h"],
     extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra",
                         "-Wno-unused-parameter"],

@@ -32,12 +32,12 @@ ALLOCATORS = {   # Debian packages: libjemalloc2, libmimalloc2.0, libtcmalloc-mi
     "mimalloc": "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
     "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
 }
-#: The lab policy that models each real allocator. heapcast's allocator with --policy none is
-#: mimalloc in one group; with the oracle's classes, mimalloc heaps by lifetime group, which the
-#: lab models only over best-fit (it has no lifetime segregation over size-class slabs).
+#: The lab policy that models each real allocator. heapcast's allocator with --policy none is its
+#: packer in one group (the lab's `heapcast`); with the oracle's classes, the packer's spans per
+#: lifetime group (the kernel oracle-lifetime@heapcast).
 MODEL_OF = {"glibc": "glibc", "jemalloc": "segregated", "mimalloc": "segregated",
-            "tcmalloc": "segregated", "heapcast none": "segregated",
-            "heapcast oracle": "oracle-lifetime@best-fit"}
+            "tcmalloc": "segregated", "heapcast none": "heapcast",
+            "heapcast oracle": "oracle-lifetime@heapcast"}
 GAIN_TARGET, CLOSE_TARGET = 0.20, 0.50
 MIB = 1024 * 1024
 

@@ -259,7 +259,8 @@ def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, 
     lab = compile_policy(model, tmp_path / "lab.policy", kind="table")["placement"]
     assert not lab["lifetime_groups"] and lab["lab_gain"] < 0.02
     peaks = lab["peak_bytes"]
-    assert lab["family"] == ("heapcast" if peaks["segregated"] < 0.95 * peaks["glibc"] else "glibc")
+    assert lab["family"] == ("heapcast" if peaks["heapcast"] < 0.97 * peaks["glibc"] else "glibc")
+    assert lab["align"] == 16 and set(peaks) == {"glibc", "heapcast", "learned-lifetime"}
     # two traces: each process's predicted rows go to its own trace's replay
     other = compile_policy(model, tmp_path / "other.policy", kind="table",
                            data=[frag_trace[1]])["placement"]["peak_bytes"]
@@ -272,6 +273,18 @@ def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, 
     for how in ("one", "lifetime", "glibc"):
         spec = compile_policy(model, tmp_path / f"{how}.policy", kind="table", placement=how)
         assert spec["placement"]["how"] == f"--placement {how}"
+    # --align 8: the lab judges the packer at 8-byte classes, and heapcast run uses them with
+    # the policy (unless --align says otherwise)
+    lab8 = compile_policy(model, tmp_path / "lab8.policy", kind="table", align=8)["placement"]
+    assert lab8["align"] == 8 and lab8["peak_bytes"]["glibc"] == peaks["glibc"]
+    assert lab8["peak_bytes"]["heapcast"] == simulate(trace, policies="heapcast", grain=8)[
+        "policies"]["heapcast"]["peak_footprint_bytes"] != peaks["heapcast"]
+    compile_policy(model, tmp_path / "one8.policy", kind="table", placement="one", align=8)
+    assert environment(str(tmp_path / "one8.policy"))["HEAPCAST_PACK_GRAIN"] == "8"
+    assert "HEAPCAST_PACK_GRAIN" not in environment(str(tmp_path / "one8.policy"), align=16)
+    assert "HEAPCAST_PACK_GRAIN" not in environment(str(tmp_path / "one.policy"))
+    with pytest.raises(PolicyError, match="--align 4: expected 16"):
+        compile_policy(model, tmp_path / "x.policy", kind="table", align=4)
 
     def summary(policy):
         log = tmp_path / "run.json"

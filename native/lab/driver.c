@@ -296,7 +296,7 @@ static u8 align_log2_of(const lab_event *e) {
         a = e->arg;
     else if (e->op == EV_VALLOC || e->op == EV_PVALLOC)
         a = 4096;
-    if (a <= 16 || (a & (a - 1)))
+    if (a <= 8 || (a & (a - 1)))   /* 16 is every policy's default, but not the packer's at grain 8 */
         return 0;
     return (u8)__builtin_ctzll(a);
 }
@@ -388,7 +388,7 @@ LAB_API lab_replay *lab_fork(lab_replay *r, u64 fork_seq) {
     for (int i = 0; i < r->npol; i++) {
         c->pol[i] = pol_clone(r->pol[i]);
         lab_metrics *m = &c->pol[i]->m;
-        m->peak_footprint = m->arena_top + m->mmapped;
+        m->peak_footprint = pol_footprint(c->pol[i]);
         m->peak_live_at_footprint = m->live_bytes;
         m->internal_at_peak = m->chunk_bytes - m->live_bytes;
         m->peak_pages4k = pg_4k(&c->pol[i]->pg);

@@ -172,7 +172,8 @@ void pr_advance(predictor *pr, u64 clock);
 /* POL_ORACLE and POL_LEARNED place by lifetime over best-fit; the _FIRST and _NEXT kinds layer
  * the same segregation over first-fit and next-fit. */
 enum { POL_FIRST, POL_NEXT, POL_BEST, POL_BUDDY, POL_SEG, POL_GLIBC, POL_ORACLE, POL_LEARNED,
-       POL_ORACLE_FIRST, POL_ORACLE_NEXT, POL_LEARNED_FIRST, POL_LEARNED_NEXT, POL_COUNT };
+       POL_ORACLE_FIRST, POL_ORACLE_NEXT, POL_LEARNED_FIRST, POL_LEARNED_NEXT,
+       POL_PACK, POL_PACK_ORACLE, POL_PACK_LEARNED, POL_COUNT };
 
 /* Where a block lives in the simulated address space. */
 enum { REG_ARENA = 0, REG_MMAP = 1 };
@@ -223,6 +224,9 @@ struct policy {
     int use_oracle;       /* lifetime policies: class source */
     u64 base;             /* where the arena starts: the footprint is counted from there */
     u64 align_now;        /* alignment the op being replayed asks for (checked mode) */
+    u64 default_align;    /* what a request without one gets: 16 (0), or 8 (the packer's grain 8) */
+    u64 footprint_resident; /* 0: the footprint is the extent (arena and mappings); else it is
+                               the pages holding live bytes plus this many bytes (pol_pack.c) */
     pblock *blk;
     size_t blk_cap;
     pages pg;
@@ -237,6 +241,7 @@ policy *pol_new(int kind, int checked, const u64 *params);
 policy *pol_clone(const policy *src);
 void pol_free(policy *p);
 void pol_run(policy *p, const lab_op *ops, size_t n);
+u64 pol_footprint(const policy *p);   /* now: the extent, or the resident pages (pol_pack.c) */
 
 /* Helpers for policies (policy.c). */
 pblock *pol_block(policy *p, u32 id);
@@ -248,12 +253,13 @@ void pol_fail(policy *p, const char *what);
 u64 pol_mmap_base(void);
 void pol_realloc_by_move(policy *p, u32 old, u32 id, u64 size, u8 cls, u64 clock);
 
-extern const policy_ops fit_ops, buddy_ops, seg_ops, glibc_ops, life_ops;
+extern const policy_ops fit_ops, buddy_ops, seg_ops, glibc_ops, life_ops, pack_ops;
 void *fit_new(policy *p, const u64 *params);
 void *buddy_new(policy *p, const u64 *params);
 void *seg_new(policy *p, const u64 *params);
 void *glibc_new(policy *p, const u64 *params);
 void *life_new(policy *p, const u64 *params);
+void *pack_new(policy *p, const u64 *params);
 
 /* Parameters (params[] indices, all u64; 0 means the default). */
 enum { PARAM_NCLASSES,   /* lifetime classes (the last one: everything longer, and never freed) */
@@ -262,6 +268,7 @@ enum { PARAM_NCLASSES,   /* lifetime classes (the last one: everything longer, a
        PARAM_CLOCK,      /* lifetime clock: 0 events, 1 nanoseconds */
        PARAM_QUANTILE,   /* call-site predictor: quantile of observed classes, per mille (900) */
        PARAM_MAIN_CLASS, /* lifetime policies: classes from this one on share the main heap */
+       PARAM_PACK_GRAIN, /* heapcast's packer: 8 or 16 (the default), its fine classes' step */
        PARAM_BOUND0      /* .. + LAB_MAX_CLASSES - 1: class c holds lifetimes < bound[c] */ };
 #define LAB_NPARAMS (PARAM_BOUND0 + LAB_MAX_CLASSES)
 

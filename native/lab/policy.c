@@ -39,6 +39,11 @@ policy *pol_new(int kind, int checked, const u64 *params) {
         p->ops = &life_ops;
         p->state = life_new(p, params);
         break;
+    case POL_PACK: case POL_PACK_ORACLE: case POL_PACK_LEARNED:
+        p->use_oracle = kind == POL_PACK_ORACLE;
+        p->ops = &pack_ops;
+        p->state = pack_new(p, params);
+        break;
     default:
         free(p);
         return NULL;
@@ -151,13 +156,20 @@ void pol_unplace(policy *p, u32 id) {
 
 void pol_realloc_by_move(policy *p, u32 old, u32 id, u64 size, u8 cls, u64 clock) {
     p->m.moves++;
-    p->ops->alloc(p, id, size, 16, cls, clock);
+    p->ops->alloc(p, id, size, p->default_align ? p->default_align : 16, cls, clock);
     p->ops->release(p, old);
+}
+
+u64 pol_footprint(const policy *p) {
+    if (!p->footprint_resident)
+        return p->m.arena_top - p->base + p->m.mmapped;
+    u64 p4 = pg_4k(&p->pg);
+    return p4 ? (p4 << 12) + p->footprint_resident : 0;
 }
 
 static void note_peaks(policy *p) {
     lab_metrics *m = &p->m;
-    u64 fp = m->arena_top - p->base + m->mmapped, p4 = pg_4k(&p->pg);
+    u64 fp = pol_footprint(p), p4 = pg_4k(&p->pg);
     if (fp > m->peak_footprint) {
         m->peak_footprint = fp;
         m->peak_live_at_footprint = m->live_bytes;
@@ -201,8 +213,8 @@ void pol_run(policy *p, const lab_op *ops, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const lab_op *o = &ops[i];
         u8 cls = p->use_oracle ? o->cls_oracle : o->cls_pred;
-        u64 align = o->align_log2 ? 1ULL << o->align_log2 : 16;
-        p->align_now = o->kind == OP_ALLOC ? align : 16;
+        u64 align = o->align_log2 ? 1ULL << o->align_log2 : p->default_align ? p->default_align : 16;
+        p->align_now = o->kind == OP_ALLOC ? align : p->default_align ? p->default_align : 16;
         switch (o->kind) {
         case OP_ALLOC:
             p->ops->alloc(p, o->id, o->size, align, cls, o->clock);

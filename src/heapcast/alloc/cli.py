@@ -28,7 +28,7 @@ def _cmd_run(a) -> int:
               f"verdict at compile): running the program on it, nothing preloaded"
               + (" (--align and --backend apply to heapcast's allocator: `heapcast compile "
                  "--placement one` puts a policy on it)"
-                 if a.align != 16 or a.backend != "pack" else ""),
+                 if a.align not in (None, 16) or a.backend != "pack" else ""),
               file=sys.stderr)
     try:
         result = run(cmd, policy=a.policy, log=a.log, backend=a.backend, align=a.align)
@@ -58,11 +58,12 @@ def add_parsers(subparsers) -> None:
                    help="what serves the blocks: heapcast's own packer (default: 16-byte size "
                         "classes, spans per lifetime group, free pages given back; blocks over "
                         "256 KiB in a mapping each) or mimalloc's heaps, one per group")
-    r.add_argument("--align", type=int, choices=(16, 8), default=16,
-                   help="16: every block 16-byte aligned, glibc's guarantee (default); 8: the "
-                        "packer's size classes every 8 bytes, so a block whose size is not a "
-                        "multiple of 16 is 8-byte aligned, as mimalloc's and jemalloc's small "
-                        "blocks are (less memory; requests for an alignment still get it)")
+    r.add_argument("--align", type=int, choices=(16, 8), default=None,
+                   help="16: every block 16-byte aligned, glibc's guarantee; 8: the packer's "
+                        "size classes every 8 bytes, so a block whose size is not a multiple of "
+                        "16 is 8-byte aligned, as mimalloc's small blocks are (less memory; "
+                        "requests for an alignment still get it). Default: the POLICY's "
+                        "(heapcast compile --align), else 16")
     r.add_argument("--log", type=Path, metavar="JSON", nargs="?", const=Path("heapcast-run.json"),
                    help="write the per-class summary here (default heapcast-run.json) and print "
                         "it; with --env: the prefix of the per-process files (PREFIX.PID.json)")

@@ -57,36 +57,45 @@ def _check(env: dict) -> None:
                          f"{done.stderr.strip()}")
 
 
-def family(policy: str) -> str:
-    """What a --policy value runs the program on: "glibc" for a POLICY whose placement (the
-    allocator lab's verdict, heapcast.policy.placement) is glibc's own malloc, else "heapcast"
-    (heapcast's allocator; policies compiled before the packer say "mimalloc" for it)."""
+def placement_of(policy: str) -> dict:
+    """The placement a --policy value carries (heapcast.policy.placement): {} for none,
+    oracle:TRACE, a table without one, or a file that does not read (the allocator's own check
+    says what is wrong with it)."""
     if policy in (None, "", "none") or policy.startswith("oracle:"):
-        return "heapcast"
+        return {}
     from ..policy.fileformat import PolicyError, read_spec
     try:
-        spec = read_spec(policy)
+        return read_spec(policy).get("placement") or {}
     except (PolicyError, OSError):
-        return "heapcast"           # the allocator's own check says what is wrong with it
-    return "glibc" if (spec.get("placement") or {}).get("family") == "glibc" else "heapcast"
+        return {}
+
+
+def family(policy: str) -> str:
+    """What a --policy value runs the program on: "glibc" for a POLICY whose placement (the
+    allocator lab's verdict) is glibc's own malloc, else "heapcast" (heapcast's allocator;
+    policies compiled before the packer say "mimalloc" for it)."""
+    return "glibc" if placement_of(policy).get("family") == "glibc" else "heapcast"
 
 
 BACKENDS = ("pack", "mimalloc")
 
 
 def environment(policy: str = "none", log=None, check: bool = True,
-                backend: str = "pack", align: int = 16) -> dict:
+                backend: str = "pack", align: int | None = None) -> dict:
     """The environment variables that run a program under the allocator (LD_PRELOAD first, an
     existing LD_PRELOAD kept after it). `log`: a path prefix for the per-process summaries
     (PREFIX.PID.json). `backend`: what serves the blocks, "pack" (heapcast's packer,
     native/alloc/pack.c, one span set per lifetime group; a mapping each for blocks over 256
     KiB) or "mimalloc" (its heaps, one per group). `align`: 16 (glibc's guarantee for every
     block) or 8 (the packer's classes every 8 bytes: a block whose size is not a multiple of 16
-    is 8-byte aligned, as mimalloc's are). A POLICY whose placement is glibc's malloc preloads
+    is 8-byte aligned, as mimalloc's are); None: the POLICY's (`heapcast compile --align`), else
+    16. A POLICY whose placement is glibc's malloc preloads
     nothing: {} (the file is still checked). Raises AllocError for a missing library, a bad
     POLICY, an unknown backend or alignment."""
     if backend not in BACKENDS:
         raise AllocError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if align is None:   # mimalloc's small classes are every 8 bytes anyway
+        align = int(placement_of(policy).get("align", 16)) if backend == "pack" else 16
     if align not in (8, 16):
         raise AllocError(f"align {align}: expected 16 (glibc's) or 8")
     if align == 8 and backend != "pack":
@@ -117,7 +126,7 @@ class RunResult:
 
 
 def run(cmd, policy: str = "none", log=None, env: dict | None = None,
-        backend: str = "pack", align: int = 16) -> RunResult:
+        backend: str = "pack", align: int | None = None) -> RunResult:
     """Runs `cmd` under heapcast's allocator and returns its exit status (and with `log`, a path,
     the merged summary written there as JSON)."""
     from ..recorder.session import _run as run_program

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .native import NPARAMS, PARAM_BOUND0, PARAM_CLOCK, PARAM_MAIN_CLASS, PARAM_NCLASSES, \
-    PARAM_QUANTILE, PARAM_SMALL_MAX, PARAM_SPAN
+    PARAM_PACK_GRAIN, PARAM_QUANTILE, PARAM_SMALL_MAX, PARAM_SPAN
 
 SCHEME_VERSION = 1
 CLASS_NAMES = ("1-15 events", "16-255 events", "256-4095 events", "4096-65535 events",
@@ -30,8 +30,9 @@ QUANTILE = 0.9
 
 
 def kernel_params(span: int = SPAN_BYTES, small_max: int = 0, quantile: float = QUANTILE,
-                  main_class: int = MAIN_CLASS) -> np.ndarray:
-    """The parameter slots the native kernels take (lab.h, PARAM_*)."""
+                  main_class: int = MAIN_CLASS, grain: int = 16) -> np.ndarray:
+    """The parameter slots the native kernels take (lab.h, PARAM_*). `grain`: the step of the
+    heapcast packer's fine size classes (16, or 8 as `heapcast run --align 8`)."""
     p = np.zeros(NPARAMS, np.uint64)
     p[PARAM_NCLASSES] = len(CLASS_NAMES)
     p[PARAM_SPAN] = span
@@ -39,6 +40,7 @@ def kernel_params(span: int = SPAN_BYTES, small_max: int = 0, quantile: float = 
     p[PARAM_CLOCK] = 0   # events
     p[PARAM_QUANTILE] = int(round(quantile * 1000))
     p[PARAM_MAIN_CLASS] = main_class
+    p[PARAM_PACK_GRAIN] = grain
     # Bound slot 4 stays 0 (unbounded): freed blocks never reach "never freed" by their lifetime.
     p[PARAM_BOUND0:PARAM_BOUND0 + len(BOUNDS)] = BOUNDS
     return p

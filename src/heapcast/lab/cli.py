@@ -19,7 +19,7 @@ def _cmd_simulate(a) -> int:
         except PlotError as e:
             raise LabError(str(e)) from None
     d = simulate(a.trace, policies=a.policy, train=a.train, model=a.model, checked=a.check,
-                 series=a.plot is not None)
+                 series=a.plot is not None, grain=a.align)
     if a.plot:
         plot_simulation(d, a.plot)
         print(f"heapcast: wrote {a.plot}", file=sys.stderr)
@@ -45,6 +45,9 @@ def add_parsers(subparsers) -> None:
                    help="seed learned-lifetime's call-site predictor with another recording")
     s.add_argument("--model", type=Path, metavar="MODEL",
                    help="learned-lifetime: use a lifetime model (heapcast train --task lifetime)")
+    s.add_argument("--align", type=int, choices=(16, 8), default=16,
+                   help="heapcast: the packer's alignment to model, 16 (default) or 8 (size "
+                        "classes every 8 bytes, heapcast run --align 8)")
     s.add_argument("--check", action="store_true",
                    help="verify the invariants at every op (no overlap, inside the footprint)")
     s.set_defaults(func=_cmd_simulate)

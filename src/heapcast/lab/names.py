@@ -2,7 +2,7 @@
 line is built without numpy); heapcast.lab.replay implements them."""
 from __future__ import annotations
 
-CLASSIC = ("first-fit", "next-fit", "best-fit", "buddy", "segregated", "glibc")
+CLASSIC = ("first-fit", "next-fit", "best-fit", "buddy", "segregated", "glibc", "heapcast")
 CLAIRVOYANT = ("oracle-lifetime",)
 LEARNED = ("learned-lifetime",)
 #: Every policy, in the order they are reported.

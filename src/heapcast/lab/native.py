@@ -21,12 +21,13 @@ LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_lab.so"
 POLICY_IDS = {"first-fit": 0, "next-fit": 1, "best-fit": 2, "buddy": 3, "segregated": 4,
               "glibc": 5, "oracle-lifetime@best-fit": 6, "learned-lifetime@best-fit": 7,
               "oracle-lifetime@first-fit": 8, "oracle-lifetime@next-fit": 9,
-              "learned-lifetime@first-fit": 10, "learned-lifetime@next-fit": 11}
+              "learned-lifetime@first-fit": 10, "learned-lifetime@next-fit": 11, "heapcast": 12,
+              "oracle-lifetime@heapcast": 13, "learned-lifetime@heapcast": 14}
 NO_CLASS = 255
 
 # Parameter slots (lab.h, PARAM_*).
 PARAM_NCLASSES, PARAM_SPAN, PARAM_SMALL_MAX, PARAM_CLOCK, PARAM_QUANTILE, PARAM_MAIN_CLASS, \
-    PARAM_BOUND0 = range(7)
+    PARAM_PACK_GRAIN, PARAM_BOUND0 = range(8)
 MAX_CLASSES = 16
 NPARAMS = PARAM_BOUND0 + MAX_CLASSES
 

@@ -19,8 +19,11 @@ from . import classes
 from .native import NO_CLASS, Replay
 
 from .names import ALL_POLICIES, CLAIRVOYANT, CLASSIC, LEARNED, LabError  # noqa: F401
-#: The fits that lifetime segregation is layered over (kernels NAME@FIT in native.POLICY_IDS).
-LAYERED_FITS = ("first-fit", "next-fit", "best-fit")
+#: The placements that lifetime segregation is layered over (kernels NAME@FIT in
+#: native.POLICY_IDS): three fits, and heapcast's packer (its spans per lifetime group).
+LAYERED_FITS = ("first-fit", "next-fit", "best-fit", "heapcast")
+#: What `learned-lifetime` layers its segregation over by default.
+LEARNED_OVER = "best-fit"
 #: A process with at most this many events is decoded once and kept while its passes run.
 IN_MEMORY_EVENTS = 1 << 23
 BLOCK_EVENTS = 1 << 20
@@ -154,7 +157,8 @@ def _replay_process(p, r: Replay, forks: list) -> dict:
 
 def simulate(trace, policies=None, train=None, model=None, checked: bool = False,
              series: bool = False, span: int = classes.SPAN_BYTES,
-             quantile: float = classes.QUANTILE, predicted=None) -> dict:
+             quantile: float = classes.QUANTILE, predicted=None, learned_over: str = LEARNED_OVER,
+             grain: int = 16) -> dict:
     """Replays `trace` (a Trace or a path) through `policies` (names, "a,b", or None for all) and
     returns the measurements as a JSON-ready dict (keys in docs/policies.md).
 
@@ -164,14 +168,21 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
     (no two live chunks overlap, every chunk lies inside the footprint; slower); a violation
     raises LabError. `predicted`: instead of a model, the predicted lifetime class of every
     event of each process (a list in the trace's process order, -1 where no block), e.g. a
-    compiled policy's (heapcast.policy.placement). `series`: also return the footprint over time, as numpy arrays under
-    "series" (for report.plot_simulation; drop them before json.dumps).
+    compiled policy's (heapcast.policy.placement). `learned_over`: the placement (one of
+    LAYERED_FITS) that `learned-lifetime` segregates by lifetime. `grain`: the step of the
+    `heapcast` packer's fine size classes (16, or 8 as `heapcast run --align 8`). `series`: also
+    return the footprint over time, as numpy arrays under "series" (for report.plot_simulation;
+    drop them before json.dumps).
     """
     names = parse_policies(policies)
-    kernels = kernel_policies(names)
+    if learned_over not in LAYERED_FITS:
+        raise LabError(f"learned_over={learned_over!r}: expected one of {', '.join(LAYERED_FITS)}")
+    if grain not in (8, 16):
+        raise LabError(f"grain={grain}: expected 8 or 16")
+    kernels = kernel_policies(names, learned_over)
     if not hasattr(trace, "processes"):
         trace = load(trace)
-    params = classes.kernel_params(span=span, quantile=quantile)
+    params = classes.kernel_params(span=span, quantile=quantile, grain=grain)
     need_oracle = any(k.startswith("oracle-lifetime@") for k in kernels)
     use_model = (model is not None or predicted is not None) and "learned-lifetime" in names
     prior = site_prior(train, params) if train is not None and "learned-lifetime" in names else None
@@ -209,7 +220,7 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
     for r in replays.values():   # children whose own trace file is missing
         r.close()
     result = _trace_result(trace, kernels, per_process, time.perf_counter() - started)
-    result["policies"] = clairvoyant(result["policies"], names)
+    result["policies"] = clairvoyant(result["policies"], names, learned_over)
     result["summary"] = summarize(result["policies"])
     result["summary"]["lower_bound_bytes"] = result["peak_live_bytes"]
     result["predictor"] = ("given classes" if use_model and predicted is not None else
@@ -221,26 +232,27 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
     return result
 
 
-def kernel_policies(names: list) -> list:
+def kernel_policies(names: list, learned_over: str = LEARNED_OVER) -> list:
     """The replay kernels that `names` need: the classic policies asked for, and for the lifetime
-    oracle, segregation layered over each fit plus every classic policy (the candidates of the
-    clairvoyant choice); for the learned one, segregation over best-fit."""
+    oracle, segregation layered over each of LAYERED_FITS plus every classic policy (the
+    candidates of the clairvoyant choice); for the learned one, segregation over `learned_over`."""
     kernels = [n for n in names if n in CLASSIC]
     if "oracle-lifetime" in names:
         kernels += [n for n in CLASSIC if n not in kernels]
         kernels += [f"oracle-lifetime@{fit}" for fit in LAYERED_FITS]
     if "learned-lifetime" in names:
-        kernels.append("learned-lifetime@best-fit")
+        kernels.append(f"learned-lifetime@{learned_over}")
     return kernels
 
 
-def clairvoyant(pol: dict, names: list) -> dict:
+def clairvoyant(pol: dict, names: list, learned_over: str = LEARNED_OVER) -> dict:
     """The reported policies from the kernels' results. `oracle-lifetime` is the best placement a
     clairvoyant allocator can choose for the trace: lifetime segregation layered over first-,
-    next- or best-fit, or a classic policy as it is (one lifetime group), whichever has the
-    smallest peak footprint, so it is never worse than the best classic policy. Its
-    `placement` says which. `learned-lifetime` is the segregation over best-fit (a learned
-    allocator cannot know beforehand which placement this trace favours), fed predicted classes."""
+    next- or best-fit or heapcast's packer, or a classic policy as it is (one lifetime group),
+    whichever has the smallest peak footprint, so it is never worse than the best classic
+    policy. Its `placement` says which. `learned-lifetime` is the segregation over
+    `learned_over` (best-fit unless asked: a learned allocator cannot know beforehand which
+    placement this trace favours), fed predicted classes."""
     out = {n: pol[n] for n in names if n in CLASSIC}
     if "oracle-lifetime" in names:
         candidates = {f"lifetime over {f}": pol[f"oracle-lifetime@{f}"] for f in LAYERED_FITS}
@@ -248,8 +260,8 @@ def clairvoyant(pol: dict, names: list) -> dict:
         best = min(candidates, key=lambda c: candidates[c]["peak_footprint_bytes"])
         out["oracle-lifetime"] = {**candidates[best], "placement": best}
     if "learned-lifetime" in names:
-        out["learned-lifetime"] = {**pol["learned-lifetime@best-fit"],
-                                   "placement": "lifetime over best-fit"}
+        out["learned-lifetime"] = {**pol[f"learned-lifetime@{learned_over}"],
+                                   "placement": f"lifetime over {learned_over}"}
     return out
 
 

@@ -21,7 +21,7 @@ def _cmd_compile(a) -> int:
     from .compile import compile_policy
     spec = compile_policy(a.model, a.output, kind=a.kind, int8=a.int8, prune=a.prune,
                           data=a.data, ctx=_lengths(a.ctx), max_rows=a.max_rows,
-                          min_count=a.min_count, placement=a.placement)
+                          min_count=a.min_count, placement=a.placement, align=a.align)
     if a.json:
         print(json.dumps(spec, indent=2, default=str))
     else:
@@ -68,6 +68,11 @@ def add_parsers(sub) -> None:
                    help="lifetime table: how `heapcast run` places blocks: by lifetime class, in "
                         "one group, or on glibc's malloc; lab (default): what the allocator lab "
                         "finds best on the same traces (docs/allocator.md)")
+    c.add_argument("--align", type=int, choices=(16, 8), default=16,
+                   help="lifetime table: the alignment `heapcast run` gives blocks with this "
+                        "policy, and that the lab judges the placement at: 16, glibc's "
+                        "guarantee (default), or 8, size classes every 8 bytes as mimalloc's "
+                        "(heapcast run --align 8)")
     c.add_argument("--onnx", action="store_true",
                    help="export the network's step as ONNX instead (-o model.onnx)")
     c.add_argument("--json", action="store_true", help="print the policy's spec as JSON")

@@ -41,7 +41,7 @@ def _sha256(path) -> str:
 
 def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, prune: float = 0.0,
                    data=None, ctx=DEFAULT_CTX, max_rows: int = 2_000_000,
-                   min_count: int = 2, placement: str = "lab") -> dict:
+                   min_count: int = 2, placement: str = "lab", align: int = 16) -> dict:
     """Compiles the model file at `model_path` into a POLICY at `output`; returns its spec.
 
     `kind`: "rnn" (the default GRU's network) or "table" (distilled on `data`: traces or
@@ -51,7 +51,9 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
     hidden units to drop) apply to rnn. A lifetime table also carries whether heapcast's
     allocator should place blocks by lifetime class, in one group or on glibc's malloc:
     `placement` "lab" (the allocator lab's verdict on the same traces, policy.placement), or
-    "lifetime", "one", "glibc" (forced). PolicyError (a ValueError) names the file and why it
+    "lifetime", "one", "glibc" (forced); `align` 16 or 8: the alignment of heapcast's packer that
+    the lab judges and that `heapcast run` uses with this policy (8: classes every 8 bytes, as
+    `heapcast run --align 8`). PolicyError (a ValueError) names the file and why it
     cannot compile."""
     from ..forecast.models import load_model
     if kind not in KINDS:
@@ -60,9 +62,11 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
         raise PolicyError(f"--prune {prune}: expected a fraction of hidden units in [0, 1)")
     if min_count < 1:
         raise PolicyError(f"--min-count {min_count}: expected 1 or more")
-    from .placement import PLACEMENTS
+    from .placement import ALIGNS, PLACEMENTS
     if placement not in PLACEMENTS:
         raise PolicyError(f"--placement {placement!r}: expected one of {', '.join(PLACEMENTS)}")
+    if align not in ALIGNS:
+        raise PolicyError(f"--align {align}: expected 16 (glibc's guarantee) or 8")
     if kind == "table" and (int8 or prune):
         raise PolicyError("--int8 and --prune apply to --kind rnn (a table has no weights)")
     model_path = Path(model_path)
@@ -96,7 +100,7 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
                 provisional = Path(tmp) / "table.policy"
                 write_policy(provisional, tensors, spec, align="tab.slots")
                 spec["placement"] = lab_placement(provisional, spec["table"]["distilled_from"],
-                                                  distilled, placement)
+                                                  distilled, placement, align)
             tensors["alloc.lifetime_groups"] = np.array(
                 [int(spec["placement"]["lifetime_groups"])], np.int32)
     # a table's slots start on a cache line of the file: the runtime probes them in place
