@@ -8,6 +8,8 @@ the gap between the best of the four and the floor each run closes.
 
     python bench/alloc_table.py             # the corpus, 3 interleaved repeats (~10 min)
     python bench/alloc_table.py --quick     # python, sqlite3 and jq, 1 repeat
+    python bench/alloc_table.py --align 8   # heapcast's packer at 8-byte classes (mimalloc's
+                                            # grain): the learned policy compiled with --align 8
 
 Prints the table and the issue's targets (met or not, with figures), writes
 bench/results/alloc_table.json.
@@ -87,12 +89,12 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def learned_policy(program: str, train: Path, tmp: Path) -> tuple[str | None, str]:
+def learned_policy(program: str, train: Path, tmp: Path, align: int = 16) -> tuple[str | None, str]:
     """A table POLICY compiled from a lifetime model trained on run a (n-gram: the table kind's
-    source), or (None, why not)."""
+    source) for the packer's alignment `align`, or (None, why not)."""
     model, policy = tmp / f"{program}.model", tmp / f"{program}.policy"
     steps = [["train", str(train), "-o", str(model), "--task", "lifetime", "--model", "ngram"],
-             ["compile", str(model), "--kind", "table", "-o", str(policy)]]
+             ["compile", str(model), "--kind", "table", "-o", str(policy), "--align", str(align)]]
     for step in steps:
         done = subprocess.run([sys.executable, "-m", "heapcast", *step], capture_output=True,
                               text=True)
@@ -112,20 +114,57 @@ def floor_of(trace_path: Path, glibc_peak_rss: float) -> dict:
             "lab_best_classic": d["summary"].get("best_classic")}
 
 
-def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path) -> dict:
+def memory_split(row: dict) -> dict:
+    """Where the memory goes at the peak, for the allocators the lab models closely (glibc and
+    heapcast's packer, at the row's alignment): the main process's peak live bytes, what the
+    model adds at its peak (internal: headers and class rounding; external: free space in the
+    pages or extent it holds, the packer's budget of free-but-resident pages apart), the RSS
+    that is not heap (glibc's real peak less its model's footprint) and what the model does not
+    explain (real peak RSS less all of these)."""
+    d = simulate(corpus.trace_path(row["program"], "b"), policies="glibc,heapcast",
+                 grain=row.get("align", 16))
+    main = max(d["per_process"], key=lambda p: p["peak_live_bytes"])
+    out = {}
+    for name, model in (("glibc", "glibc"), ("heapcast none", "heapcast")):
+        m = main["policies"][model]
+        real = row["allocators"][name]["peak_rss"]
+        budget = 256 * 1024 if model == "heapcast" else 0
+        external = m["peak_footprint"] - m["peak_live_at_footprint"] - m["internal_at_peak"] - budget
+        out[name] = {"real_peak_rss": real, "live": m["peak_live_at_footprint"],
+                     "internal": m["internal_at_peak"], "external": external,
+                     "free_resident": budget, "non_heap": row["non_heap_bytes"],
+                     "unexplained": real - row["non_heap_bytes"] - m["peak_footprint"]}
+    return out
+
+
+def split_table(rows: list) -> str:
+    heads = ["program", "allocator", "real peak RSS MiB", "not heap", "live at model peak",
+             "rounding+headers", "free in held pages", "free resident", "unexplained"]
+    lines = []
+    for r in rows:
+        for name, x in r["split"].items():
+            lines.append([r["program"], name] + [f"{x[k] / MIB:.1f}" for k in (
+                "real_peak_rss", "non_heap", "live", "internal", "external", "free_resident",
+                "unexplained")])
+    return format_table(heads, lines)
+
+
+def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path,
+                align: int = 16) -> dict:
     traces = {run: corpus.trace_path(program.name, run) for run in "ab"}
     trace_b = heapcast.load(traces["b"])
     cmd, env, cwd = command_of(program, trace_b, tmp)
     setups = {"glibc": {}}
     setups.update({name: {"LD_PRELOAD": lib} for name, lib in REAL.items() if Path(lib).exists()})
-    setups["heapcast none"] = environment("none")
-    setups["heapcast oracle"] = environment(f"oracle:{traces['b']}")
-    policy, why = learned_policy(program.name, traces["a"], tmp)
+    setups["heapcast none"] = environment("none", align=align)
+    setups["heapcast oracle"] = environment(f"oracle:{traces['b']}", align=align)
+    policy, why = learned_policy(program.name, traces["a"], tmp, align)
     if policy:
         setups["heapcast learned"] = environment(policy)
     trials = {name: (lambda e=e: measure(launcher, cmd, {**env, **e}, cwd)) for name, e in setups.items()}
     runs = interleaved(trials, repeats, label=program.name)
-    out = {"program": program.name, "command": cmd, "learned_unavailable": why or None,
+    out = {"program": program.name, "command": cmd, "align": align,
+           "learned_unavailable": why or None,
            "learned_placement": read_spec(policy).get("placement") if policy else None,
            "allocators": {}}
     for name, rs in runs.items():
@@ -193,8 +232,22 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="python, sqlite3, jq; one repeat")
     ap.add_argument("--programs", help="comma-separated subset of the corpus")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "alloc_table.json")
+    ap.add_argument("--align", type=int, choices=(16, 8), default=16,
+                    help="heapcast's packer at 16-byte (glibc's guarantee) or 8-byte classes")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--resplit", type=Path, metavar="JSON",
+                    help="only (re)compute the memory split of an earlier run's JSON, in place")
     a = ap.parse_args(argv)
+    if a.resplit:
+        import json
+        d = json.loads(a.resplit.read_text())
+        for r in d["rows"]:
+            r["split"] = memory_split(r)
+        print(split_table(d["rows"]))
+        write_json(a.resplit, d)
+        return 0
+    out = a.out or RESULTS_DIR / ("alloc_table.json" if a.align == 16 else
+                                  f"alloc_table_align{a.align}.json")
     names = a.programs.split(",") if a.programs else (["python", "sqlite3", "jq"] if a.quick else None)
     repeats = 1 if a.quick else a.repeats
     try:
@@ -211,15 +264,17 @@ def main(argv=None) -> int:
             if not (corpus.trace_path(program.name, "b") / "session.json").exists():
                 print(f"alloc_table: {program.name}: no recording, skipped", file=sys.stderr)
                 continue
-            rows.append(run_program(program, repeats, Path(tmp), launcher))
+            rows.append(run_program(program, repeats, Path(tmp), launcher, a.align))
+            rows[-1]["split"] = memory_split(rows[-1])
     print(table(rows))
+    print(split_table(rows))
     lines = verdict(rows)
     lines += [f"  {r['program']}: learned placement: {describe(r['learned_placement'])}"
               for r in rows if r.get("learned_placement")]
     print("\n".join(lines))
-    write_json(a.out, {"machine": machine_info(), "repeats": repeats, "rows": rows,
-                       "verdict": lines})
-    print(f"wrote {a.out}", file=sys.stderr)
+    write_json(out, {"machine": machine_info(), "repeats": repeats, "align": a.align,
+                     "rows": rows, "verdict": lines})
+    print(f"wrote {out}", file=sys.stderr)
     return 0
 
 

@@ -102,3 +102,21 @@ def test_a_forked_child_starts_from_a_copy_of_the_packer():
     assert kid["heapcast"]["chunk_bytes"] == 3 * 112
     # its peak starts from the heap it inherits, counted as the parent's is: resident pages
     assert kid["heapcast"]["peak_footprint"] == PAGE + BUDGET
+
+
+def test_freed_big_mappings_are_kept_until_the_heap_grows():
+    # 1 MiB freed is kept (256 pages, resident): a 4 MiB request does not fit it (more than a
+    # quarter smaller), so both are resident at once; the next 1 MiB takes the kept one; a small
+    # block opens a span, which gives the kept mappings back.
+    mib = 1 << 20
+    e = (Events().malloc(0x1000000, mib).free(0x1000000).malloc(0x2000000, 4 * mib)
+         .free(0x2000000).malloc(0x3000000, mib - 100))
+    r = simulate(e.trace(), policies="heapcast", checked=True)
+    assert kernel(r, "heapcast")["peak_footprint"] == 5 * mib + BUDGET
+    m = kernel(r, "heapcast")
+    assert m["chunk_bytes"] == mib                  # the kept 1 MiB mapping, reused whole
+    e.malloc(0x4000000, 100).free(0x3000000)       # a span: the kept 4 MiB go; then 1 MiB kept
+    r = simulate(e.trace(), policies="heapcast", series=True, checked=True)
+    assert kernel(r, "heapcast")["peak_footprint"] == 5 * mib + BUDGET
+    ext = r["series"][0]["policies"]["heapcast"]["extent"]
+    assert int(ext[-1]) == mib + PAGE + BUDGET      # the last block live, the 1 MiB kept

@@ -79,12 +79,15 @@ int ha_classify_init(const char *path, char *err, size_t errlen) {
         hc_policy_close(p);
         return -1;
     }
-    if (policy)
+    if (policy) {
         hc_policy_close(p);     /* a check from `heapcast run`: keep the first */
-    else {
+    } else if (!(ha_lifetime_groups = hc_policy_lifetime_groups(p))) {
+        /* one group: nothing to predict; its mapped pages (read whole by the load's checksum)
+         * would be the only resident memory that sets it apart from --policy none */
+        hc_policy_close(p);
+    } else {
         policy = p;
         policy_is_table = hc_policy_kind(p) == HC_KIND_TABLE;
-        ha_lifetime_groups = hc_policy_lifetime_groups(p);
     }
     return 0;
 #else

@@ -6,12 +6,14 @@
  * power of two, so that a span holds >= 8 blocks) that belong to one (lifetime group, class); a
  * block takes the lowest free block of a span from the fullest non-full fullness list (eighths);
  * a class keeps one empty span, further empty spans go back to a pool any class can take; blocks
- * over 256 KiB (or asking for more than page alignment) get mappings of their own, page-rounded.
+ * over 256 KiB (or asking for more than page alignment) get mappings of their own, page-rounded,
+ * and at free up to four of them (16 MiB) are kept for the next big request that they fit (at
+ * most a quarter larger), all given back whenever a span is taken.
  * Its footprint is what the packer keeps resident, not an extent: the pages that hold a byte of a
- * live block, plus its budget of free-but-resident pages (HEAPCAST_PACK_DIRTY, 256 KiB), which
- * the packer reaches between sweeps. What it leaves out: the per-thread caches (at most 16 free
- * blocks per class and thread), the kept big mappings (given back whenever the heap grows) and
- * the side tables (32 bytes per 64 KiB unit).
+ * live block, plus the kept mappings, plus its budget of free-but-resident pages
+ * (HEAPCAST_PACK_DIRTY, 256 KiB), which the packer reaches between sweeps. What it leaves out:
+ * the per-thread caches (at most 16 free blocks per class and thread) and the side tables (32
+ * bytes per 64 KiB unit).
  *
  * Kinds: POL_PACK puts every block in one group (`--policy none`, and a policy without lifetime
  * groups); POL_PACK_ORACLE and POL_PACK_LEARNED put a block in the group of its true or predicted
@@ -38,6 +40,8 @@
 #define BWORDS (UNIT / 16 / 64)   /* bitmap words of a span: at most 4096 blocks */
 #define BIG (~0U)
 #define DIRTY_BUDGET (256 * 1024)
+#define BIG_CACHE 4
+#define BIG_CACHE_MAX ((u64)16 << 20)
 
 /* The allocator's default heap map (native/alloc/alloc.c, ha_heap_of): class -> group. */
 static const u8 group_of_class[6] = {1, 1, 2, 2, 0, 0};
@@ -65,6 +69,9 @@ typedef struct {
     u32 top;                  /* units handed out so far */
     u32 pool[MAX_NLOG + 1];   /* free spans by nlog (unit index + 1) */
     u64 next_map, mapped;     /* big blocks: the next mapping's address, bytes mapped */
+    u64 kept[BIG_CACHE];      /* freed big mappings kept (lengths), oldest first */
+    unsigned nkept;
+    u64 kept_bytes;
 } pack;
 
 static pack *P(policy *p) { return p->state; }
@@ -110,6 +117,17 @@ void *pack_new(policy *p, const u64 *params) {
 }
 
 static pspan *SP(pack *k, u32 h1) { return &k->spans[h1 - 1]; }
+
+/* The kept mappings count as resident (the footprint's extra bytes beside the live pages). */
+static void set_kept(policy *p, pack *k, u64 bytes) {
+    k->kept_bytes = bytes;
+    p->footprint_resident = DIRTY_BUDGET + bytes;
+}
+
+static void kept_drop(pack *k, unsigned i) {
+    memmove(&k->kept[i], &k->kept[i + 1], (k->nkept - i - 1) * sizeof k->kept[0]);
+    k->nkept--;
+}
 
 static void list_push(pclass *c, pack *k, unsigned l, u32 h1) {
     pspan *s = SP(k, h1);
@@ -164,6 +182,10 @@ static u32 span_new(policy *p, pclass *c, unsigned cls, unsigned group) {
         }
         pol_set_top(p, (u64)k->top << UNIT_LOG);
     }
+    if (k->nkept) {   /* the packer takes memory: the kept mappings go back */
+        k->nkept = 0;
+        set_kept(p, k, 0);
+    }
     pspan *s = SP(k, h1);
     u64 n = ((UNIT << nlog) / k->size[cls]);
     s->nblocks = (u32)(n < BWORDS * 64 ? n : BWORDS * 64);
@@ -185,6 +207,18 @@ static u32 span_new(policy *p, pclass *c, unsigned cls, unsigned group) {
 static void big_alloc(policy *p, u32 id, u64 size, u64 align) {
     pack *k = P(p);
     u64 len = align_up(max_u64(size, 1), PAGE);
+    if (align <= PAGE) {   /* the smallest kept mapping that fits, at most a quarter larger */
+        unsigned best = BIG_CACHE;
+        for (unsigned i = 0; i < k->nkept; i++)
+            if (k->kept[i] >= len && k->kept[i] - len <= len / 4 &&
+                (best == BIG_CACHE || k->kept[i] < k->kept[best]))
+                best = i;
+        if (best != BIG_CACHE) {
+            len = k->kept[best];
+            set_kept(p, k, k->kept_bytes - len);
+            kept_drop(k, best);
+        }
+    }
     u64 a = align_up(k->next_map, max_u64(align, PAGE));
     k->next_map = a + len + PAGE;   /* a guard gap: mappings never touch */
     k->mapped += len;
@@ -237,6 +271,15 @@ static void pack_release(policy *p, u32 id) {
     if (b.aux == BIG) {
         k->mapped -= b.len;
         pol_set_mmapped(p, k->mapped);
+        if (b.len <= BIG_CACHE_MAX) {   /* kept; the oldest go while over the bounds */
+            u64 kept = k->kept_bytes;
+            while (k->nkept && (k->nkept == BIG_CACHE || kept + b.len > BIG_CACHE_MAX)) {
+                kept -= k->kept[0];
+                kept_drop(k, 0);
+            }
+            k->kept[k->nkept++] = b.len;
+            set_kept(p, k, kept + b.len);
+        }
         return;
     }
     u32 h1 = b.aux;

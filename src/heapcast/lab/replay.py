@@ -27,6 +27,9 @@ LEARNED_OVER = "best-fit"
 #: A process with at most this many events is decoded once and kept while its passes run.
 IN_MEMORY_EVENTS = 1 << 23
 BLOCK_EVENTS = 1 << 20
+#: The least gap between the best classic policy and the oracle (a fraction of the former) that
+#: `learned_gap_closed` is measured against.
+MIN_GAP = 0.001
 SERIES_POINTS = 1000
 
 
@@ -368,5 +371,7 @@ def summarize(pol: dict) -> dict:
         if "learned-lifetime" in pol:
             learned = pol["learned-lifetime"]["peak_footprint_bytes"]
             out["learned_gain"] = (classic[best] - learned) / classic[best] if classic[best] else None
-            out["learned_gap_closed"] = (classic[best] - learned) / gap if gap > 0 else None
+            # a gap of a few pages is no room to close (the ratio would be noise)
+            out["learned_gap_closed"] = ((classic[best] - learned) / gap
+                                         if gap > MIN_GAP * classic[best] else None)
     return out
