@@ -178,14 +178,14 @@ def test_align_8_gives_8_byte_blocks_only_where_the_size_allows(build, cli):
 def test_freed_big_mappings_are_reused_and_calloc_still_reads_zero(build):
     """Blocks over 256 KiB: a freed mapping is kept for the next big request it fits, so a
     program that allocates and frees a large buffer in a loop does not fault in every page each
-    time; calloc's block from a reused mapping still reads zero, realloc keeps the contents.
-    Without the cache (HEAPCAST_PACK_BIG_CACHE=0) the same program gives the same results."""
+    time; calloc's block from a reused mapping still reads zero, realloc keeps the contents; a
+    bigger request that none fits gives the smaller ones back (they are unmapped). Without the cache (HEAPCAST_PACK_BIG_CACHE=0) the same program gives the same results."""
     prog = build("pack_big_reuse")
     for extra, reused in (({}, 1), ({"HEAPCAST_PACK_BIG_CACHE": "0"}, None)):
         got = under([prog], extra=extra)
         assert got.returncode == 0, got.stderr
         lines = {line.split()[0]: line.split()[-1] for line in got.stdout.decode().splitlines()}
         assert {k: v for k, v in lines.items() if k != "reused"} == {
-            "calloc": "1", "usable": "1", "realloc": "1", "churn": "1"}, got.stdout
+            "calloc": "1", "usable": "1", "realloc": "1", "churn": "1", "smaller": "1"}, got.stdout
         if reused is not None:
             assert lines["reused"] == "1", got.stdout

@@ -842,9 +842,23 @@ void *pack_big_alloc(size_t size, int zero) {
     size_t len = page_round(size);
     if (len < size)
         return NULL;
+    struct { uintptr_t addr; size_t len; } gone[BIG_CACHE];
+    unsigned ngone = 0;
     pthread_mutex_lock(&big_lock);
     void *p = (void *)big_cache_take(&len);
+    if (!p)   /* a new mapping: the kept ones too small for it go back (a growing buffer's
+               * old sizes are not asked for again; gcc peaked 0.8 MiB higher with them) */
+        for (unsigned i = big_ncached; i-- > 0;)
+            if (big_cache[i].len < len) {
+                gone[ngone].addr = big_cache[i].addr;
+                gone[ngone++].len = big_cache[i].len;
+                big_cached -= big_cache[i].len;
+                memmove(&big_cache[i], &big_cache[i + 1], (big_ncached - i - 1) * sizeof big_cache[0]);
+                big_ncached--;
+            }
     pthread_mutex_unlock(&big_lock);
+    for (unsigned i = 0; i < ngone; i++)
+        munmap((void *)gone[i].addr, gone[i].len);
     if (p) {
         if (zero)   /* a fresh mapping reads zero; a reused one has the old contents */
             memset(p, 0, size);

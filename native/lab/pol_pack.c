@@ -8,7 +8,8 @@
  * a class keeps one empty span, further empty spans go back to a pool any class can take; blocks
  * over 256 KiB (or asking for more than page alignment) get mappings of their own, page-rounded,
  * and at free up to four of them (16 MiB) are kept for the next big request that they fit (at
- * most a quarter larger), all given back whenever a span is taken.
+ * most a quarter larger), all given back whenever a span is taken, and those smaller than a big
+ * request that none fits when it gets a new mapping.
  * Its footprint is what the packer keeps resident, not an extent: the pages that hold a byte of a
  * live block, plus the kept mappings, plus its budget of free-but-resident pages
  * (HEAPCAST_PACK_DIRTY, 256 KiB), which the packer reaches between sweeps. What it leaves out:
@@ -217,6 +218,14 @@ static void big_alloc(policy *p, u32 id, u64 size, u64 align) {
             len = k->kept[best];
             set_kept(p, k, k->kept_bytes - len);
             kept_drop(k, best);
+        } else {   /* a new mapping: the kept ones too small for it go back */
+            u64 kept = k->kept_bytes;
+            for (unsigned i = k->nkept; i-- > 0;)
+                if (k->kept[i] < len) {
+                    kept -= k->kept[i];
+                    kept_drop(k, i);
+                }
+            set_kept(p, k, kept);
         }
     }
     u64 a = align_up(k->next_map, max_u64(align, PAGE));

@@ -1,10 +1,13 @@
 /* Blocks over the packer's 256 KiB limit, freed and allocated again: a freed mapping is kept and
  * given to the next big request it fits (at most a quarter larger), calloc's block reads zero
- * though the mapping held other bytes, realloc keeps the contents. Prints one line per check. */
+ * though the mapping held other bytes, realloc keeps the contents; a bigger request that none
+ * fits gives the smaller kept ones back. Prints one line per check. */
+#include <errno.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static int all(const unsigned char *p, size_t n, unsigned char v) {
     for (size_t i = 0; i < n; i++)
@@ -37,5 +40,14 @@ int main(void) {
         free(b);
     }
     printf("churn zero %d\n", zero);
+    /* a bigger request that no kept mapping fits: the smaller kept ones are given back */
+    unsigned char *a = malloc(small), vec[1];
+    memset(a, 1, small);
+    free(a);
+    unsigned char *b = malloc(4 * small);   /* untouched: if it lies where a was, not resident */
+    __asm__ volatile("" : : "r"(b) : "memory");   /* the compiler may not drop the pair */
+    int gone = mincore(a, 4096, vec) == -1 ? errno == ENOMEM : !(vec[0] & 1);
+    printf("smaller given back %d\n", gone);
+    free(b);
     return 0;
 }

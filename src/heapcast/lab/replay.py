@@ -29,7 +29,7 @@ IN_MEMORY_EVENTS = 1 << 23
 BLOCK_EVENTS = 1 << 20
 #: The least gap between the best classic policy and the oracle (a fraction of the former) that
 #: `learned_gap_closed` is measured against.
-MIN_GAP = 0.001
+MIN_GAP = 0.01
 SERIES_POINTS = 1000
 
 
