@@ -475,7 +475,7 @@ def test_random_plane_patterns():
                 values = np.cumsum(values, dtype=np.uint64)
             ev[name] = values
         payload = encode_events(ev)
-        assert bytes(encode_events(as_dict(ev))) == bytes(payload)
+        assert bytes(encode_events(as_dict(ev))) == bytes(payload)   # one column at a time
         for name, (enc, mask, data) in raw_columns(payload).items():
             assert enc in (codec.COLUMN_ENCODING[name], codec.DELTA)
             want = reference_column(np.ascontiguousarray(ev[name]), enc, ev, name)
