@@ -1,20 +1,24 @@
 """The native EVENTS block encoder (native/codec/encode.c): what it writes is what the numpy
 decoder (heapcast.trace.codec.decode) and the reader read back, byte for byte what the numpy
-encoder it replaced wrote."""
+encoder it replaced wrote with its all-zero byte planes left out."""
 import shutil
+import struct
 import subprocess
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 
 import heapcast
 from heapcast.trace import codec, native_codec, writer
-from heapcast.trace.format import EVENT_DTYPE, OPS
+from heapcast.trace.format import EVENT_DTYPE, OPS, TraceError
 from heapcast.trace.model import LocationTable, Process
-from heapcast.trace.writer import COLUMN, encode_events, write_process_file
+from heapcast.trace.writer import (COLUMN, EVENTS, FILE_HEADER, SECTION, encode_events,
+                                   write_process_file)
 
 U64_MAX = 2**64 - 1
 FIELDS = codec.STORED_FIELDS
@@ -69,28 +73,77 @@ def _encode(values, encoding, block=None, name=None):
     return _shuffle(out)
 
 
-def reference_encode_events(block):
+def _leave_out_zero_planes(data, width, count):
+    """(mask of the all-zero planes, the other planes) of `width` shuffled planes of count bytes."""
+    planes = np.frombuffer(data, np.uint8).reshape(width, count)
+    zero = ~planes.any(axis=1)
+    return sum(1 << k for k in np.flatnonzero(zero)), planes[~zero].tobytes()
+
+
+def reference_column(values, enc, block=None, name=None):
+    """(plane mask, bytes) of one column, as the format stores it (version 2)."""
+    data = _encode(values, enc, block, name)
+    n = len(values)
+    width = values.dtype.itemsize if enc == codec.PLAIN else 8
+    if enc != codec.BACKREF:
+        return _leave_out_zero_planes(data, width, n)
+    codes_mask, codes = _leave_out_zero_planes(data[:8 * n], 8, n)
+    esc_mask, escapes = _leave_out_zero_planes(data[8 * n:], 8, len(data) // 8 - n)
+    return codes_mask | esc_mask << 8, codes + escapes
+
+
+def reference_encode_events(block, version=2):
+    """The payload the format specifies; version 1: every plane stored (mask 0)."""
     parts = []
     for name in FIELDS:
         enc = codec.COLUMN_ENCODING[name]
-        data = _encode(np.ascontiguousarray(block[name]), enc, block, name)
-        parts += [COLUMN.pack(EVENT_DTYPE.names.index(name), enc, 0, len(data)), data]
+        values = np.ascontiguousarray(block[name])
+        mask, data = (reference_column(values, enc, block, name) if version >= 2
+                      else (0, _encode(values, enc, block, name)))
+        parts += [COLUMN.pack(EVENT_DTYPE.names.index(name), enc, mask, len(data)), data]
     return b"".join(parts)
 
 
 # ---- helpers
 
-def columns(payload):
-    """{name: (encoding, bytes)} of an EVENTS payload; checks the column order and lengths."""
+def raw_columns(payload):
+    """{name: (encoding, plane mask, stored bytes)} of an EVENTS payload; checks the column order
+    and that the lengths add up."""
     payload = bytes(payload)
     out, pos = {}, 0
     for name in FIELDS:
-        field, enc, zero, n = COLUMN.unpack_from(payload, pos)
-        assert (field, zero) == (EVENT_DTYPE.names.index(name), 0), name
+        field, enc, mask, n = COLUMN.unpack_from(payload, pos)
+        assert field == EVENT_DTYPE.names.index(name), name
         pos += COLUMN.size
-        out[name] = (enc, payload[pos:pos + n])
+        out[name] = (enc, mask, payload[pos:pos + n])
         pos += n
     assert pos == len(payload)
+    return out
+
+
+def _with_zero_planes(data, mask, width, count):
+    """Shuffled bytes of `width` planes from the planes stored (the others zero)."""
+    kept = [k for k in range(width) if not mask >> k & 1]
+    assert len(data) == len(kept) * count
+    planes = np.zeros((width, count), np.uint8)
+    planes[kept] = np.frombuffer(data, np.uint8).reshape(len(kept), count)
+    return planes.tobytes()
+
+
+def columns(payload, count):
+    """{name: (encoding, bytes with every plane)} of an EVENTS payload of `count` rows: the
+    layout of version 1, which the hand-computed expectations below spell out."""
+    out = {}
+    for name, (enc, mask, data) in raw_columns(payload).items():
+        width = EVENT_DTYPE[name].itemsize if enc == codec.PLAIN else 8
+        if enc != codec.BACKREF:
+            assert mask >> width == 0, name
+            out[name] = (enc, _with_zero_planes(data, mask, width, count))
+            continue
+        codes_len = (8 - bin(mask & 0xFF).count("1")) * count
+        codes = _with_zero_planes(data[:codes_len], mask & 0xFF, 8, count)
+        m = int((np.frombuffer(codes, np.uint8).reshape(8, count).T.copy().view("<u8") == 1).sum())
+        out[name] = (enc, codes + _with_zero_planes(data[codes_len:], mask >> 8, 8, m))
     return out
 
 
@@ -98,13 +151,13 @@ def decode(payload, count):
     """An EVENT_DTYPE array from an EVENTS payload, with the reader's numpy decoder."""
     ev = np.zeros(count, EVENT_DTYPE)
     pairs = {}
-    for name, (enc, data) in columns(payload).items():
+    for name, (enc, mask, data) in raw_columns(payload).items():
         if name in codec.PARTNER:
-            pairs[name] = (codec.backrefs(data, count) if enc == codec.BACKREF else
-                           (codec.decode(data, enc, np.dtype(np.uint64), count),
+            pairs[name] = (codec.backrefs(data, count, mask) if enc == codec.BACKREF else
+                           (codec.decode(data, enc, np.dtype(np.uint64), count, mask),
                             np.full(count, -1, np.int64)))
         else:
-            ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count)
+            ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count, mask)
     ev["addr"], ev["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     return ev
 
@@ -192,8 +245,10 @@ def test_a_scalar_build_writes_the_same_bytes(tmp_path):
     subprocess.run(["gcc", "-std=c11", "-O2", "-shared", "-fPIC", "-DHC_NO_SIMD", "-Wall",
                     "-Werror", "-o", str(so), str(SOURCE)], check=True)
     scalar = native_codec.load(so)
-    for n, seed in ((0, 1), (1, 2), (33, 3), (4100, 4), (20000, 5)):
-        ev = realistic(n, seed)
+    blocks = [realistic(n, seed) for n, seed in ((0, 1), (1, 2), (33, 3), (4100, 4), (20000, 5))]
+    blocks += [np.zeros(17, EVENT_DTYPE), one_byte_at(4100, 4099, 3, "ts"),
+               one_byte_at(100, 97, 2, "loc"), one_byte_at(100, 50, 7, "size")]
+    for ev in blocks:
         want = reference_encode_events(ev)
         assert bytes(native_codec.encode_events(ev, lib=scalar)) == want
         assert bytes(native_codec.encode_events(as_dict(ev), lib=scalar)) == want
@@ -203,7 +258,7 @@ def test_a_scalar_build_writes_the_same_bytes(tmp_path):
 
 def test_empty_block():
     payload = encode_events(np.zeros(0, EVENT_DTYPE))
-    cols = columns(payload)
+    cols = columns(payload, 0)
     assert len(payload) == COLUMN.size * len(FIELDS)
     assert {name: enc for name, (enc, _) in cols.items()} == codec.COLUMN_ENCODING
     assert all(data == b"" for _, data in cols.values())
@@ -215,7 +270,7 @@ def test_one_row_of_maximal_values():
                arg=U64_MAX, loc=2**32 - 1, tid=2**32 - 1, free_lag=2**32 - 1, op=255, flags=255)
     payload = encode_events(ev)
     assert bytes(payload) == reference_encode_events(ev)
-    cols = columns(payload)
+    cols = columns(payload, 1)
     assert cols["size"] == (codec.PLAIN, b"\xff" * 8)
     assert cols["seq"] == (codec.DELTA, b"\xff" * 8)
     assert cols["ts"] == (codec.ZIGZAG_DELTA, b"\x01" + b"\x00" * 7)    # zigzag(-1) = 1
@@ -233,7 +288,7 @@ def test_backref_codes_of_a_hand_computed_block():
     codes = [0, 2, 3, 2, 1, 1]
     escapes = [(0x30 << 1) + 1, ((0x99 - 0x30) << 1) + 1]   # nonzero-delta: zigzag(diff) + 1
     want = bytes(codes) + bytes(7 * 6) + bytes(escapes) + bytes(7 * 2)
-    cols = columns(encode_events(ev))
+    cols = columns(encode_events(ev), 6)
     assert cols["old_addr"] == (codec.BACKREF, want)
     # addr: rows 0, 1 and 4 were freed by no earlier row (escapes 0x10, 0x20, 0x30: nonzero
     # deltas of 0x10 each); row 2's 0x10 was freed by row 1 (d = 1; its own free does not count).
@@ -244,7 +299,7 @@ def test_backref_codes_of_a_hand_computed_block():
 
 
 def backref_codes(ev):
-    enc, data = columns(encode_events(ev))["old_addr"]
+    enc, data = columns(encode_events(ev), len(ev))["old_addr"]
     assert enc == codec.BACKREF
     n = len(ev)
     codes = np.frombuffer(data[:8 * n], np.uint8).reshape(8, n).T.copy().view("<u8").ravel()
@@ -295,14 +350,14 @@ def test_wrapping_deltas():
     ev = block(5, seq=seq, ts=ts, addr=addr, old_addr=old)
     payload = encode_events(ev)
     assert bytes(payload) == reference_encode_events(ev)
-    assert columns(payload)["seq"][1][:5] == bytes([0xFE, 1, 1, 5, 0xFD])   # low bytes of deltas
+    assert columns(payload, 5)["seq"][1][:5] == bytes([0xFE, 1, 1, 5, 0xFD])   # low bytes of deltas
     np.testing.assert_array_equal(decode(payload, 5), ev)
     # 16 rows at a time take another path (registers): 11 groups of 16, then 9 rows
     n = 5 * 37
     ev = block(n, seq=seq * 37, ts=ts * 37, addr=addr * 37, old_addr=old * 37)
     payload = encode_events(ev)
     assert bytes(payload) == reference_encode_events(ev)
-    assert columns(payload)["seq"][1][5:10] == bytes([0xFC, 1, 1, 5, 0xFD])  # (2**64 - 2) - 2
+    assert columns(payload, n)["seq"][1][5:10] == bytes([0xFC, 1, 1, 5, 0xFD])  # (2**64 - 2) - 2
     np.testing.assert_array_equal(decode(payload, n), ev)
 
 
@@ -312,7 +367,7 @@ def test_differences_of_2_63_fall_back_to_delta():
     column. (The numpy encoder wrote it as nonzero-delta and lost the values.)"""
     ev = block(4, addr=[0, 2**63, 7, 2**63 + 7], old_addr=[2**63, 0, 2**63, 5])
     payload = encode_events(ev)
-    cols = columns(payload)
+    cols = columns(payload, 4)
     assert cols["addr"][0] == codec.DELTA and len(cols["addr"][1]) == 32
     assert cols["old_addr"][0] == codec.DELTA and len(cols["old_addr"][1]) == 32
     assert cols["seq"][0] == codec.DELTA and cols["ts"][0] == codec.ZIGZAG_DELTA
@@ -321,9 +376,137 @@ def test_differences_of_2_63_fall_back_to_delta():
     assert lossy["addr"].tolist() != ev["addr"].tolist()
     # escapes alone can need it too: here the addr column is fine
     ev = block(3, addr=[0, 0, 0], old_addr=[2**62, 2**62 + 2**63, 0])
-    cols = columns(encode_events(ev))
+    cols = columns(encode_events(ev), 3)
     assert cols["addr"][0] == codec.BACKREF and cols["old_addr"][0] == codec.DELTA
     np.testing.assert_array_equal(decode(encode_events(ev), 3), ev)
+    # the fallback leaves its zero planes out too (rows in registers, then staged rows): deltas
+    # 5 (row 10), 2**63 (row 50: the escapes' nonzero-delta wraps), 0x100 (row 98)
+    addr = np.r_[np.zeros(10, np.uint64), np.full(40, 5, np.uint64),
+                 np.full(48, 2**63 + 5, np.uint64), np.full(3, 2**63 + 0x105, np.uint64)]
+    ev = block(101, addr=addr)
+    enc, mask, _ = raw_columns(encode_events(ev))["addr"]
+    assert (enc, mask) == (codec.DELTA, 0b01111100)
+    np.testing.assert_array_equal(decode(encode_events(ev), 101), ev)
+
+
+# ---- byte planes left out
+
+FULL_MASK = {name: (1 << (EVENT_DTYPE[name].itemsize if enc == codec.PLAIN else 8)) - 1
+             | (0xFF00 if enc == codec.BACKREF else 0)
+             for name, enc in codec.COLUMN_ENCODING.items()}
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 63, 64, 65, 4097])
+def test_a_block_of_zeros_stores_no_plane(n):
+    ev = np.zeros(n, EVENT_DTYPE)
+    payload = encode_events(ev)
+    assert bytes(encode_events(as_dict(ev))) == bytes(payload)
+    assert len(payload) == COLUMN.size * len(FIELDS)
+    assert {name: mask for name, (_, mask, _) in raw_columns(payload).items()} == FULL_MASK
+    assert bytes(payload) == reference_encode_events(ev)
+    np.testing.assert_array_equal(decode(payload, n), ev)
+
+
+def one_byte_at(n, r, k, name):
+    """A block whose column `name` stores a single non-zero byte: 0x5A (0xB4 once zigzagged) in
+    plane k of row r; every other column as block() makes it."""
+    v = np.uint64(0x5A << 8 * k)
+    enc = codec.COLUMN_ENCODING[name]
+    col = (np.where(np.arange(n) >= r, v, np.uint64(0)) if enc != codec.PLAIN     # one delta
+           else np.where(np.arange(n) == r, v, np.uint64(0)))
+    return block(n, **{name: col})
+
+
+@pytest.mark.parametrize("name", ["seq", "ts", "size", "loc", "op"])
+def test_one_byte_anywhere_keeps_its_plane_only(name):
+    """Each path that writes planes (16 rows in registers, staged chunks, the last rows of a
+    block, a byte column) counts every row of every plane."""
+    n = 4100   # one tile of 4096 rows and 4 more
+    width = EVENT_DTYPE[name].itemsize if codec.COLUMN_ENCODING[name] == codec.PLAIN else 8
+    for r in (0, 1, 15, 16, 17, 63, 64, 2000, 4095, 4096, 4099):
+        for k in range(width):
+            ev = one_byte_at(n, r, k, name)
+            for form in (ev, as_dict(ev)):
+                payload = encode_events(form)
+                enc, mask, data = raw_columns(payload)[name]
+                assert mask == FULL_MASK[name] & ~(1 << k), (r, k)
+                assert data == bytes(r) + bytes([0xB4 if name == "ts" else 0x5A]) + bytes(n - r - 1)
+                np.testing.assert_array_equal(decode(payload, n), ev)
+
+
+def test_backref_codes_and_escapes_leave_their_planes_out_apart():
+    """Bits 0-7: the codes' planes, bits 8-15: the escapes'."""
+    for d, codes_mask in ((1, 0xFE), (254, 0xFE), (255, 0xFD), (70000, 0xF8)):
+        n = d + 5
+        addr, old = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+        addr[2], old[2 + d] = 0x1000, 0x1000                  # freed d rows later: code d + 1
+        ev = block(n, addr=addr, old_addr=old)
+        payload = encode_events(ev)
+        assert bytes(encode_events(as_dict(ev))) == bytes(payload)
+        cols = raw_columns(payload)
+        assert cols["old_addr"][:2] == (codec.BACKREF, 0xFF00 | codes_mask), d
+        assert cols["addr"][:2] == (codec.BACKREF, 0xFCFE), d   # escape 0x1000: 0x2001
+        assert bytes(payload) == reference_encode_events(ev)
+        np.testing.assert_array_equal(decode(payload, n), ev)
+    # an escape of only a high byte: nonzero-delta zigzag(0x5A << 56) + 1 = 0xB4 << 56 | 1
+    ev = block(40, old_addr=np.r_[np.zeros(39), 0x5A << 56].astype(np.uint64))
+    payload = encode_events(ev)
+    assert raw_columns(payload)["old_addr"] == (codec.BACKREF, 0x7EFE,
+                                                bytes(39) + b"\x01" + b"\x01" + b"\xb4")
+    np.testing.assert_array_equal(decode(payload, 40), ev)
+
+
+def test_random_plane_patterns():
+    """Columns whose values use random sets of byte planes, rows set at random: the encoder's
+    masks are the reference's (which looks at the planes themselves), also where an address
+    column falls back to DELTA (escapes 2**63 apart: values of plane 7 alone)."""
+    rng = np.random.default_rng(99)
+    for trial in range(60):
+        n = int(rng.choice([1, 2, 16, 31, 64, 100, 4095, 4097, 9000]))
+        ev = realistic(n, seed=trial)
+        for name in FIELDS:
+            width = EVENT_DTYPE[name].itemsize
+            planes = rng.random(width) < 0.3
+            rows = rng.random(n) < rng.choice([0.001, 0.1, 1.0])
+            values = rng.integers(0, 256, (n, width), dtype=np.uint64) << (
+                8 * np.arange(width, dtype=np.uint64))
+            values = (values * planes).sum(axis=1, dtype=np.uint64) * rows
+            if name == "seq":
+                values = np.cumsum(values, dtype=np.uint64)
+            ev[name] = values
+        payload = encode_events(ev)
+        assert bytes(encode_events(as_dict(ev))) == bytes(payload)   # one column at a time
+        for name, (enc, mask, data) in raw_columns(payload).items():
+            assert enc in (codec.COLUMN_ENCODING[name], codec.DELTA)
+            want = reference_column(np.ascontiguousarray(ev[name]), enc, ev, name)
+            assert (mask, data) == want, (trial, name)
+        np.testing.assert_array_equal(decode(payload, n), ev)
+
+
+def test_blocks_of_version_1_still_decode():
+    """Every plane stored, mask 0 (files written before planes were left out)."""
+    for n, seed in ((0, 1), (1, 2), (5000, 3)):
+        ev = realistic(n, seed)
+        old = reference_encode_events(ev, version=1)
+        assert all(mask == 0 for _, mask, _ in raw_columns(old).values())
+        np.testing.assert_array_equal(decode(old, n), ev)
+
+
+def test_a_mask_that_does_not_fit_is_a_clear_error():
+    data = bytes(range(1, 9)) * 3                 # 3 u64 values, every plane stored
+    with pytest.raises(ValueError, match=r"holds 24 bytes, expected 21 \(7 of the 8 byte planes "
+                                         r"of 3 values; mask 0x0004\)"):
+        codec.decode(data, codec.PLAIN, np.dtype("<u8"), 3, 0x04)
+    with pytest.raises(ValueError, match=r"plane mask 0x0010 leaves out planes beyond the 4"):
+        codec.decode(bytes(12), codec.PLAIN, np.dtype("<u4"), 3, 0x10)
+    with pytest.raises(ValueError, match=r"plane mask 0x0100 leaves out planes beyond the 8"):
+        codec.decode(bytes(24), codec.DELTA, np.dtype("<u8"), 3, 0x100)
+    codes = bytes([1, 0, 1]) + bytes(3 * 7)        # two escapes
+    with pytest.raises(ValueError, match=r"holds 19 bytes, expected 17: 3 of codes and 14 for 2 "
+                                         r"escapes \(plane mask 0x01fe\)"):
+        codec.backrefs(codes[:3] + bytes(16), 3, 0x01FE)
+    with pytest.raises(ValueError, match=r"expected at least 24 for the codes of 3 rows"):
+        codec.backrefs(codes[:20], 3, 0)
 
 
 def test_bad_blocks_are_refused():
@@ -426,7 +609,7 @@ def test_addresses_refer_to_each_other_along_long_chains():
     addr = np.where(np.arange(n) % 2 == 0, 0x1000, 0)          # even rows: malloc 0x1000
     old = np.where(np.arange(n) % 2 == 1, 0x1000, 0)           # odd rows: free it
     ev = block(n, addr=addr, old_addr=old)
-    cols = columns(encode_events(ev))
+    cols = columns(encode_events(ev), n)
     codes = np.frombuffer(cols["addr"][1][:n], np.uint8)       # lowest byte plane
     assert codes[0] == 1 and (codes[2::2] == 2).all()          # one escape, then d = 1
     np.testing.assert_array_equal(decode(encode_events(ev), n), ev)
@@ -441,3 +624,86 @@ def test_files_with_delta_coded_addresses_still_read():
         data = _encode(np.ascontiguousarray(ev[name]), enc, ev, name)
         parts += [COLUMN.pack(EVENT_DTYPE.names.index(name), enc, 0, len(data)), data]
     np.testing.assert_array_equal(decode(b"".join(parts), len(ev)), ev)
+
+
+def rewrite(path, version, events_payload):
+    """Rewrites a .hct file with another format version and each EVENTS payload passed through
+    events_payload(payload, count), with correct lengths and checksums."""
+    data = path.read_bytes()
+    magic, _, flags, reserved = FILE_HEADER.unpack_from(data)
+    parts, off = [FILE_HEADER.pack(magic, version, flags, reserved)], FILE_HEADER.size
+    while off < len(data):
+        kind, codec_id, stored_len, raw_len, crc, count = SECTION.unpack_from(data, off)
+        stored = data[off + SECTION.size:off + SECTION.size + stored_len]
+        if kind == EVENTS:
+            raw = events_payload(zstandard.ZstdDecompressor().decompress(stored), count)
+            stored = zstandard.ZstdCompressor().compress(raw)
+            raw_len, crc = len(raw), zlib.crc32(stored)
+        parts += [SECTION.pack(kind, codec_id, len(stored), raw_len, crc, count), stored]
+        off += SECTION.size + stored_len
+    path.write_bytes(b"".join(parts))
+
+
+def all_planes(payload, count):
+    """A version 2 EVENTS payload in the layout of version 1: every plane stored, mask 0."""
+    return b"".join(COLUMN.pack(EVENT_DTYPE.names.index(name), enc, 0, len(data)) + data
+                    for name, (enc, data) in columns(payload, count).items())
+
+
+def test_files_of_version_1_still_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer, "BLOCK_EVENTS", 4000)
+    ev = realistic(10_000, seed=12)
+    write_and_load(tmp_path, ev)
+    path = tmp_path / "7.hct"
+    rewrite(path, 1, all_planes)
+    assert path.read_bytes()[8:10] == b"\x01\x00"
+    np.testing.assert_array_equal(heapcast.load(path).processes[0].events, ev)
+
+
+def with_mask(payload, column, mask):
+    """An EVENTS payload with another plane mask in the header of `column`."""
+    payload, pos = bytearray(payload), 0
+    for name in FIELDS:
+        if name == column:
+            struct.pack_into("<H", payload, pos + 2, mask)
+        pos += COLUMN.size + COLUMN.unpack_from(payload, pos)[3]
+    return bytes(payload)
+
+
+def test_a_version_1_file_with_planes_left_out_is_refused(tmp_path):
+    write_and_load(tmp_path, realistic(1000, seed=13))
+    path = tmp_path / "7.hct"
+    shutil.copy(path, tmp_path / "v2.hct")
+    rewrite(path, 1, lambda payload, count: payload)        # too short for version 1
+    with pytest.raises(TraceError, match=r"7\.hct, offset 32: EVENTS block of 1000 events has "
+                                         r"\d+ bytes, expected 62088 to 78088"):
+        heapcast.load(path)
+    path = tmp_path / "v2.hct"
+    rewrite(path, 1, lambda payload, count: with_mask(all_planes(payload, count), "ts", 0x80))
+    with pytest.raises(TraceError, match=r"v2\.hct, offset 16: .*column ts leaves byte planes out "
+                                         r"\(mask 0x0080\), expected 0 in a version 1 file"):
+        heapcast.load(path).processes[0].events
+
+
+def test_a_newer_format_version_is_refused(tmp_path):
+    write_and_load(tmp_path, realistic(10, seed=14))
+    path = tmp_path / "7.hct"
+    rewrite(path, 3, lambda payload, count: payload)
+    with pytest.raises(TraceError, match=r"offset 8: trace format version 3 is not supported; "
+                                         r"this heapcast reads versions 1, 2"):
+        heapcast.load(path)
+
+
+@pytest.mark.parametrize("column, mask, message", [
+    ("size", 0xFF, r"column size: column holds \d+ bytes, expected 0 \(0 of the 8 byte planes"),
+    ("loc", 0x1F, r"column loc: plane mask 0x001f leaves out planes beyond the 4"),
+    ("old_addr", 0xFFFF, r"column old_addr: column holds \d+ bytes, expected 0: 0 of codes"),
+    ("free_lag", 0, r"column free_lag: column holds 1000 bytes, expected 4000 \(4 of the 4 "),
+])
+def test_a_wrong_mask_is_an_error_naming_file_offset_and_column(tmp_path, column, mask, message):
+    """A mask that does not match the column's length (behind a valid checksum: a bad writer)."""
+    write_and_load(tmp_path, realistic(1000, seed=15))
+    path = tmp_path / "7.hct"
+    rewrite(path, 2, lambda payload, count: with_mask(payload, column, mask))
+    with pytest.raises(TraceError, match=r"7\.hct, offset 16: EVENTS block, " + message):
+        heapcast.load(path).processes[0].events

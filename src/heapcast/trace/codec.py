@@ -2,7 +2,9 @@
 back-references between the two address columns.
 
 Together with zstd they bring a 64-byte event to a few bytes, because sequence numbers step by one,
-times by small amounts, and addresses repeat. Encoding is native code (native/codec/encode.c,
+times by small amounts, and addresses repeat. Byte planes that are all zero are not stored (the
+column header's mask names them; files of format version 1 store every plane): the decoder puts
+them back as zeros. Encoding is native code (native/codec/encode.c,
 bound in native_codec.py: the writer encodes every event it writes); decoding is here, a few
 vectorized numpy passes per column, except the one sequential pass that follows address
 back-references (native, resolve_pair).
@@ -37,23 +39,47 @@ def _unzigzag(z: np.ndarray) -> np.ndarray:
     return ((z >> np.uint64(1)) ^ (np.uint64(0) - (z & np.uint64(1)))).astype(np.uint64)
 
 
-def _unshuffle(b: bytes, dtype: np.dtype, count: int) -> np.ndarray:
-    if dtype.itemsize == 1:
-        return np.frombuffer(b, dtype, count).copy()
-    planes = np.frombuffer(b, np.uint8).reshape(dtype.itemsize, count)
-    return np.ascontiguousarray(planes.T).view(dtype).reshape(count)
+def _stored_planes(omitted: int, width: int, what: str) -> list[int]:
+    """The planes of `width` that are stored: those not in the mask `omitted`."""
+    if omitted >> width:
+        raise ValueError(f"plane mask {omitted:#06x} leaves out planes beyond the {width} of "
+                         f"{what}")
+    return [k for k in range(width) if not omitted >> k & 1]
 
 
-def backrefs(data: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
+def _unshuffle(b: bytes, dtype: np.dtype, count: int, omitted: int = 0) -> np.ndarray:
+    """`count` values from their byte planes, all but those in `omitted` (zeros) stored in b."""
+    kept = _stored_planes(omitted, dtype.itemsize, f"{count} {dtype} values")
+    if len(b) != len(kept) * count:
+        raise ValueError(f"column holds {len(b)} bytes, expected {len(kept) * count} ({len(kept)} "
+                         f"of the {dtype.itemsize} byte planes of {count} values; mask "
+                         f"{omitted:#06x})")
+    planes = np.frombuffer(b, np.uint8).reshape(len(kept), count)
+    if len(kept) == dtype.itemsize:
+        return planes.T.copy().view(dtype).reshape(count)
+    out = np.zeros(count, dtype)
+    out.view(np.uint8).reshape(count, dtype.itemsize)[:, kept] = planes.T
+    return out
+
+
+def backrefs(data: bytes, count: int, omitted: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A BACKREF column's (values, source rows): the values of its zero and escaped rows, and
-    for the other rows the earlier row whose partner value they repeat (-1: none)."""
-    if len(data) < 8 * count:
-        raise ValueError(f"column holds {len(data)} bytes, expected at least {8 * count}")
-    codes = _unshuffle(data[:8 * count], np.dtype(np.uint64), count)
+    for the other rows the earlier row whose partner value they repeat (-1: none). `omitted`:
+    the header's mask, bits 0-7 the codes' planes left out, bits 8-15 the escapes'."""
+    codes_len = (8 - bin(omitted & 0xFF).count("1")) * count
+    if len(data) < codes_len:
+        raise ValueError(f"column holds {len(data)} bytes, expected at least {codes_len} for "
+                         f"the codes of {count} rows (plane mask {omitted:#06x})")
+    codes = _unshuffle(data[:codes_len], np.dtype(np.uint64), count, omitted & 0xFF)
     escapes = codes == 1
+    m = int(np.count_nonzero(escapes))
+    want = codes_len + (8 - bin(omitted >> 8).count("1")) * m
+    if len(data) != want:
+        raise ValueError(f"column holds {len(data)} bytes, expected {want}: {codes_len} of codes "
+                         f"and {want - codes_len} for {m} escapes (plane mask {omitted:#06x})")
     values = np.zeros(count, np.uint64)
-    values[escapes] = decode(data[8 * count:], NONZERO_DELTA, np.dtype(np.uint64),
-                             int(np.count_nonzero(escapes)))
+    values[escapes] = decode(data[codes_len:], NONZERO_DELTA, np.dtype(np.uint64), m,
+                             omitted >> 8)
     src = np.full(count, -1, np.int64)
     rows = np.flatnonzero(codes > 1)
     if len(rows) and (codes[rows] > np.uint64(count)).any():
@@ -76,16 +102,15 @@ def resolve_pair(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
     return a_vals, b_vals
 
 
-def decode(data: bytes, encoding: int, dtype: np.dtype, count: int) -> np.ndarray:
-    """One column's values from its bytes (the inverse of native/codec/encode.c); raises
-    ValueError on data that does not fit. BACKREF columns decode in pairs: backrefs() and
-    resolve_pair()."""
+def decode(data: bytes, encoding: int, dtype: np.dtype, count: int,
+           omitted: int = 0) -> np.ndarray:
+    """One column's values from its bytes (the inverse of native/codec/encode.c), `omitted`
+    the header's mask of the byte planes left out (zero); raises ValueError on data that does
+    not fit. BACKREF columns decode in pairs: backrefs() and resolve_pair()."""
     if encoding == BACKREF:
         raise ValueError("BACKREF columns decode with their partner (codec.resolve_pair)")
     stored = dtype if encoding == PLAIN else np.dtype(np.uint64)
-    if len(data) != stored.itemsize * count:
-        raise ValueError(f"column holds {len(data)} bytes, expected {stored.itemsize * count}")
-    a = _unshuffle(data, stored, count)
+    a = _unshuffle(data, stored, count, omitted)
     if encoding == PLAIN:
         return a
     if encoding == DELTA:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import SESSION_FILE, TRACE_MAGIC, TRACE_SUFFIX, TRACE_VERSION, TraceError  # noqa: F401
+from .base import (SESSION_FILE, TRACE_MAGIC, TRACE_READ_VERSIONS, TRACE_SUFFIX,  # noqa: F401
+                   TRACE_VERSION, TraceError)
 
 #: Operation names by code. The codes are stored in traces: never renumber them.
 OPS = (

@@ -17,7 +17,8 @@ import numpy as np
 import zstandard
 
 from . import codec
-from .format import EVENT_DTYPE, RSS_DTYPE, SESSION_FILE, TRACE_MAGIC, TRACE_SUFFIX, TRACE_VERSION, TraceError
+from .format import (EVENT_DTYPE, RSS_DTYPE, SESSION_FILE, TRACE_MAGIC, TRACE_READ_VERSIONS, TRACE_SUFFIX,
+                     TraceError)
 from .model import LocationTable, Module, ModuleSnapshot, Process, PyFrame, Trace
 from .writer import (BLOCK_EVENTS, COLUMN, END, EVENTS, FILE_HEADER, LOCATIONS, META, MODULES, PYFRAMES, RSS,
                      SECTION, STORED_FIELDS, CODEC_STORED, CODEC_ZSTD)
@@ -35,6 +36,7 @@ class _Block:
     crc: int
     count: int
     codec: int
+    version: int       # of the file (1: every byte plane stored)
 
 
 def load(path) -> Trace:
@@ -104,9 +106,9 @@ def read_process(path) -> Process:
         if magic != TRACE_MAGIC:
             raise TraceError(path, 0, f"expected magic {TRACE_MAGIC!r}, found {magic!r}: "
                              "not a heapcast trace file")
-        if version != TRACE_VERSION:
+        if version not in TRACE_READ_VERSIONS:
             raise TraceError(path, 8, f"trace format version {version} is not supported; this "
-                             f"heapcast reads version {TRACE_VERSION}")
+                             f"heapcast reads versions {', '.join(map(str, TRACE_READ_VERSIONS))}")
         off = FILE_HEADER.size
         blocks, found = [], {}
         while True:
@@ -134,12 +136,14 @@ def read_process(path) -> Process:
                 if count > BLOCK_EVENTS:
                     raise TraceError(path, off + 28, f"EVENTS block of {count} events, expected at "
                                      f"most {BLOCK_EVENTS}")
-                least = _events_payload_len(count)
-                most = least + 8 * count * len(codec.PARTNER)   # every address an escape
+                full = _events_payload_len(count)
+                # from version 2 on, any byte plane may be left out (all zero)
+                least = full if version < 2 else COLUMN.size * len(STORED_FIELDS)
+                most = full + 8 * count * len(codec.PARTNER)   # every address an escape
                 if not least <= raw_len <= most:
                     raise TraceError(path, off + 16, f"EVENTS block of {count} events has "
                                      f"{raw_len} bytes, expected {least} to {most}")
-                blocks.append(_Block(off, stored_len, raw_len, crc, count, codec_id))
+                blocks.append(_Block(off, stored_len, raw_len, crc, count, codec_id, version))
             else:
                 if kind in found:
                     raise TraceError(path, off, f"section kind {kind} appears twice")
@@ -166,8 +170,8 @@ def read_process(path) -> Process:
 
 
 def _events_payload_len(count: int) -> int:
-    """Bytes of an EVENTS payload of `count` events, without BACKREF escapes (at most 8 more per
-    event and address column)."""
+    """Bytes of an EVENTS payload of `count` events with every byte plane, without BACKREF
+    escapes (at most 8 more per event and address column)."""
     n = COLUMN.size * len(STORED_FIELDS)
     for name in STORED_FIELDS:
         enc = codec.COLUMN_ENCODING[name]
@@ -235,7 +239,7 @@ def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
     for name in STORED_FIELDS:
         if pos + COLUMN.size > len(raw):
             raise TraceError(path, b.offset, f"EVENTS block ends before column {name}")
-        field_idx, enc, _, n = COLUMN.unpack_from(raw, pos)
+        field_idx, enc, omitted, n = COLUMN.unpack_from(raw, pos)
         pos += COLUMN.size
         if field_idx != EVENT_DTYPE.names.index(name):
             raise TraceError(path, b.offset, f"EVENTS block: column {field_idx} where column "
@@ -244,13 +248,18 @@ def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
         if enc not in allowed:
             raise TraceError(path, b.offset, f"EVENTS block: column {name} has encoding {enc}, "
                              f"expected one of {sorted(allowed)}")
+        if omitted and b.version < 2:
+            raise TraceError(path, b.offset, f"EVENTS block: column {name} leaves byte planes out "
+                             f"(mask {omitted:#06x}), expected 0 in a version {b.version} file")
         try:
             if name in codec.PARTNER:     # the address pair: decoded together, below
-                pairs[name] = (codec.backrefs(raw[pos:pos + n], b.count) if enc == codec.BACKREF
-                               else (codec.decode(raw[pos:pos + n], enc, np.dtype(np.uint64),
-                                                  b.count), np.full(b.count, -1, np.int64)))
+                pairs[name] = (codec.backrefs(raw[pos:pos + n], b.count, omitted)
+                               if enc == codec.BACKREF else
+                               (codec.decode(raw[pos:pos + n], enc, np.dtype(np.uint64), b.count,
+                                             omitted), np.full(b.count, -1, np.int64)))
             else:
-                out[name] = codec.decode(raw[pos:pos + n], enc, EVENT_DTYPE[name], b.count)
+                out[name] = codec.decode(raw[pos:pos + n], enc, EVENT_DTYPE[name], b.count,
+                                         omitted)
         except ValueError as e:
             raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
         pos += n

@@ -24,7 +24,7 @@ META, LOCATIONS, MODULES, RSS, EVENTS, PYFRAMES, END = 1, 2, 3, 4, 5, 6, 0xFFFF
 CODEC_STORED, CODEC_ZSTD = 0, 1
 BLOCK_EVENTS = 1 << 20
 STORED_FIELDS = codec.STORED_FIELDS
-COLUMN = struct.Struct("<BBHI")  # an EVENTS column: field index, encoding, 0, byte length
+COLUMN = struct.Struct("<BBHI")  # an EVENTS column: field index, encoding, planes left out, length
 
 
 def open_private(path: Path, mode: str = "wb"):
