@@ -1,0 +1,102 @@
+"""A/B of `heapcast record`'s whole wait between two checkouts of heapcast, each built in place
+(`python setup.py build_ext --inplace`): the same reference workloads recorded by each, and run
+untraced, interleaved, several repeats, medians. What a change to the recorder or the converter
+saves, measured as a user waits for it (start, run, conversion after the exit).
+
+    git worktree add /tmp/base BASE_COMMIT && (cd /tmp/base && python setup.py build_ext --inplace)
+    python bench/record_ab.py /tmp/base .            # ring 10M and py_dicts, 5 repeats (~2 min)
+    python bench/record_ab.py A B --workloads ring --repeats 7
+
+Prints a table (seconds, ns/event added over untraced, ratio B/A, bytes/event) and writes JSON
+(bench/results/record_ab.json by default).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS_DIR, format_table, interleaved, machine_info, median, write_json  # noqa: E402
+from record_overhead import build_workloads  # noqa: E402
+
+
+#: Events of each workload (../shared/workloads/README: known counts; threads' vary by a few).
+EVENTS = {"ring": 20_000_000, "threads": 8_000_024, "py_dicts": 13_723_387}
+
+
+def record_trial(tree: Path, workload, scratch: Path):
+    """A trial: `heapcast record` of the workload with the checkout at `tree` (its src first on
+    PYTHONPATH), timed as a whole; the trace's bytes per event."""
+    env = {**os.environ, **workload.env, "PYTHONPATH": str(tree / "src")}
+    out = scratch / f"{tree.name}-{workload.name}"
+
+    def run() -> dict:
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "heapcast", "record", "-o", str(out),
+                               "--", *workload.cmd], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        seconds = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise SystemExit(f"record_ab: {tree}: heapcast record failed: {done.stderr[-500:]}")
+        size = sum(p.stat().st_size for p in out.iterdir() if p.suffix == ".hct")
+        return {"seconds": seconds, "bytes": size}
+    return run
+
+
+def untraced_trial(workload):
+    def run() -> dict:
+        t0 = time.perf_counter()
+        subprocess.run(workload.cmd, env={**os.environ, **workload.env}, stdout=subprocess.DEVNULL,
+                       check=True)
+        return {"seconds": time.perf_counter() - t0}
+    return run
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a", type=Path, help="checkout A (the base)")
+    ap.add_argument("b", type=Path, help="checkout B (the change)")
+    ap.add_argument("--workloads", default="ring,py_dicts")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "record_ab.json")
+    a = ap.parse_args(argv)
+    trees = [a.a.resolve(), a.b.resolve()]
+    for t in trees:
+        if not list((t / "src" / "heapcast").glob("libheapcast_recorder*.so")):
+            ap.error(f"{t}: no built recorder in src/heapcast (python setup.py build_ext --inplace)")
+    if trees[0].name == trees[1].name:
+        ap.error("the two checkouts need different directory names")
+    rows, results = [], {}
+    with tempfile.TemporaryDirectory(prefix="heapcast-ab-") as tmp:
+        scratch = Path(tmp)
+        for w in build_workloads(a.workloads.split(","), False, scratch):
+            trials = {"untraced": untraced_trial(w)}
+            trials.update({f"{'AB'[i]} {t.name}": record_trial(t, w, scratch)
+                           for i, t in enumerate(trees)})
+            runs = interleaved(trials, a.repeats, label=w.name)
+            base = median(r["seconds"] for r in runs["untraced"])
+            events = EVENTS.get(w.name)
+            med = {n: median(r["seconds"] for r in rs) for n, rs in runs.items()}
+            results[w.name] = {"runs": runs, "median_seconds": med}
+            names = list(trials)
+            for n in names:
+                size = median(r.get("bytes") for r in runs[n])
+                rows.append([w.name, n, f"{med[n]:.3f}", f"{med[n] / base:.2f}x",
+                             "-" if n == "untraced" else f"{med[n] / med[names[1]]:.3f}",
+                             "-" if size is None or not events else f"{size / events:.3f}"])
+    print(format_table(["workload", "run", "median s", "vs untraced", "vs A", "bytes/event"], rows))
+    write_json(a.out, {"machine": machine_info(), "a": str(trees[0]), "b": str(trees[1]),
+                       "repeats": a.repeats, "results": results})
+    print(f"wrote {a.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
