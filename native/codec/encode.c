@@ -717,6 +717,18 @@ static int contiguous(const hc_column *cols, uint32_t ncols) {
     return 1;
 }
 
+/* Starts column c at offset off of out: its state, and a BACKREF column encoded whole (its
+ * escapes decide its length). Returns 0 or an error of encode_backref. */
+static int begin_column(const hc_column *cols, uint32_t c, colstate *s, uint8_t *out, uint64_t off,
+                        uint64_t n) {
+    reset(s);
+    s->header = off;
+    s->encoding = cols[c].encoding;
+    if (s->encoding != BACKREF)
+        return 0;
+    return encode_backref(&cols[c], &cols[cols[c].ref], s, out + off + 8, n);
+}
+
 /* Encodes n rows of the columns (in the order given) into out (cap bytes, at least
  * hc_encode_bound). Returns the bytes written, or ERR_ARGS (invalid columns), ERR_SPACE (out too
  * small), ERR_NOMEM, ERR_TOO_LONG (a column over the u32 length of its header). */
@@ -732,31 +744,20 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
          * planes out moves only the planes after a zero one, which are few (the zero planes are
          * mostly the high bytes). Tiles would read no less memory here. */
         for (uint32_t c = 0; c < ncols; c++) {
-            colstate *s = &st[c];
-            reset(s);
-            s->header = off;
-            s->encoding = cols[c].encoding;
-            if (s->encoding == BACKREF) {
-                int rc = encode_backref(&cols[c], &cols[cols[c].ref], s, out + off + 8, n);
-                if (rc) return rc;
-            } else {
-                encode_column(&cols[c], s, out + off + 8, n);
-            }
-            off += close_column(&cols[c], s, out, off, n);
+            int rc = begin_column(cols, c, &st[c], out, off, n);
+            if (rc) return rc;
+            if (cols[c].encoding != BACKREF)
+                encode_column(&cols[c], &st[c], out + off + 8, n);
+            off += close_column(&cols[c], &st[c], out, off, n);
         }
         return (int64_t)off;
     }
     for (uint32_t c = 0; c < ncols; c++) {   /* where each column goes; BACKREF ones encoded */
         colstate *s = &st[c];
-        reset(s);
-        s->header = off;
-        s->encoding = cols[c].encoding;
-        if (s->encoding == BACKREF) {
-            int rc = encode_backref(&cols[c], &cols[cols[c].ref], s, out + off + 8, n);
-            if (rc) return rc;
-        } else {
+        int rc = begin_column(cols, c, s, out, off, n);
+        if (rc) return rc;
+        if (cols[c].encoding != BACKREF)
             s->len = n * (s->encoding == PLAIN ? cols[c].itemsize : 8);
-        }
         off += 8 + s->len;
     }
     for (uint64_t lo = 0; lo < n; lo += TILE) {   /* the others, a tile at a time */
