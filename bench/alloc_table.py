@@ -103,32 +103,38 @@ def learned_policy(program: str, train: Path, tmp: Path, align: int = 16) -> tup
     return str(policy), ""
 
 
-def floor_of(trace_path: Path, glibc_peak_rss: float) -> dict:
-    """Peak live heap bytes of the main process (the one with the most) and the floor: those
-    plus its RSS that is not heap (glibc's real peak RSS less the lab's glibc footprint)."""
-    d = simulate(trace_path, policies="glibc")
-    main = max(d["per_process"], key=lambda p: p["peak_live_bytes"])
+#: The packer's free-page budget, which the lab's `heapcast` footprint counts as held at every
+#: moment (native/lab/pol_pack.c, DIRTY_BUDGET; HEAPCAST_PACK_DIRTY's default).
+PACK_FREE_BUDGET = 256 * 1024
+
+
+def lab_main_process(program: str, align: int) -> dict:
+    """The lab's replay of run b's main process (the one with the most live bytes) through the
+    models of glibc and of heapcast's packer at `align`."""
+    d = simulate(corpus.trace_path(program, "b"), policies="glibc,heapcast", grain=align)
+    return max(d["per_process"], key=lambda p: p["peak_live_bytes"])
+
+
+def floor_of(main: dict, glibc_peak_rss: float) -> dict:
+    """Peak live heap bytes of the main process (lab_main_process) and the floor: those plus its
+    RSS that is not heap (glibc's real peak RSS less the lab's glibc footprint)."""
     non_heap = max(glibc_peak_rss - main["policies"]["glibc"]["peak_footprint"], 0)
     return {"peak_live_bytes": main["peak_live_bytes"], "non_heap_bytes": non_heap,
-            "floor_bytes": non_heap + main["peak_live_bytes"],
-            "lab_best_classic": d["summary"].get("best_classic")}
+            "floor_bytes": non_heap + main["peak_live_bytes"]}
 
 
-def memory_split(row: dict) -> dict:
+def memory_split(row: dict, main: dict) -> dict:
     """Where the memory goes at the peak, for the allocators the lab models closely (glibc and
     heapcast's packer, at the row's alignment): the main process's peak live bytes, what the
     model adds at its peak (internal: headers and class rounding; external: free space in the
     pages or extent it holds, the packer's budget of free-but-resident pages apart), the RSS
     that is not heap (glibc's real peak less its model's footprint) and what the model does not
-    explain (real peak RSS less all of these)."""
-    d = simulate(corpus.trace_path(row["program"], "b"), policies="glibc,heapcast",
-                 grain=row.get("align", 16))
-    main = max(d["per_process"], key=lambda p: p["peak_live_bytes"])
+    explain (real peak RSS less all of these). `main`: lab_main_process at the row's alignment."""
     out = {}
     for name, model in (("glibc", "glibc"), ("heapcast none", "heapcast")):
         m = main["policies"][model]
         real = row["allocators"][name]["peak_rss"]
-        budget = 256 * 1024 if model == "heapcast" else 0
+        budget = PACK_FREE_BUDGET if model == "heapcast" else 0
         external = m["peak_footprint"] - m["peak_live_at_footprint"] - m["internal_at_peak"] - budget
         out[name] = {"real_peak_rss": real, "live": m["peak_live_at_footprint"],
                      "internal": m["internal_at_peak"], "external": external,
@@ -170,7 +176,8 @@ def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path
     for name, rs in runs.items():
         out["allocators"][name] = {k: median([r[k] for r in rs]) for k in ("peak_rss", "mean_rss", "seconds")}
         out["allocators"][name]["runs"] = rs
-    out.update(floor_of(traces["b"], out["allocators"]["glibc"]["peak_rss"]))
+    main = lab_main_process(program.name, align)
+    out.update(floor_of(main, out["allocators"]["glibc"]["peak_rss"]))
     four = {n: out["allocators"][n]["peak_rss"] for n in FOUR if n in out["allocators"]}
     best = min(four, key=four.get)
     out["best_of_four"], out["best_of_four_rss"] = best, four[best]
@@ -179,6 +186,7 @@ def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path
         a["vs_best_of_four"] = a["peak_rss"] / four[best]
         a["gap_closed"] = (four[best] - a["peak_rss"]) / gap if gap > 0 else None
         a["wall_vs_glibc"] = a["seconds"] / out["allocators"]["glibc"]["seconds"]
+    out["split"] = memory_split(out, main)
     return out
 
 
@@ -242,7 +250,7 @@ def main(argv=None) -> int:
         import json
         d = json.loads(a.resplit.read_text())
         for r in d["rows"]:
-            r["split"] = memory_split(r)
+            r["split"] = memory_split(r, lab_main_process(r["program"], r.get("align", 16)))
         print(split_table(d["rows"]))
         write_json(a.resplit, d)
         return 0
@@ -265,7 +273,6 @@ def main(argv=None) -> int:
                 print(f"alloc_table: {program.name}: no recording, skipped", file=sys.stderr)
                 continue
             rows.append(run_program(program, repeats, Path(tmp), launcher, a.align))
-            rows[-1]["split"] = memory_split(rows[-1])
     print(table(rows))
     print(split_table(rows))
     lines = verdict(rows)

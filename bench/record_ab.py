@@ -23,16 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, format_table, interleaved, machine_info, median, write_json  # noqa: E402
+
+import heapcast  # noqa: E402  (reads both checkouts' traces: it reads every format version)
 from record_overhead import build_workloads  # noqa: E402
-
-
-#: Events of each workload (../shared/workloads/README: known counts; threads' vary by a few).
-EVENTS = {"ring": 20_000_000, "threads": 8_000_024, "py_dicts": 13_723_387}
 
 
 def record_trial(tree: Path, workload, scratch: Path):
     """A trial: `heapcast record` of the workload with the checkout at `tree` (its src first on
-    PYTHONPATH), timed as a whole; the trace's bytes per event."""
+    PYTHONPATH), timed as a whole; the trace's bytes and events."""
     env = {**os.environ, **workload.env, "PYTHONPATH": str(tree / "src")}
     out = scratch / f"{tree.name}-{workload.name}"
 
@@ -46,7 +44,8 @@ def record_trial(tree: Path, workload, scratch: Path):
         if done.returncode != 0:
             raise SystemExit(f"record_ab: {tree}: heapcast record failed: {done.stderr[-500:]}")
         size = sum(p.stat().st_size for p in out.iterdir() if p.suffix == ".hct")
-        return {"seconds": seconds, "bytes": size}
+        events = sum(p.event_count for p in heapcast.load(out).processes)
+        return {"seconds": seconds, "bytes": size, "bytes_per_event": size / events}
     return run
 
 
@@ -82,15 +81,14 @@ def main(argv=None) -> int:
                            for i, t in enumerate(trees)})
             runs = interleaved(trials, a.repeats, label=w.name)
             base = median(r["seconds"] for r in runs["untraced"])
-            events = EVENTS.get(w.name)
             med = {n: median(r["seconds"] for r in rs) for n, rs in runs.items()}
             results[w.name] = {"runs": runs, "median_seconds": med}
             names = list(trials)
             for n in names:
-                size = median(r.get("bytes") for r in runs[n])
+                per_event = median(r.get("bytes_per_event") for r in runs[n])
                 rows.append([w.name, n, f"{med[n]:.3f}", f"{med[n] / base:.2f}x",
                              "-" if n == "untraced" else f"{med[n] / med[names[1]]:.3f}",
-                             "-" if size is None or not events else f"{size / events:.3f}"])
+                             "-" if per_event is None else f"{per_event:.3f}"])
     print(format_table(["workload", "run", "median s", "vs untraced", "vs A", "bytes/event"], rows))
     write_json(a.out, {"machine": machine_info(), "a": str(trees[0]), "b": str(trees[1]),
                        "repeats": a.repeats, "results": results})

@@ -389,8 +389,16 @@ static void encode_rows(const hc_column *c, colstate *s, uint64_t lo, uint64_t h
     }
 }
 
+static void encode_column(const hc_column *c, colstate *s, uint8_t *out, uint64_t n);
+
+/* The column's last staged rows; a NONZERO_DELTA column that met a difference it cannot hold
+ * (see nonzero_delta) is encoded again, whole, as DELTA. */
 static void finish_column(const hc_column *c, colstate *s, uint8_t *out, uint64_t n) {
     flush(c, s, s->cur ^ 1, out, n);
+    if (s->wrapped && s->encoding == NONZERO_DELTA) {
+        s->encoding = DELTA;
+        encode_column(c, s, out, n);
+    }
 }
 
 static void reset(colstate *s) {
@@ -398,16 +406,11 @@ static void reset(colstate *s) {
     s->nstaged[0] = s->nstaged[1] = 0;
 }
 
-/* A whole column (out: its first data byte), NONZERO_DELTA falling back to DELTA (see
- * nonzero_delta). */
+/* A whole column (out: its first data byte). */
 static void encode_column(const hc_column *c, colstate *s, uint8_t *out, uint64_t n) {
     reset(s);
     encode_rows(c, s, 0, n, out, n);
     finish_column(c, s, out, n);
-    if (s->wrapped && s->encoding == NONZERO_DELTA) {
-        s->encoding = DELTA;
-        encode_column(c, s, out, n);
-    }
 }
 
 /* ---- back-references: an open-addressing table from address to the latest row producing it ----
@@ -766,16 +769,9 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
             if (cols[c].encoding != BACKREF)
                 encode_rows(&cols[c], &st[c], lo, hi, out + st[c].header + 8, n);
     }
-    for (uint32_t c = 0; c < ncols; c++) {
-        colstate *s = &st[c];
-        if (cols[c].encoding != BACKREF) {
-            finish_column(&cols[c], s, out + s->header + 8, n);
-            if (s->wrapped && s->encoding == NONZERO_DELTA) {   /* see nonzero_delta */
-                s->encoding = DELTA;
-                encode_column(&cols[c], s, out + s->header + 8, n);
-            }
-        }
-    }
+    for (uint32_t c = 0; c < ncols; c++)
+        if (cols[c].encoding != BACKREF)
+            finish_column(&cols[c], &st[c], out + st[c].header + 8, n);
     off = 0;   /* every column moves down over the zero planes of those before it */
     for (uint32_t c = 0; c < ncols; c++) off += close_column(&cols[c], &st[c], out, off, n);
     return (int64_t)off;

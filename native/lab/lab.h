@@ -224,7 +224,7 @@ struct policy {
     int use_oracle;       /* lifetime policies: class source */
     u64 base;             /* where the arena starts: the footprint is counted from there */
     u64 align_now;        /* alignment the op being replayed asks for (checked mode) */
-    u64 default_align;    /* what a request without one gets: 16 (0), or 8 (the packer's grain 8) */
+    u64 default_align;    /* what a request without one gets: 16, or 8 (the packer's grain 8) */
     u64 footprint_resident; /* 0: the footprint is the extent (arena and mappings); else it is
                                the pages holding live bytes plus this many bytes (pol_pack.c) */
     pblock *blk;

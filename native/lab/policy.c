@@ -14,6 +14,7 @@ policy *pol_new(int kind, int checked, const u64 *params) {
         lab_fatal("out of memory");
     p->kind = kind;
     p->checked = checked;
+    p->default_align = 16;
     pg_init(&p->pg);
     tr_init(&p->live);
     switch (kind) {
@@ -156,7 +157,7 @@ void pol_unplace(policy *p, u32 id) {
 
 void pol_realloc_by_move(policy *p, u32 old, u32 id, u64 size, u8 cls, u64 clock) {
     p->m.moves++;
-    p->ops->alloc(p, id, size, p->default_align ? p->default_align : 16, cls, clock);
+    p->ops->alloc(p, id, size, p->default_align, cls, clock);
     p->ops->release(p, old);
 }
 
@@ -213,8 +214,8 @@ void pol_run(policy *p, const lab_op *ops, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const lab_op *o = &ops[i];
         u8 cls = p->use_oracle ? o->cls_oracle : o->cls_pred;
-        u64 align = o->align_log2 ? 1ULL << o->align_log2 : p->default_align ? p->default_align : 16;
-        p->align_now = o->kind == OP_ALLOC ? align : p->default_align ? p->default_align : 16;
+        u64 align = o->align_log2 ? 1ULL << o->align_log2 : p->default_align;
+        p->align_now = o->kind == OP_ALLOC ? align : p->default_align;
         switch (o->kind) {
         case OP_ALLOC:
             p->ops->alloc(p, o->id, o->size, align, cls, o->clock);
