@@ -13,7 +13,8 @@ class NativeBuild(build_ext):
     def get_ext_filename(self, ext_name):
         if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec",
                                   "libheapcast_drain", "libheapcast_policy",
-                                  "libheapcast_stats", "libheapcast_alloc")):
+                                  "libheapcast_stats", "libheapcast_alloc",
+                                  "libheapcast_alloc_mimalloc")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
 
@@ -86,30 +87,41 @@ stats = Extension(
     extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
 )
 
-# heapcast's allocator (`heapcast run`): mimalloc's first-class heaps, one per lifetime group, fed
-# by the policy runtime (native/policy, compiled in). Needs Debian's libmimalloc-dev; without it
-# the rest installs and `heapcast run` says what is missing.
-def _find_header(name):
-    dirs = [d for d in os.environ.get("CPATH", "").split(":") if d] + ["/usr/local/include", "/usr/include"]
-    return any(os.path.exists(os.path.join(d, name)) for d in dirs)
-
-
-native_exts = [recorder, lab, codec, drain, policy, stats]
-if _find_header("mimalloc.h"):
-    native_exts.append(Extension(
-        "heapcast.libheapcast_alloc",
-        sources=[f"native/alloc/{name}.c" for name in ("alloc", "classify", "oracle", "pack", "stats")]
-        + policy.sources,
+# heapcast's allocator (`heapcast run`): its packer, one set of spans per lifetime group, fed by the
+# policy runtime (native/policy, compiled in), with glibc's own malloc beside it for what the
+# packer does not serve. Nothing else is linked in (no libm, no mimalloc): it is preloaded into
+# every program it runs, and a loaded library's pages count in the program's resident memory.
+def _alloc_library(name, fallback, libraries):
+    return Extension(
+        f"heapcast.{name}",
+        sources=[f"native/alloc/{src}.c" for src in ("alloc", "classify", "oracle", "pack", "stats",
+                                                    fallback)] + policy.sources,
         depends=["native/alloc/alloc.h", "native/alloc/pack.h", "native/alloc/exports.map", *policy.depends],
         define_macros=[("HC_HAVE_POLICY_RUNTIME", "1")],
         extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",
                             "-ftls-model=initial-exec", "-ffp-contract=off", "-pthread", "-Wall",
                             "-Wextra", "-Wno-unused-parameter", "-Wno-frame-address", "-Wno-psabi"],
-        extra_link_args=["-pthread", "-ldl", "-Wl,--version-script=native/alloc/exports.map"],
-        libraries=["mimalloc", "m"],
-    ))
+        extra_link_args=["-pthread", "-Wl,--as-needed", "-ldl",
+                         "-Wl,--version-script=native/alloc/exports.map"],
+        libraries=libraries,
+    )
+
+
+def _find_header(name):
+    dirs = [d for d in os.environ.get("CPATH", "").split(":") if d] + ["/usr/local/include", "/usr/include"]
+    return any(os.path.exists(os.path.join(d, name)) for d in dirs)
+
+
+native_exts = [recorder, lab, codec, drain, policy, stats,
+               _alloc_library("libheapcast_alloc", "fallback_glibc", [])]
+# The same allocator with mimalloc beside the packer, or as the backend of every block (`heapcast
+# run --backend mimalloc`: one mimalloc heap per lifetime group and thread). Needs Debian's
+# libmimalloc-dev; without it the rest installs and `--backend mimalloc` says what is missing.
+if _find_header("mimalloc.h"):
+    native_exts.append(_alloc_library("libheapcast_alloc_mimalloc", "fallback_mimalloc",
+                                      ["mimalloc", "m"]))
 else:
-    print("heapcast: mimalloc.h not found (Debian: apt-get install libmimalloc-dev): heapcast's "
-          "allocator (`heapcast run`) is not built; everything else is", file=sys.stderr)
+    print("heapcast: mimalloc.h not found (Debian: apt-get install libmimalloc-dev): `heapcast run "
+          "--backend mimalloc` is not built; everything else is", file=sys.stderr)
 
 setup(ext_modules=native_exts, cmdclass={"build_ext": NativeBuild})

@@ -36,8 +36,9 @@ ADDR = re.compile(rb"\b[0-9a-f]{3,}\b")   # addresses and pids
 def under_alloc(cmd, policy="none", extra=None, timeout=120, **kw) -> subprocess.CompletedProcess:
     """Runs cmd under the allocator (its output captured as bytes)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
-    env.update(environment(policy))
-    env.update(extra or {})
+    extra = extra or {}
+    env.update(environment(policy, backend=extra.get("HEAPCAST_ALLOC_BACKEND", "pack")))
+    env.update(extra)
     return subprocess.run([str(c) for c in cmd], env=env, capture_output=True, timeout=timeout, **kw)
 
 

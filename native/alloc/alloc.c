@@ -1,28 +1,16 @@
 /* heapcast's allocator: every glibc allocation entry point, with glibc's semantics, served by
- * heapcast's packer (pack.c, the default backend) or by mimalloc (HEAPCAST_ALLOC_BACKEND=
- * mimalloc); each allocation goes to the group of its predicted lifetime class: the packer's
- * spans of that group, or the thread's mimalloc heap of that group.
- *
- * Placement on mimalloc: a thread owns one mimalloc first-class heap per lifetime group (ha_heap_of maps the
- * six classes and "no class" to heaps; heap 0 is mimalloc's own default heap). mimalloc never
- * puts blocks of two heaps in one of its pages (64 KiB for small blocks), so blocks of different
- * groups never share a page, and a page whose short-lived blocks are all freed goes back whole.
- * Any thread may free any block (mi_free finds its page); realloc moves a block to the heap of
- * its new class only when mimalloc has to move it anyway.
- *
- * Class heaps die with their thread: mimalloc deletes a thread's heaps (their pages move to the
- * backing heap) in its thread-specific-data destructor. Ours, created right after mimalloc's (so
- * that glibc runs it next), marks the thread's heaps gone, and an allocation after that (another
- * destructor's) makes new ones, which mimalloc will tear down again in its next round. Keys
- * created between mimalloc's and ours (none, unless a library's constructor made one before
- * ours ran) would see deleted heaps. mimalloc reuses the memory of a thread's heaps, so their
- * addresses cannot tell a live heap from a deleted one. */
+ * heapcast's packer (pack.c, the default backend); each allocation goes to the group of its
+ * predicted lifetime class, whose spans it never shares with another group. What the packer does
+ * not serve (alignments above a page; allocations before the configuration is read; everything,
+ * if its region cannot be reserved) goes to the allocator beside it: glibc's own malloc in
+ * libheapcast_alloc.so (fallback_glibc.c: in every process anyway, so nothing more is loaded),
+ * mimalloc in libheapcast_alloc_mimalloc.so (fallback_mimalloc.c), which can also be the backend
+ * of every block (HEAPCAST_ALLOC_BACKEND=mimalloc: one mimalloc heap per group and thread). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <link.h>
 #include <pthread.h>
 #include <malloc.h>
-#include <mimalloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +25,8 @@
 
 int ha_mode = HA_MODE_NONE;
 /* HEAPCAST_ALLOC_BACKEND=pack (the default): blocks up to PACK_MAX from heapcast's packer
- * (pack.c), one group per heap index; =mimalloc: everything from mimalloc's heaps. */
+ * (pack.c), one group per heap index; =mimalloc (libheapcast_alloc_mimalloc.so): everything from
+ * mimalloc's heaps. */
 int ha_backend_pack;
 uint8_t ha_heap_of[HA_SLOTS] = {1, 1, 2, 2, 0, 0, 0};   /* short, medium, long+never+default */
 
@@ -48,20 +37,7 @@ static const char *log_path;
  * the program's call site is one frame further up. */
 static uintptr_t recorder_lo, recorder_hi;
 
-typedef struct {
-    int live;                       /* heap[] are this thread's current heaps */
-    int making;                     /* making them (pthread_setspecific may allocate) */
-    mi_heap_t *heap[HA_HEAPS];
-    ha_thread_stats *stats;
-} thread_heaps;
-
-static __thread thread_heaps th __attribute__((tls_model("initial-exec")));
-static pthread_key_t heaps_key;
-static int heaps_key_ok;
-
-static void heaps_gone(void *unused) {
-    th.live = 0;
-}
+static __thread ha_thread_stats *thread_stats __attribute__((tls_model("initial-exec")));
 
 void ha_message(const char *fmt, ...) {
     char buf[512];
@@ -117,22 +93,30 @@ static int find_recorder_image(struct dl_phdr_info *info, size_t size, void *arg
     return 1;
 }
 
-/* HEAPCAST_ALLOC_BACKEND: "pack" (the default) or "mimalloc"; 0, or -1 with err set. */
+/* HEAPCAST_ALLOC_BACKEND: "pack" (the default), or "mimalloc" where this library has it; 0, or
+ * -1 with err set (saying what serves the blocks instead). */
 static int choose_backend(char *err, size_t errlen) {
     const char *b = getenv("HEAPCAST_ALLOC_BACKEND");
-    if (b && strcmp(b, "mimalloc") == 0)
-        return 0;
+    int bad = 0;
     if (b && *b && strcmp(b, "pack") != 0) {
-        snprintf(err, errlen, "heapcast alloc: HEAPCAST_ALLOC_BACKEND=%s: expected pack or "
-                 "mimalloc", b);
-        return -1;
+        if (ha_fallback_backend && strcmp(b, ha_fallback_backend) == 0)
+            return 0;
+        if (strcmp(b, "mimalloc") == 0)
+            snprintf(err, errlen, "heapcast alloc: HEAPCAST_ALLOC_BACKEND=mimalloc: this library "
+                     "is built without mimalloc (preload libheapcast_alloc_mimalloc.so: heapcast "
+                     "run --backend mimalloc); using the packer");
+        else
+            snprintf(err, errlen, "heapcast alloc: HEAPCAST_ALLOC_BACKEND=%s: expected pack or "
+                     "mimalloc; using the packer", b);
+        bad = 1;
     }
     if (pack_init() != 0) {
-        snprintf(err, errlen, "heapcast alloc: the packer could not reserve its address space");
+        snprintf(err, errlen, "heapcast alloc: the packer could not reserve its address space; "
+                 "using %s", ha_fallback_name);
         return -1;
     }
     ha_backend_pack = 1;
-    return 0;
+    return bad ? -1 : 0;
 }
 
 static void init_once(void) {
@@ -142,7 +126,7 @@ static void init_once(void) {
     char err[512];
     if (choose_backend(err, sizeof err) != 0) {
         const char *check = getenv("HEAPCAST_ALLOC_CHECK");
-        ha_message("%s%s\n", err, check && *check ? "" : "; using mimalloc");
+        ha_message("%s\n", err);
         if (check && *check)
             _exit(97);
     }
@@ -187,29 +171,10 @@ static inline int ready(void) {
     return atomic_load_explicit(&init_state, memory_order_acquire) == 2;
 }
 
-/* The heap of `cls` for this thread; NULL means mimalloc's default heap. */
-static mi_heap_t *heap_of(int cls) {
-    int h = ha_heap_of[cls];
-    if (h == 0)
-        return NULL;
-    if (HA_UNLIKELY(!th.live)) {
-        if (th.making)
-            return NULL;
-        th.making = 1;
-        for (int i = 1; i < HA_HEAPS; i++)
-            th.heap[i] = mi_heap_new();   /* NULL if out of memory: the default heap serves */
-        th.live = 1;
-        if (heaps_key_ok)
-            pthread_setspecific(heaps_key, (void *)1);   /* our destructor runs at thread end */
-        th.making = 0;
-    }
-    return th.heap[h];
-}
-
 static inline ha_thread_stats *stats(void) {
-    if (HA_UNLIKELY(!th.stats))
-        th.stats = ha_stats_claim();
-    return th.stats;
+    if (HA_UNLIKELY(!thread_stats))
+        thread_stats = ha_stats_claim();
+    return thread_stats;
 }
 
 /* The class of an allocation happening now (the caller's return address `ra`). */
@@ -236,20 +201,8 @@ static inline void account(int cls, size_t size) {
     }
 }
 
-/* glibc aligns every block to 16 bytes; mimalloc's 8-byte size class does not. */
+/* glibc's smallest block: every block is 16-byte aligned, and realloc's new size at least this */
 #define MIN_SIZE 16
-
-/* mimalloc 2.0.9 serves an aligned request whose size is a multiple of the alignment from the
- * plain size class, assuming its blocks are aligned, which they are not in a segment's first
- * page; an odd size takes its general aligned path instead. */
-static void *aligned_in(mi_heap_t *h, size_t size, size_t align) {
-    void *p = h ? mi_heap_malloc_aligned(h, size, align) : mi_malloc_aligned(size, align);
-    if (HA_UNLIKELY(p && ((uintptr_t)p & (align - 1)))) {
-        mi_free(p);
-        p = h ? mi_heap_malloc_aligned(h, size | 1, align) : mi_malloc_aligned(size | 1, align);
-    }
-    return p;
-}
 
 /* What every allocation does with its result: errno as glibc sets it, the --log counts, and in
  * policy mode a sample of the placed blocks watched for mispredictions. */
@@ -275,24 +228,13 @@ static inline void *pack_block(int cls, size_t size, size_t align, int zero) {
     return p;
 }
 
-/* A block of `size` bytes for class `cls`: from the packer when it serves it. */
+/* A block of `size` bytes for class `cls`: from the packer when it serves it, else from the
+ * allocator beside it. */
 static inline void *block_in(int cls, size_t size, size_t align, int zero) {
     void *p;
     if (ha_backend_pack && (p = pack_block(cls, size, align, zero)))
         return p;
-    if (size < MIN_SIZE)
-        size = MIN_SIZE;
-    mi_heap_t *h = heap_of(cls);
-    if (align > MIN_SIZE) {
-        p = aligned_in(h, size, align);
-        if (p && zero)
-            memset(p, 0, size);
-    } else if (h) {
-        p = zero ? mi_heap_zalloc(h, size) : mi_heap_malloc(h, size);
-    } else {
-        p = zero ? mi_zalloc(size) : mi_malloc(size);
-    }
-    return p;
+    return ha_fallback_alloc(ha_heap_of[cls], size < MIN_SIZE ? MIN_SIZE : size, align, zero);
 }
 
 static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint32_t site) {
@@ -301,20 +243,20 @@ static inline void *alloc_in(int cls, size_t size, size_t align, int zero, uint3
 }
 
 /* Three kinds of live blocks: in the packer's region, a mapping of the packer's own (over
- * PACK_MAX), mimalloc's (its backend; with the packer: allocations made before the
- * configuration was read, and alignments above a page). */
+ * PACK_MAX), the fallback's (all of them when it is the backend; with the packer: allocations
+ * made before the configuration was read, and alignments above a page). */
 static inline size_t usable(void *p) {
     if (pack_owns(p))
         return pack_usable_size(p);
     size_t len = ha_backend_pack ? pack_big_len(p) : 0;
-    return len ? len : mi_usable_size(p);
+    return len ? len : ha_fallback_usable(p);
 }
 
 static inline void block_free(void *p) {
     if (pack_owns(p))
         pack_free(p);
     else if (!ha_backend_pack || !pack_big_free(p))
-        mi_free(p);
+        ha_fallback_free(p);
 }
 
 /* realloc by moving: a new block, the contents copied, the old block freed. */
@@ -330,7 +272,7 @@ static void *block_move(int cls, void *p, size_t want) {
 
 /* realloc of a live block to `want` (>= MIN_SIZE) bytes. A packed block stays where it is while
  * `want` has its size class, a mapping is remapped while `want` is over PACK_MAX; other blocks
- * move. With mimalloc as the backend, mimalloc's realloc. */
+ * move. With the fallback as the backend (the packer off), its realloc. */
 static void *block_realloc(int cls, void *p, size_t want) {
     if (pack_owns(p)) {
         if (want <= PACK_MAX && pack_usable_size(p) == pack_class_bytes(want))
@@ -342,8 +284,7 @@ static void *block_realloc(int cls, void *p, size_t want) {
             return pack_big_realloc(p, want);
         return block_move(cls, p, want);
     }
-    mi_heap_t *h = heap_of(cls);
-    return h ? mi_heap_realloc(h, p, want) : mi_realloc(p, want);
+    return ha_fallback_realloc(ha_heap_of[cls], p, want);
 }
 
 #define CALLER() ((uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0)))
@@ -499,8 +440,7 @@ static void after_fork_child(void) {
 }
 
 __attribute__((constructor)) static void alloc_load(void) {
-    mi_thread_init();    /* mimalloc's destructor key first, then ours: glibc runs them in order */
-    heaps_key_ok = pthread_key_create(&heaps_key, heaps_gone) == 0;
+    ha_fallback_load();
     ready();
     dl_iterate_phdr(find_recorder_image, NULL);
     pthread_atfork(NULL, NULL, after_fork_child);

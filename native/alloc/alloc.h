@@ -1,6 +1,7 @@
 /* heapcast's allocator (libheapcast_alloc.so, preloaded by `heapcast run`): the parts shared by
- * its modules. The allocator is mimalloc (Debian's libmimalloc) with one first-class heap per
- * lifetime group per thread; heapcast decides which heap an allocation goes to. */
+ * its modules. Blocks come from heapcast's packer (pack.c), one set of spans per lifetime group;
+ * what it does not serve goes to the allocator beside it (fallback_glibc.c, or in
+ * libheapcast_alloc_mimalloc.so fallback_mimalloc.c, which can also serve every block). */
 #ifndef HEAPCAST_ALLOC_H
 #define HEAPCAST_ALLOC_H
 
@@ -11,7 +12,7 @@
 #define HA_CLASSES 6             /* the lifetime classes of heapcast_policy.h (0..5) */
 #define HA_DEFAULT 6             /* "no class": unknown call sites, --policy none, large blocks */
 #define HA_SLOTS 7               /* classes + the default */
-#define HA_HEAPS 4               /* heap 0 is mimalloc's own default heap of the thread */
+#define HA_HEAPS 4               /* lifetime groups; on mimalloc heap 0 is its default heap */
 /* Blocks above this go to the default heap: mimalloc gives them pages (or segments) of their
  * own anyway, so their lifetime cannot make them share a page with others. */
 #define HA_PLACE_MAX (128 * 1024)
@@ -70,6 +71,18 @@ void ha_stats_mispredicted(int cls);
 void ha_stats_reclassified(int cls);
 void ha_stats_reset_after_fork(void);
 void ha_stats_write(const char *path_prefix);
+
+/* ---- fallback_glibc.c or fallback_mimalloc.c: the allocator beside the packer ---- */
+extern const char ha_fallback_name[];      /* what it is, for messages */
+extern const char *const ha_fallback_backend;   /* its HEAPCAST_ALLOC_BACKEND name if it can
+                                                   serve every block, else NULL */
+void ha_fallback_load(void);               /* from the library's constructor */
+/* A block of `size` (>= 16) bytes aligned to `align` (0: 16), zeroed if `zero`, for heap index
+ * `heap` (a lifetime group; mimalloc's heaps only), or NULL. */
+void *ha_fallback_alloc(int heap, size_t size, size_t align, int zero);
+size_t ha_fallback_usable(void *p);
+void ha_fallback_free(void *p);
+void *ha_fallback_realloc(int heap, void *p, size_t size);
 
 /* ---- util ---- */
 void ha_message(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

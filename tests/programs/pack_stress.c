@@ -118,7 +118,12 @@ static void *worker(void *arg) {
                     if (q[i])
                         fail("calloc not zero", size);
             } else if (kind == 6) {
-                align = (size_t)16 << (next(&r) % 9);      /* 16 .. 4096 */
+                /* 16 .. 4096, and 1 in 16 above a page (8 .. 64 KiB): the packer passes
+                 * those to the allocator beside it, whose blocks are then realloc'd, freed
+                 * and asked their size through the same entry points */
+                align = (size_t)16 << (next(&r) % 9);
+                if (next(&r) % 16 == 0)
+                    align = (size_t)8192 << (next(&r) % 4);
                 void *v = NULL;
                 int which = (int)(next(&r) % 3);
                 if (which == 0 && posix_memalign(&v, align, size) != 0)

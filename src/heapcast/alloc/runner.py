@@ -14,14 +14,21 @@ class AllocError(ValueError):
     """The allocator cannot run the program as asked (library not built, bad POLICY...)."""
 
 
-def alloc_library() -> Path:
-    """Path of libheapcast_alloc.so, built by `pip install .` where libmimalloc-dev exists."""
-    lib = Path(__file__).resolve().parent.parent / "libheapcast_alloc.so"
+def alloc_library(backend: str = "pack") -> Path:
+    """Path of the allocator library that `backend` runs on, built by `pip install .`:
+    libheapcast_alloc.so (the packer, glibc's malloc beside it) or, for "mimalloc",
+    libheapcast_alloc_mimalloc.so (built where libmimalloc-dev exists)."""
+    name = "libheapcast_alloc_mimalloc.so" if backend == "mimalloc" else "libheapcast_alloc.so"
+    lib = Path(__file__).resolve().parent.parent / name
     if not lib.exists():
-        raise AllocError(
-            f"{lib} is missing: heapcast's allocator is built on mimalloc, and its headers were "
-            "not found when heapcast was installed; install them (Debian: apt-get install "
-            "libmimalloc-dev) and reinstall heapcast (`pip install .`)")
+        if backend == "mimalloc":
+            raise AllocError(
+                f"{lib} is missing: --backend mimalloc is built on Debian's mimalloc, whose "
+                "headers were not found when heapcast was installed; install them (apt-get "
+                "install libmimalloc-dev) and reinstall heapcast (`pip install .`), or run the "
+                "default backend (--backend pack)")
+        raise AllocError(f"{lib} is missing: reinstall heapcast (`pip install .`) so that its "
+                         "allocator is built")
     return lib
 
 
@@ -100,7 +107,7 @@ def environment(policy: str = "none", log=None, check: bool = True,
         raise AllocError(f"align {align}: expected 16 (glibc's) or 8")
     if align == 8 and backend != "pack":
         raise AllocError("align 8: only the packer (--backend pack) has 8-byte size classes")
-    lib = str(alloc_library())
+    lib = str(alloc_library(backend))
     preload = os.environ.get("LD_PRELOAD")
     env = {"LD_PRELOAD": lib + (":" + preload if preload else ""),
            "HEAPCAST_ALLOC_BACKEND": backend}
