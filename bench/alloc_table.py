@@ -11,7 +11,9 @@ the gap between the best of the four and the floor each run closes.
     python bench/alloc_table.py --align 8   # heapcast's packer at 8-byte classes (mimalloc's
                                             # grain): the learned policy compiled with --align 8
 
-Prints the table and the issue's targets (met or not, with figures), writes
+Prints the table, where the memory goes at the peak (from the lab's models of glibc and of the
+packer; from their own counters for jemalloc and tcmalloc, read by bench/alloc_stats.c in one
+more run each) and the issue's targets (met or not, with figures), writes
 bench/results/alloc_table.json.
 """
 from __future__ import annotations
@@ -74,6 +76,26 @@ def measure(launcher: Path, cmd: list, env: dict, cwd: str) -> dict:
             "mean_rss": sum(samples) / len(samples) if samples else None}
 
 
+#: Counters of each allocator that says where its memory is (bench/alloc_stats.c). Debian's
+#: mimalloc is a release build: its statistics count segments and pages, not blocks.
+STATS = ("jemalloc", "tcmalloc")
+
+
+def own_stats(launcher: Path, shim: Path, lib: str, cmd: list, env: dict, cwd: str) -> dict:
+    """One run of cmd under the allocator `lib` with bench/alloc_stats.c preloaded after it:
+    the counters of its largest process near its highest RSS, and the run's peak RSS."""
+    with tempfile.TemporaryDirectory(prefix="heapcast-stats-") as tmp:
+        out = Path(tmp) / "stats"
+        peak = measure(launcher, cmd, {**env, "LD_PRELOAD": f"{lib}:{shim}",
+                                       "ALLOC_STATS_OUT": str(out)}, cwd)["peak_rss"]
+        lines = [line.split() for line in out.read_text().splitlines()] if out.exists() else []
+    if not lines:
+        raise RuntimeError(f"{' '.join(cmd)} under {lib}: no process wrote its counters")
+    pid, rss, *pairs = max(lines, key=lambda w: int(w[1]))
+    return {"peak_rss": peak, "rss_at_sample": int(rss),
+            "counters": {k: int(v) for k, v in (p.split("=") for p in pairs)}}
+
+
 def _tree_rss(pid: int) -> int:
     """Resident bytes of the descendants of pid (the launcher itself left out)."""
     total, todo = 0, [pid]
@@ -124,12 +146,13 @@ def floor_of(main: dict, glibc_peak_rss: float) -> dict:
 
 
 def memory_split(row: dict, main: dict) -> dict:
-    """Where the memory goes at the peak, for the allocators the lab models closely (glibc and
+    """Where the memory goes at the peak. For the allocators the lab models closely (glibc and
     heapcast's packer, at the row's alignment): the main process's peak live bytes, what the
     model adds at its peak (internal: headers and class rounding; external: free space in the
     pages or extent it holds, the packer's budget of free-but-resident pages apart), the RSS
     that is not heap (glibc's real peak less its model's footprint) and what the model does not
-    explain (real peak RSS less all of these). `main`: lab_main_process at the row's alignment."""
+    explain (real peak RSS less all of these). `main`: lab_main_process at the row's alignment.
+    For jemalloc and tcmalloc, from their own counters (own_stats; see counter_split)."""
     out = {}
     for name, model in (("glibc", "glibc"), ("heapcast none", "heapcast")):
         m = main["policies"][model]
@@ -140,23 +163,52 @@ def memory_split(row: dict, main: dict) -> dict:
                      "internal": m["internal_at_peak"], "external": external,
                      "free_resident": budget, "non_heap": row["non_heap_bytes"],
                      "unexplained": real - row["non_heap_bytes"] - m["peak_footprint"]}
+    for name, st in (row.get("own_stats") or {}).items():
+        out[name] = counter_split(name, st, main["peak_live_bytes"], row["non_heap_bytes"])
     return out
 
 
+def counter_split(name: str, st: dict, live: int, non_heap: float) -> dict:
+    """The split from an allocator's own counters, sampled within 1% of its process's highest
+    RSS where it held the most (own_stats, bench/alloc_stats.c): internal, its blocks' class sizes less the peak live bytes of the trace (the
+    sample is near, not at, the live peak); external, free space in the pages it holds for
+    blocks (jemalloc: active less allocated; tcmalloc: heap less allocated less free pages,
+    i.e. its caches and partly used spans); free resident, whole free pages kept (jemalloc's
+    dirty pages; tcmalloc's page heap); metadata; unexplained, the run's peak RSS less the
+    not-heap RSS less what the allocator says it holds."""
+    c = st["counters"]
+    if name == "jemalloc":
+        allocated, held = c["stats.allocated"], c["stats.resident"]
+        external = c["stats.active"] - allocated
+        metadata = c["stats.metadata"]
+        free_resident = held - c["stats.active"] - metadata
+    else:
+        allocated, held = c["generic.current_allocated_bytes"], c["generic.total_physical_bytes"]
+        free_resident = c["tcmalloc.pageheap_free_bytes"]
+        external = c["generic.heap_size"] - allocated - free_resident
+        metadata = held - c["generic.heap_size"]
+    return {"real_peak_rss": st["peak_rss"], "live": live, "internal": allocated - live,
+            "external": external, "free_resident": free_resident, "metadata": metadata,
+            "non_heap": non_heap, "unexplained": st["peak_rss"] - non_heap - held}
+
+
 def split_table(rows: list) -> str:
-    heads = ["program", "allocator", "real peak RSS MiB", "not heap", "live at model peak",
-             "rounding+headers", "free in held pages", "free resident", "unexplained"]
+    heads = ["program", "allocator", "real peak RSS MiB", "not heap", "live at peak",
+             "rounding+headers", "free in held pages", "free resident", "metadata", "unexplained"]
     lines = []
     for r in rows:
         for name, x in r["split"].items():
-            lines.append([r["program"], name] + [f"{x[k] / MIB:.1f}" for k in (
+            lines.append([r["program"], name] + [f"{x[k] / MIB:.1f}" if k in x else "-" for k in (
                 "real_peak_rss", "non_heap", "live", "internal", "external", "free_resident",
-                "unexplained")])
-    return format_table(heads, lines)
+                "metadata", "unexplained")])
+    return format_table(heads, lines) + (
+        "\n(glibc and heapcast: the lab's models, metadata in headers or unexplained; jemalloc "
+        "and tcmalloc: their own counters within 1% of their highest RSS, where they held the most; "
+        "mimalloc: Debian's release build counts no blocks)")
 
 
 def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path,
-                align: int = 16) -> dict:
+                align: int = 16, shim: Path | None = None) -> dict:
     traces = {run: corpus.trace_path(program.name, run) for run in "ab"}
     trace_b = heapcast.load(traces["b"])
     cmd, env, cwd = command_of(program, trace_b, tmp)
@@ -176,6 +228,9 @@ def run_program(program: corpus.Program, repeats: int, tmp: Path, launcher: Path
     for name, rs in runs.items():
         out["allocators"][name] = {k: median([r[k] for r in rs]) for k in ("peak_rss", "mean_rss", "seconds")}
         out["allocators"][name]["runs"] = rs
+    if shim is not None:   # untimed runs of their own: the sampling thread costs time
+        out["own_stats"] = {name: own_stats(launcher, shim, REAL[name], cmd, env, cwd)
+                            for name in STATS if name in setups}
     main = lab_main_process(program.name, align)
     out.update(floor_of(main, out["allocators"]["glibc"]["peak_rss"]))
     four = {n: out["allocators"][n]["peak_rss"] for n in FOUR if n in out["allocators"]}
@@ -266,13 +321,15 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="heapcast-alloc-") as tmp:
         launcher = compile_c(Path(__file__).with_name("rss_run.c"), Path(tmp) / "rss_run")
+        shim = compile_c(Path(__file__).with_name("alloc_stats.c"), Path(tmp) / "alloc_stats.so",
+                         flags=("-O2", "-shared", "-fPIC", "-pthread"), libs=("-ldl",))
         for program in corpus.PROGRAMS:
             if names and program.name not in names:
                 continue
             if not (corpus.trace_path(program.name, "b") / "session.json").exists():
                 print(f"alloc_table: {program.name}: no recording, skipped", file=sys.stderr)
                 continue
-            rows.append(run_program(program, repeats, Path(tmp), launcher, a.align))
+            rows.append(run_program(program, repeats, Path(tmp), launcher, a.align, shim))
     print(table(rows))
     print(split_table(rows))
     lines = verdict(rows)

@@ -10,8 +10,8 @@ command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
 # chromium: the report's tests open the page in a real headless browser.
 command -v chromium >/dev/null || need_apt+=(chromium)
-# heapcast's allocator builds on mimalloc (libmimalloc-dev, before pip builds it); its tests and
-# bench/alloc_table.py compare it with jemalloc and tcmalloc.
+# heapcast's allocator's `--backend mimalloc` builds on mimalloc (libmimalloc-dev, before pip
+# builds it); its tests and bench/alloc_table.py compare it with jemalloc and tcmalloc.
 [ -e /usr/include/mimalloc.h ] || need_apt+=(libmimalloc-dev)
 [ -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ] || need_apt+=(libjemalloc2)
 [ -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ] || need_apt+=(libtcmalloc-minimal4)
