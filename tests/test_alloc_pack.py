@@ -209,3 +209,27 @@ def test_freed_big_mappings_are_reused_and_calloc_still_reads_zero(build):
             "calloc": "1", "usable": "1", "realloc": "1", "churn": "1", "smaller": "1"}, got.stdout
         if reused is not None:
             assert lines["reused"] == "1", got.stdout
+
+
+def test_without_its_region_the_packer_leaves_every_block_to_glibc(build, tmp_path):
+    """Under an address-space limit the packer cannot reserve its 32 GiB region: the program
+    still runs, with glibc's own malloc serving every block (a warning says so), glibc's
+    semantics intact, and the --log summary names the backend that served it."""
+    import json
+    import resource
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+    prog = build("alloc_semantics")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HEAPCAST_")}
+    want = subprocess.run([prog], env=clean, capture_output=True, text=True,
+                          preexec_fn=limited, timeout=120)
+    env = {**clean, **environment("none"), "HEAPCAST_ALLOC_LOG": str(tmp_path / "log")}
+    got = subprocess.run([prog], env=env, capture_output=True, text=True, preexec_fn=limited,
+                         timeout=120)
+    assert want.returncode == 0 and got.returncode == 0, got.stderr
+    assert "could not reserve its address space; using glibc's malloc" in got.stderr
+    assert got.stdout == want.stdout
+    logs = list(tmp_path.glob("log.*.json"))
+    assert len(logs) == 1 and json.loads(logs[0].read_text())["backend"] == "glibc"

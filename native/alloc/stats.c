@@ -70,8 +70,9 @@ void ha_stats_write(const char *prefix) {
     for (int c = 0; c < HA_SLOTS; c++)
         len += snprintf(out + len, sizeof out - len, "%s%d", c ? ", " : "", ha_heap_of[c]);
     len += snprintf(out + len, sizeof out - len, "], \"backend\": \"%s\"",
-                    ha_backend_pack ? "pack" : "mimalloc");
-    if (ha_backend_pack) {   /* mimalloc does not say which heap's pages it gave back */
+                    ha_backend_pack ? "pack" : ha_fallback_backend ? ha_fallback_backend
+                                                                   : "glibc");
+    if (ha_backend_pack) {   /* mimalloc and glibc do not say which group's pages they gave back */
         len += snprintf(out + len, sizeof out - len, ", \"pages_returned_by_heap\": [");
         for (int g = 0; g < HA_HEAPS; g++)
             len += snprintf(out + len, sizeof out - len, "%s%llu", g ? ", " : "",

@@ -61,8 +61,8 @@ def format_summary(summary: dict) -> str:
             if names or pages:
                 lines.append(f"heap {h} ({', '.join(names) or 'no allocations'}): {pages:,} "
                              f"pages given back to the kernel ({pages * 4096 / 2**20:.1f} MiB)")
-    elif summary.get("backend") == "mimalloc":
-        lines.append("pages given back: not counted on the mimalloc backend")
+    elif summary.get("backend") in ("mimalloc", "glibc"):
+        lines.append(f"pages given back: not counted on the {summary['backend']} backend")
     return "\n".join(lines)
 
 
