@@ -11,7 +11,7 @@ the gap between the best of the four and the floor each run closes.
     python bench/alloc_table.py --align 8   # heapcast's packer at 8-byte classes (mimalloc's
                                             # grain): the learned policy compiled with --align 8
 
-Prints the table, where the memory goes at the peak (from the lab's models of glibc and of the
+Prints the table (and draws it: bench/results/alloc_table.png), where the memory goes at the peak (from the lab's models of glibc and of the
 packer; from their own counters for jemalloc and tcmalloc, read by bench/alloc_stats.c in one
 more run each) and the issue's targets (met or not, with figures), writes
 bench/results/alloc_table.json.
@@ -261,6 +261,46 @@ def table(rows: list) -> str:
     return format_table(heads, lines)
 
 
+CHART = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "heapcast none", "heapcast learned",
+         "heapcast oracle")
+
+
+def chart(rows: list, out: Path, align: int) -> None:
+    """Bars per program: each allocator's peak RSS over the best of the four (1.0, the line),
+    the floor as a black tick; writes `out` (PNG)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("alloc_table: matplotlib missing, no chart", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    x = np.arange(len(rows))
+    width = 0.84 / len(CHART)
+    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 1.3), 5.5))
+    for i, name in enumerate(CHART):
+        ys = [r["allocators"][name]["vs_best_of_four"] if name in r["allocators"] else np.nan
+              for r in rows]
+        ax.bar(x + i * width - 0.42 + width / 2, ys, width, label=name,
+               hatch="//" if name.startswith("heapcast") else None)
+    floors = [r["floor_bytes"] / r["best_of_four_rss"] for r in rows]
+    ax.scatter(x, floors, marker="_", s=900, color="black", zorder=3, label="floor")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(0.95, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(x, [r["program"] for r in rows])
+    ax.set_ylabel("peak RSS / best of glibc, jemalloc, mimalloc, tcmalloc")
+    ax.set_ylim(0.8, min(1.45, max(r["allocators"][n]["vs_best_of_four"] for r in rows
+                                   for n in CHART if n in r["allocators"]) + 0.03))
+    ax.set_title(f"heapcast's allocator in real runs, {align}-byte classes (lower is better; "
+                 f"dashed: 5% below the best)")
+    ax.legend(ncol=8, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.06))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def verdict(rows: list, which: str = "heapcast learned") -> list:
     """The issue's targets for `which`, plainly."""
     have = [r for r in rows if which in r["allocators"]]
@@ -299,7 +339,8 @@ def main(argv=None) -> int:
                     help="heapcast's packer at 16-byte (glibc's guarantee) or 8-byte classes")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--resplit", type=Path, metavar="JSON",
-                    help="only (re)compute the memory split of an earlier run's JSON, in place")
+                    help="only (re)compute the memory split of an earlier run's JSON, in place, "
+                         "and redraw its chart")
     a = ap.parse_args(argv)
     if a.resplit:
         import json
@@ -308,6 +349,7 @@ def main(argv=None) -> int:
             r["split"] = memory_split(r, lab_main_process(r["program"], r.get("align", 16)))
         print(split_table(d["rows"]))
         write_json(a.resplit, d)
+        chart(d["rows"], a.resplit.with_suffix(".png"), d.get("align", 16))
         return 0
     out = a.out or RESULTS_DIR / ("alloc_table.json" if a.align == 16 else
                                   f"alloc_table_align{a.align}.json")
@@ -338,7 +380,8 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     write_json(out, {"machine": machine_info(), "repeats": repeats, "align": a.align,
                      "rows": rows, "verdict": lines})
-    print(f"wrote {out}", file=sys.stderr)
+    chart(rows, out.with_suffix(".png"), a.align)
+    print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
     return 0
 
 
