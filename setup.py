@@ -41,7 +41,7 @@ lab = Extension(
     sources=[f"native/lab/{name}.c" for name in ("util", "fitheap", "pages", "policy", "pol_fit",
                                                  "pol_buddy", "pol_seg", "pol_glibc", "pol_life",
                                                  "pol_pack", "predictor", "driver")],
-    depends=["native/lab/lab.h"],
+    depends=["native/lab/lab.h", "native/alloc/pack_params.h"],
     extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra",
                         "-Wno-unused-parameter"],
 )
@@ -96,7 +96,8 @@ def _alloc_library(name, fallback, libraries):
         f"heapcast.{name}",
         sources=[f"native/alloc/{src}.c" for src in ("alloc", "classify", "oracle", "pack", "stats",
                                                     fallback)] + policy.sources,
-        depends=["native/alloc/alloc.h", "native/alloc/pack.h", "native/alloc/exports.map", *policy.depends],
+        depends=["native/alloc/alloc.h", "native/alloc/pack.h", "native/alloc/pack_params.h",
+                 "native/alloc/exports.map", *policy.depends],
         define_macros=[("HC_HAVE_POLICY_RUNTIME", "1")],
         extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",
                             "-ftls-model=initial-exec", "-ffp-contract=off", "-pthread", "-Wall",

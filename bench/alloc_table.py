@@ -126,7 +126,7 @@ def learned_policy(program: str, train: Path, tmp: Path, align: int = 16) -> tup
 
 
 #: The packer's free-page budget, which the lab's `heapcast` footprint counts as held at every
-#: moment (native/lab/pol_pack.c, DIRTY_BUDGET; HEAPCAST_PACK_DIRTY's default).
+#: moment (native/alloc/pack_params.h, PACK_DIRTY_BUDGET; HEAPCAST_PACK_DIRTY's default).
 PACK_FREE_BUDGET = 256 * 1024
 
 

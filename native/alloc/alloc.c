@@ -20,6 +20,7 @@
 #include "../policy/heapcast_policy.h"
 #include "alloc.h"
 #include "pack.h"
+#include "pack_params.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -28,7 +29,7 @@ int ha_mode = HA_MODE_NONE;
  * (pack.c), one group per heap index; =mimalloc (libheapcast_alloc_mimalloc.so): everything from
  * mimalloc's heaps. */
 int ha_backend_pack;
-uint8_t ha_heap_of[HA_SLOTS] = {1, 1, 2, 2, 0, 0, 0};   /* short, medium, long+never+default */
+uint8_t ha_heap_of[HA_SLOTS] = PACK_HEAP_MAP;   /* short, medium, long+never+default */
 
 /* 0: not yet, 1: being initialized (allocations meanwhile take the default heap), 2: ready */
 static _Atomic int init_state;

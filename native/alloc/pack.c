@@ -23,7 +23,7 @@
  *   share a span. Free blocks: a bitmap per span (1 = free, sized to the span's blocks),
  *   allocation takes the lowest free block, so the low pages of a span fill first, its high
  *   pages drain, and pages never reached are never resident.
- * - Which span: spans of a class are kept in NB lists by fullness (live / blocks in eighths);
+ * - Which span: spans of a class are kept in PACK_NB lists by fullness (live / blocks in eighths);
  *   allocation takes a span from the fullest non-full list, so allocations pack into few spans
  *   and the emptier ones drain.
  * - Pages back to the kernel: when a free leaves every block overlapping a page free, the page
@@ -53,23 +53,18 @@
 
 #include "alloc.h"
 #include "pack.h"
+#include "pack_params.h"
 
 _Static_assert(PACK_GROUPS == HA_HEAPS, "one packer group per heap index");
-_Static_assert(PACK_MAX == (size_t)1 << 18, "PACK_MAX_LOG");
+_Static_assert(PACK_MAX == (size_t)1 << PACK_MAX_LOG, "pack.h and pack_params.h disagree");
 
 #define PAGE_SHIFT 12
 #define PAGE ((size_t)1 << PAGE_SHIFT)
 #define REGION ((size_t)32 << 30)
 #define MIN_BLOCK 16                     /* every block is 16-byte aligned (glibc's guarantee) */
-#define MAX_FINE_LOG 13                  /* classes every 16 bytes up to at most 8 KiB */
-#define MAX_STEPS_LOG 5                  /* up to 32 classes per power of two above that */
-#define PACK_MAX_LOG 18
-#define NCLASSES ((1 << (MAX_FINE_LOG - 3)) + ((PACK_MAX_LOG - 8) << MAX_STEPS_LOG))
-#define NB 8                             /* fullness lists of partly used spans */
-#define L_EMPTY NB                       /* the list of empty spans */
-#define L_FULL (NB + 1)                  /* full spans are in no list */
-#define MIN_SPAN_BLOCKS 8
-#define MAX_NLOG 7                       /* spans of at most 128 units */
+#define NCLASSES ((1 << (PACK_FINE_LOG - 3)) + ((PACK_MAX_LOG - 8) << PACK_STEPS_LOG))
+#define L_EMPTY PACK_NB                       /* the list of empty spans */
+#define L_FULL (PACK_NB + 1)                  /* full spans are in no list */
 
 typedef struct {              /* per unit */
     uint32_t head;            /* the unit index of its span's first unit */
@@ -83,14 +78,14 @@ typedef struct {              /* per span, at its first unit's index */
     uint32_t next, prev;                  /* its class list (unit index + 1; 0: none) */
     uint16_t cls;
     uint8_t group, nlog;                  /* nlog: log2 of its units */
-    uint8_t list;                         /* 0..NB-1, L_EMPTY or L_FULL */
+    uint8_t list;                         /* 0..PACK_NB-1, L_EMPTY or L_FULL */
     uint8_t bmk;                          /* its bitmap's chunks */
     uint32_t bm;                          /* its bitmap's first chunk + 1 */
 } span_meta;
 
 typedef struct {              /* zero-initialized: glibc's PTHREAD_MUTEX_INITIALIZER is zeros */
     pthread_mutex_t lock;
-    uint32_t list[NB + 1];    /* heads (unit index + 1): fullness lists, then empty spans */
+    uint32_t list[PACK_NB + 1];    /* heads (unit index + 1): fullness lists, then empty spans */
     uint32_t nempty;
     uint32_t dhead, dtail;    /* units with dirty pages, oldest first */
     size_t dirty;             /* bytes of dirty pages */
@@ -111,14 +106,14 @@ static span_meta *spans;
 static uint64_t *bitmaps;
 static uint32_t bm_top, bm_limit;           /* chunks handed out, chunks reserved */
 static uint32_t bm_free[65];                /* freed runs by length (first chunk + 1) */
-static size_t dirty_budget = 256 * 1024;
+static size_t dirty_budget = PACK_DIRTY_BUDGET;
 static _Atomic size_t dirty_total;          /* bytes of dirty pages, every class */
 static _Atomic int sweeping;
 static size_t n_release_calls, n_retire_calls;   /* HEAPCAST_PACK_DEBUG (racy) */
 static _Atomic uint64_t returned[PACK_GROUPS];   /* pages given back, per group (--log) */
 static _Atomic uint32_t sweep_epoch;        /* sweeps so far */
 static _Atomic size_t sweep_at;             /* the next sweep: dirty_total above this */
-static uint32_t keep_empty = 1;
+static uint32_t keep_empty = PACK_KEEP_EMPTY;
 static unsigned fine_log = 13;     /* classes every 16 bytes up to 2^fine_log (8 KiB) */
 /* HEAPCAST_PACK_GRAIN=8 (`heapcast run --align 8`): fine classes every 8 bytes, so that a block
  * whose size is not a multiple of 16 is only 8-byte aligned, as mimalloc's 24-, 40- and 56-byte
@@ -143,7 +138,7 @@ static inline unsigned class_index(const pack_class *c) {
 
 static pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t region_top;                 /* units handed out so far */
-static uint32_t pool[MAX_NLOG + 1];         /* clean free spans by nlog (unit index + 1) */
+static uint32_t pool[PACK_MAX_NLOG + 1];         /* clean free spans by nlog (unit index + 1) */
 
 /* ---- size classes ---- */
 
@@ -171,7 +166,7 @@ static void init_classes(void) {
         }
         class_size[c] = (uint32_t)size;
         unsigned nlog = 0;
-        while (nlog < MAX_NLOG && (((size_t)1 << (ushift + nlog)) / size) < MIN_SPAN_BLOCKS)
+        while (nlog < PACK_MAX_NLOG && (((size_t)1 << (ushift + nlog)) / size) < PACK_MIN_SPAN_BLOCKS)
             nlog++;
         class_nlog[c] = (uint8_t)nlog;
     }
@@ -210,7 +205,7 @@ static inline unsigned list_for(const span_meta *s) {
         return L_EMPTY;
     if (s->live == s->nblocks)
         return L_FULL;
-    return (unsigned)((uint64_t)s->live * NB / s->nblocks);
+    return (unsigned)((uint64_t)s->live * PACK_NB / s->nblocks);
 }
 
 static inline void relist(pack_class *c, uint32_t h1) {
@@ -508,7 +503,7 @@ static void span_retire(pack_class *c, uint32_t h1) {
 /* ---- allocation ---- */
 
 static uint32_t span_for_alloc(pack_class *c, unsigned cls, unsigned group) {
-    for (int l = NB - 1; l >= 0; l--)
+    for (int l = PACK_NB - 1; l >= 0; l--)
         if (c->list[l])
             return c->list[l];
     if (c->list[L_EMPTY])
@@ -794,25 +789,24 @@ static inline size_t page_round(size_t n) { return (n + PAGE - 1) & ~(PAGE - 1);
 
 /* Freed mappings kept for the next big block (a program that allocates and frees a 1 MiB
  * buffer in a loop otherwise pays an mmap, a munmap and a page fault per page every time: 60x
- * mimalloc's time), at most BIG_CACHE of them and big_cache_max bytes (HEAPCAST_PACK_BIG_CACHE),
+ * mimalloc's time), at most PACK_BIG_CACHE of them and big_cache_max bytes (HEAPCAST_PACK_BIG_CACHE),
  * the oldest given back first, and all of them whenever the packer takes a span of memory it did
  * not hold (span_take): their pages stay resident only while the heap is not growing. Under
  * big_lock. */
-#define BIG_CACHE 4
-static struct { uintptr_t addr; size_t len; } big_cache[BIG_CACHE];   /* oldest first */
+static struct { uintptr_t addr; size_t len; } big_cache[PACK_BIG_CACHE];   /* oldest first */
 static unsigned big_ncached;
-static size_t big_cached, big_cache_max = (size_t)16 << 20;
+static size_t big_cached, big_cache_max = PACK_BIG_CACHE_MAX;
 
 /* A cached mapping for `len` bytes (at most a quarter more, kept whole: *len becomes its
  * length, so that the next larger request of a program whose sizes vary still fits); 0 if
  * none. */
 static uintptr_t big_cache_take(size_t *len) {
-    unsigned best = BIG_CACHE;
+    unsigned best = PACK_BIG_CACHE;
     for (unsigned i = 0; i < big_ncached; i++)
         if (big_cache[i].len >= *len && big_cache[i].len - *len <= *len / 4 &&
-            (best == BIG_CACHE || big_cache[i].len < big_cache[best].len))
+            (best == PACK_BIG_CACHE || big_cache[i].len < big_cache[best].len))
             best = i;
-    if (best == BIG_CACHE)
+    if (best == PACK_BIG_CACHE)
         return 0;
     uintptr_t a = big_cache[best].addr;
     size_t have = big_cache[best].len;
@@ -827,7 +821,7 @@ static uintptr_t big_cache_take(size_t *len) {
 static void big_cache_flush(void) {
     if (!__atomic_load_n(&big_ncached, __ATOMIC_RELAXED))
         return;
-    struct { uintptr_t addr; size_t len; } gone[BIG_CACHE];
+    struct { uintptr_t addr; size_t len; } gone[PACK_BIG_CACHE];
     pthread_mutex_lock(&big_lock);
     unsigned n = big_ncached;
     memcpy(gone, big_cache, n * sizeof gone[0]);
@@ -842,7 +836,7 @@ void *pack_big_alloc(size_t size, int zero) {
     size_t len = page_round(size);
     if (len < size)
         return NULL;
-    struct { uintptr_t addr; size_t len; } gone[BIG_CACHE];
+    struct { uintptr_t addr; size_t len; } gone[PACK_BIG_CACHE];
     unsigned ngone = 0;
     pthread_mutex_lock(&big_lock);
     void *p = (void *)big_cache_take(&len);
@@ -890,7 +884,7 @@ size_t pack_big_len(const void *p) {
 int pack_big_free(void *p) {
     if ((uintptr_t)p & (PAGE - 1))
         return 0;
-    struct { uintptr_t addr; size_t len; } gone[BIG_CACHE + 1];
+    struct { uintptr_t addr; size_t len; } gone[PACK_BIG_CACHE + 1];
     unsigned ngone = 0;
     pthread_mutex_lock(&big_lock);
     big_slot *e = big_find((uintptr_t)p);
@@ -898,7 +892,7 @@ int pack_big_free(void *p) {
     if (e) {
         e->addr = 1;
         if (len <= big_cache_max) {   /* kept; the oldest go back while over the bounds */
-            while (big_ncached && (big_ncached == BIG_CACHE || big_cached + len > big_cache_max)) {
+            while (big_ncached && (big_ncached == PACK_BIG_CACHE || big_cached + len > big_cache_max)) {
                 gone[ngone].addr = big_cache[0].addr;
                 gone[ngone++].len = big_cache[0].len;
                 big_cached -= big_cache[0].len;
@@ -949,7 +943,7 @@ void pack_dump(void) {
         for (unsigned c = 0; c < nclasses; c++) {
             pack_class *k = &classes[g][c];
             size_t nspans = 0, cap = 0, live = 0;
-            for (unsigned l = 0; l <= NB; l++)
+            for (unsigned l = 0; l <= PACK_NB; l++)
                 for (uint32_t h1 = k->list[l]; h1; h1 = S(h1)->next) {
                     nspans++;
                     cap += S(h1)->nblocks;
@@ -1020,9 +1014,9 @@ static void *reserve(size_t len) {
 }
 
 int pack_init(void) {
-    ushift = (unsigned)env_size("HEAPCAST_PACK_SPAN", 16, 14, 18);   /* log2 bytes */
-    steps_log = (unsigned)env_size("HEAPCAST_PACK_STEPS", steps_log, 2, MAX_STEPS_LOG);
-    fine_log = (unsigned)env_size("HEAPCAST_PACK_FINE", fine_log, 8, MAX_FINE_LOG);
+    ushift = (unsigned)env_size("HEAPCAST_PACK_SPAN", PACK_UNIT_LOG, 14, 18);   /* log2 bytes */
+    steps_log = (unsigned)env_size("HEAPCAST_PACK_STEPS", steps_log, 2, PACK_STEPS_LOG);
+    fine_log = (unsigned)env_size("HEAPCAST_PACK_FINE", fine_log, 8, PACK_FINE_LOG);
     grain_log = env_size("HEAPCAST_PACK_GRAIN", 16, 8, 16) == 8 ? 3 : 4;
     dirty_budget = env_size("HEAPCAST_PACK_DIRTY", dirty_budget, 0, (size_t)1 << 40);
     keep_empty = (uint32_t)env_size("HEAPCAST_PACK_EMPTY", keep_empty, 0, 1u << 20);

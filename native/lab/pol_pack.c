@@ -23,29 +23,21 @@
 #include <string.h>
 
 #include "lab.h"
+#include "../alloc/pack_params.h"   /* the packer's constants: the model keeps in step */
+
+/* The allocator's default heap map (alloc.c, ha_heap_of): class -> group. */
+static const u8 group_of_class[] = PACK_HEAP_MAP;
 
 #define PAGE 4096
-#define UNIT_LOG 16
-#define UNIT ((u64)1 << UNIT_LOG)
-#define PACK_MAX_LOG 18
+#define UNIT ((u64)1 << PACK_UNIT_LOG)
 #define PACK_MAX ((u64)1 << PACK_MAX_LOG)
-#define FINE_LOG 13
-#define STEPS_LOG 5
-#define MAX_CLASSES ((1 << (FINE_LOG - 3)) + ((PACK_MAX_LOG - FINE_LOG) << STEPS_LOG))
+#define MAX_CLASSES ((1 << (PACK_FINE_LOG - 3)) + ((PACK_MAX_LOG - PACK_FINE_LOG) << PACK_STEPS_LOG))
 #define GROUPS 3
-#define NB 8
-#define L_EMPTY NB
-#define L_FULL (NB + 1)
-#define MIN_SPAN_BLOCKS 8
-#define MAX_NLOG 7
+#define L_EMPTY PACK_NB
+#define L_FULL (PACK_NB + 1)
 #define BWORDS (UNIT / 16 / 64)   /* bitmap words of a span: at most 4096 blocks */
 #define BIG (~0U)
-#define DIRTY_BUDGET (256 * 1024)
-#define BIG_CACHE 4
-#define BIG_CACHE_MAX ((u64)16 << 20)
 
-/* The allocator's default heap map (native/alloc/alloc.c, ha_heap_of): class -> group. */
-static const u8 group_of_class[6] = {1, 1, 2, 2, 0, 0};
 
 typedef struct {              /* per unit; meaningful at a span's first unit */
     u32 next, prev;           /* its list (unit index + 1; 0: none) */
@@ -55,7 +47,7 @@ typedef struct {              /* per unit; meaningful at a span's first unit */
 } pspan;
 
 typedef struct {
-    u32 list[NB + 1];         /* heads: fullness lists, then empty spans */
+    u32 list[PACK_NB + 1];         /* heads: fullness lists, then empty spans */
     u32 nempty;
 } pclass;
 
@@ -68,9 +60,9 @@ typedef struct {
     u64 *bits;                /* BWORDS per unit index, 1 = free */
     size_t cap;               /* units allocated in spans[] and bits[] */
     u32 top;                  /* units handed out so far */
-    u32 pool[MAX_NLOG + 1];   /* free spans by nlog (unit index + 1) */
+    u32 pool[PACK_MAX_NLOG + 1];   /* free spans by nlog (unit index + 1) */
     u64 next_map, mapped;     /* big blocks: the next mapping's address, bytes mapped */
-    u64 kept[BIG_CACHE];      /* freed big mappings kept (lengths), oldest first */
+    u64 kept[PACK_BIG_CACHE];      /* freed big mappings kept (lengths), oldest first */
     unsigned nkept;
     u64 kept_bytes;
 } pack;
@@ -78,13 +70,13 @@ typedef struct {
 static pack *P(policy *p) { return p->state; }
 
 static unsigned class_of(const pack *k, u64 size) {
-    if (size <= (1ULL << FINE_LOG)) {
+    if (size <= (1ULL << PACK_FINE_LOG)) {
         u64 min_block = 1ULL << k->grain_log;
         return (unsigned)(((size < min_block ? min_block : size) + min_block - 1) >> k->grain_log) - 1;
     }
-    unsigned e = 63 - (unsigned)__builtin_clzll(size - 1), sh = e - STEPS_LOG;
+    unsigned e = 63 - (unsigned)__builtin_clzll(size - 1), sh = e - PACK_STEPS_LOG;
     unsigned q = (unsigned)((size - (1ULL << e) + (1ULL << sh) - 1) >> sh);
-    return k->nfine + ((e - FINE_LOG) << STEPS_LOG) + q - 1;
+    return k->nfine + ((e - PACK_FINE_LOG) << PACK_STEPS_LOG) + q - 1;
 }
 
 void *pack_new(policy *p, const u64 *params) {
@@ -95,25 +87,25 @@ void *pack_new(policy *p, const u64 *params) {
     if (k->grain_log == 3)
         p->default_align = 8;   /* a 24-byte block is 8-byte aligned, as mimalloc's are */
     k->grouped = p->kind != POL_PACK;
-    k->nfine = 1u << (FINE_LOG - k->grain_log);
-    k->nclasses = k->nfine + ((PACK_MAX_LOG - FINE_LOG) << STEPS_LOG);
+    k->nfine = 1u << (PACK_FINE_LOG - k->grain_log);
+    k->nclasses = k->nfine + ((PACK_MAX_LOG - PACK_FINE_LOG) << PACK_STEPS_LOG);
     for (unsigned c = 0; c < k->nclasses; c++) {
         u64 size;
         if (c < k->nfine) {
             size = (u64)(c + 1) << k->grain_log;
         } else {
-            unsigned e = FINE_LOG + ((c - k->nfine) >> STEPS_LOG);
-            unsigned q = ((c - k->nfine) & ((1u << STEPS_LOG) - 1)) + 1;
-            size = (1ULL << e) + ((u64)q << (e - STEPS_LOG));
+            unsigned e = PACK_FINE_LOG + ((c - k->nfine) >> PACK_STEPS_LOG);
+            unsigned q = ((c - k->nfine) & ((1u << PACK_STEPS_LOG) - 1)) + 1;
+            size = (1ULL << e) + ((u64)q << (e - PACK_STEPS_LOG));
         }
         k->size[c] = (u32)size;
         unsigned nlog = 0;
-        while (nlog < MAX_NLOG && ((UNIT << nlog) / size) < MIN_SPAN_BLOCKS)
+        while (nlog < PACK_MAX_NLOG && ((UNIT << nlog) / size) < PACK_MIN_SPAN_BLOCKS)
             nlog++;
         k->nlog[c] = (u8)nlog;
     }
     k->next_map = pol_mmap_base();
-    p->footprint_resident = DIRTY_BUDGET;
+    p->footprint_resident = PACK_DIRTY_BUDGET;
     return k;
 }
 
@@ -122,7 +114,7 @@ static pspan *SP(pack *k, u32 h1) { return &k->spans[h1 - 1]; }
 /* The kept mappings count as resident (the footprint's extra bytes beside the live pages). */
 static void set_kept(policy *p, pack *k, u64 bytes) {
     k->kept_bytes = bytes;
-    p->footprint_resident = DIRTY_BUDGET + bytes;
+    p->footprint_resident = PACK_DIRTY_BUDGET + bytes;
 }
 
 static void kept_drop(pack *k, unsigned i) {
@@ -157,7 +149,7 @@ static void list_remove(pclass *c, pack *k, u32 h1) {
 static void relist(pclass *c, pack *k, u32 h1) {
     pspan *s = SP(k, h1);
     unsigned l = s->live == 0 ? L_EMPTY : s->live == s->nblocks ? L_FULL
-                 : (unsigned)((u64)s->live * NB / s->nblocks);
+                 : (unsigned)((u64)s->live * PACK_NB / s->nblocks);
     if (l != s->list) {
         list_remove(c, k, h1);
         list_push(c, k, l, h1);
@@ -181,7 +173,7 @@ static u32 span_new(policy *p, pclass *c, unsigned cls, unsigned group) {
                 lab_fatal("out of memory");
             memset(k->spans + old, 0, (k->cap - old) * sizeof(pspan));
         }
-        pol_set_top(p, (u64)k->top << UNIT_LOG);
+        pol_set_top(p, (u64)k->top << PACK_UNIT_LOG);
     }
     if (k->nkept) {   /* the packer takes memory: the kept mappings go back */
         k->nkept = 0;
@@ -209,12 +201,12 @@ static void big_alloc(policy *p, u32 id, u64 size, u64 align) {
     pack *k = P(p);
     u64 len = align_up(max_u64(size, 1), PAGE);
     if (align <= PAGE) {   /* the smallest kept mapping that fits, at most a quarter larger */
-        unsigned best = BIG_CACHE;
+        unsigned best = PACK_BIG_CACHE;
         for (unsigned i = 0; i < k->nkept; i++)
             if (k->kept[i] >= len && k->kept[i] - len <= len / 4 &&
-                (best == BIG_CACHE || k->kept[i] < k->kept[best]))
+                (best == PACK_BIG_CACHE || k->kept[i] < k->kept[best]))
                 best = i;
-        if (best != BIG_CACHE) {
+        if (best != PACK_BIG_CACHE) {
             len = k->kept[best];
             set_kept(p, k, k->kept_bytes - len);
             kept_drop(k, best);
@@ -255,7 +247,7 @@ static void pack_alloc(policy *p, u32 id, u64 size, u64 align, u8 cls, u64 clock
     unsigned g = k->grouped ? (cls < 6 ? group_of_class[cls] : 0) : 0;
     pclass *pc = &k->cls[g][c];
     u32 h1 = 0;
-    for (int l = NB - 1; l >= 0 && !h1; l--)
+    for (int l = PACK_NB - 1; l >= 0 && !h1; l--)
         h1 = pc->list[l];
     if (!h1)
         h1 = pc->list[L_EMPTY] ? pc->list[L_EMPTY] : span_new(p, pc, c, g);
@@ -269,7 +261,7 @@ static void pack_alloc(policy *p, u32 id, u64 size, u64 align, u8 cls, u64 clock
     if (s->live++ == 0)
         pc->nempty--;
     relist(pc, k, h1);
-    pol_place(p, id, ((u64)(h1 - 1) << UNIT_LOG) + (u64)i * k->size[c], k->size[c], size,
+    pol_place(p, id, ((u64)(h1 - 1) << PACK_UNIT_LOG) + (u64)i * k->size[c], k->size[c], size,
               REG_ARENA, h1, 0);
 }
 
@@ -280,9 +272,9 @@ static void pack_release(policy *p, u32 id) {
     if (b.aux == BIG) {
         k->mapped -= b.len;
         pol_set_mmapped(p, k->mapped);
-        if (b.len <= BIG_CACHE_MAX) {   /* kept; the oldest go while over the bounds */
+        if (b.len <= PACK_BIG_CACHE_MAX) {   /* kept; the oldest go while over the bounds */
             u64 kept = k->kept_bytes;
-            while (k->nkept && (k->nkept == BIG_CACHE || kept + b.len > BIG_CACHE_MAX)) {
+            while (k->nkept && (k->nkept == PACK_BIG_CACHE || kept + b.len > PACK_BIG_CACHE_MAX)) {
                 kept -= k->kept[0];
                 kept_drop(k, 0);
             }
@@ -294,7 +286,7 @@ static void pack_release(policy *p, u32 id) {
     u32 h1 = b.aux;
     pspan *s = SP(k, h1);
     pclass *pc = &k->cls[s->group][s->cls];
-    u64 i = (b.addr - ((u64)(h1 - 1) << UNIT_LOG)) / k->size[s->cls];
+    u64 i = (b.addr - ((u64)(h1 - 1) << PACK_UNIT_LOG)) / k->size[s->cls];
     k->bits[(size_t)(h1 - 1) * BWORDS + i / 64] |= 1ULL << (i % 64);
     s->live--;
     relist(pc, k, h1);
