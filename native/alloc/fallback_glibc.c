@@ -2,7 +2,7 @@
  * points glibc exports under its own names (__libc_malloc...), which our interposed malloc does
  * not shadow. It is in every process anyway, so nothing more is loaded: linking mimalloc for
  * these rare blocks (alignments above a page, a region that cannot be reserved) cost every
- * program about 0.5 MiB of resident memory (its pages and libm's), measured on /bin/true. */
+ * program 0.45 MiB of resident memory (its pages and libm's; measured on an empty C program). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <string.h>
