@@ -19,7 +19,7 @@ import numpy as np
 #: classes) for which a policy places blocks by lifetime class.
 MIN_GAIN = 0.02
 #: What the lab's packer model leaves out of the real peak RSS under the packer (thread caches,
-#: free pages beyond its budget between two sweeps, side tables): 0.2-1.0 MiB on every corpus
+#: free pages beyond its budget between two sweeps, side tables): at most 0.8 MiB on every corpus
 #: program (bench/alloc_table.py, "unexplained"; docs/allocator.md, "Placement"), which is 1-10%
 #: of a small heap such as gcc's, hence the bytes beside the share. The packer is chosen over glibc
 #: only when the lab finds it lower by more than this share of glibc's footprint plus these bytes.
