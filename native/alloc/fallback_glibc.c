@@ -1,8 +1,8 @@
 /* The allocator beside the packer in libheapcast_alloc.so: glibc's own malloc, through the entry
  * points glibc exports under its own names (__libc_malloc...), which our interposed malloc does
  * not shadow. It is in every process anyway, so nothing more is loaded: linking mimalloc for
- * these rare blocks (alignments above a page, a region that cannot be reserved) cost every
- * program 0.45 MiB of resident memory (its pages and libm's; measured on an empty C program). */
+ * these rare blocks (alignments above a page, a region that cannot be reserved) cost 0.45 MiB
+ * of resident memory (its pages and libm's) on an empty C program, 0.1-0.4 MiB on the corpus's. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <string.h>

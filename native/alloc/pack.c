@@ -114,7 +114,7 @@ static _Atomic uint64_t returned[PACK_GROUPS];   /* pages given back, per group 
 static _Atomic uint32_t sweep_epoch;        /* sweeps so far */
 static _Atomic size_t sweep_at;             /* the next sweep: dirty_total above this */
 static uint32_t keep_empty = PACK_KEEP_EMPTY;
-static unsigned fine_log = 13;     /* classes every 16 bytes up to 2^fine_log (8 KiB) */
+static unsigned fine_log = PACK_FINE_LOG;   /* classes every 16 bytes up to 2^fine_log (8 KiB) */
 /* HEAPCAST_PACK_GRAIN=8 (`heapcast run --align 8`): fine classes every 8 bytes, so that a block
  * whose size is not a multiple of 16 is only 8-byte aligned, as mimalloc's 24-, 40- and 56-byte
  * blocks are: not glibc's guarantee (16 for every block), opt-in. Requests for an alignment
@@ -122,7 +122,7 @@ static unsigned fine_log = 13;     /* classes every 16 bytes up to 2^fine_log (8
 static unsigned grain_log = 4;
 static size_t min_block = MIN_BLOCK;    /* 8 with GRAIN=8: requests of <= 8 bytes take 8 */
 static unsigned nfine;             /* their number */
-static unsigned steps_log = 5;     /* 2^steps_log classes per power of two above (32: <= 3.1% apart) */
+static unsigned steps_log = PACK_STEPS_LOG;   /* 2^steps_log classes per doubling above (32: <= 3.1% apart) */
 static unsigned nclasses;
 static uint32_t class_size[NCLASSES];
 static uint8_t class_nlog[NCLASSES];
@@ -793,9 +793,19 @@ static inline size_t page_round(size_t n) { return (n + PAGE - 1) & ~(PAGE - 1);
  * the oldest given back first, and all of them whenever the packer takes a span of memory it did
  * not hold (span_take): their pages stay resident only while the heap is not growing. Under
  * big_lock. */
-static struct { uintptr_t addr; size_t len; } big_cache[PACK_BIG_CACHE];   /* oldest first */
+typedef struct { uintptr_t addr; size_t len; } big_mapping;
+static big_mapping big_cache[PACK_BIG_CACHE];   /* oldest first */
 static unsigned big_ncached;
 static size_t big_cached, big_cache_max = PACK_BIG_CACHE_MAX;
+
+/* Takes kept mapping i out of the cache (its pages are the caller's: reused or given back). */
+static big_mapping big_cache_remove(unsigned i) {
+    big_mapping m = big_cache[i];
+    big_cached -= m.len;
+    memmove(&big_cache[i], &big_cache[i + 1], (big_ncached - i - 1) * sizeof big_cache[0]);
+    big_ncached--;
+    return m;
+}
 
 /* A cached mapping for `len` bytes (at most a quarter more, kept whole: *len becomes its
  * length, so that the next larger request of a program whose sizes vary still fits); 0 if
@@ -808,20 +818,16 @@ static uintptr_t big_cache_take(size_t *len) {
             best = i;
     if (best == PACK_BIG_CACHE)
         return 0;
-    uintptr_t a = big_cache[best].addr;
-    size_t have = big_cache[best].len;
-    big_cached -= have;
-    memmove(&big_cache[best], &big_cache[best + 1], (big_ncached - best - 1) * sizeof big_cache[0]);
-    big_ncached--;
-    *len = have;
-    return a;
+    big_mapping m = big_cache_remove(best);
+    *len = m.len;
+    return m.addr;
 }
 
 /* Gives back every kept mapping (see span_take). */
 static void big_cache_flush(void) {
     if (!__atomic_load_n(&big_ncached, __ATOMIC_RELAXED))
         return;
-    struct { uintptr_t addr; size_t len; } gone[PACK_BIG_CACHE];
+    big_mapping gone[PACK_BIG_CACHE];
     pthread_mutex_lock(&big_lock);
     unsigned n = big_ncached;
     memcpy(gone, big_cache, n * sizeof gone[0]);
@@ -836,20 +842,15 @@ void *pack_big_alloc(size_t size, int zero) {
     size_t len = page_round(size);
     if (len < size)
         return NULL;
-    struct { uintptr_t addr; size_t len; } gone[PACK_BIG_CACHE];
+    big_mapping gone[PACK_BIG_CACHE];
     unsigned ngone = 0;
     pthread_mutex_lock(&big_lock);
     void *p = (void *)big_cache_take(&len);
     if (!p)   /* a new mapping: the kept ones too small for it go back (a growing buffer's
                * old sizes are not asked for again; gcc peaked 0.8 MiB higher with them) */
         for (unsigned i = big_ncached; i-- > 0;)
-            if (big_cache[i].len < len) {
-                gone[ngone].addr = big_cache[i].addr;
-                gone[ngone++].len = big_cache[i].len;
-                big_cached -= big_cache[i].len;
-                memmove(&big_cache[i], &big_cache[i + 1], (big_ncached - i - 1) * sizeof big_cache[0]);
-                big_ncached--;
-            }
+            if (big_cache[i].len < len)
+                gone[ngone++] = big_cache_remove(i);
     pthread_mutex_unlock(&big_lock);
     for (unsigned i = 0; i < ngone; i++)
         munmap((void *)gone[i].addr, gone[i].len);
@@ -884,7 +885,7 @@ size_t pack_big_len(const void *p) {
 int pack_big_free(void *p) {
     if ((uintptr_t)p & (PAGE - 1))
         return 0;
-    struct { uintptr_t addr; size_t len; } gone[PACK_BIG_CACHE + 1];
+    big_mapping gone[PACK_BIG_CACHE + 1];
     unsigned ngone = 0;
     pthread_mutex_lock(&big_lock);
     big_slot *e = big_find((uintptr_t)p);
@@ -892,18 +893,13 @@ int pack_big_free(void *p) {
     if (e) {
         e->addr = 1;
         if (len <= big_cache_max) {   /* kept; the oldest go back while over the bounds */
-            while (big_ncached && (big_ncached == PACK_BIG_CACHE || big_cached + len > big_cache_max)) {
-                gone[ngone].addr = big_cache[0].addr;
-                gone[ngone++].len = big_cache[0].len;
-                big_cached -= big_cache[0].len;
-                memmove(&big_cache[0], &big_cache[1], --big_ncached * sizeof big_cache[0]);
-            }
+            while (big_ncached && (big_ncached == PACK_BIG_CACHE || big_cached + len > big_cache_max))
+                gone[ngone++] = big_cache_remove(0);
             big_cache[big_ncached].addr = (uintptr_t)p;
             big_cache[big_ncached++].len = len;
             big_cached += len;
         } else {
-            gone[ngone].addr = (uintptr_t)p;
-            gone[ngone++].len = len;
+            gone[ngone++] = (big_mapping){(uintptr_t)p, len};
         }
     }
     pthread_mutex_unlock(&big_lock);
