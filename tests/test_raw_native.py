@@ -524,6 +524,31 @@ def test_block_memory_is_reused_only_when_no_view_of_it_is_left(tmp_path, monkey
     rp.close()
 
 
+def test_a_conversion_decodes_every_window_into_one_set_of_columns(tmp_path, monkeypatch):
+    """finalize encodes each window before it decodes the next (the trace writer encodes in the
+    caller's thread), so one set of decoded columns serves every window: the memory that the
+    kernel zeroes once per recording stays one window's. The trace is the events, exactly."""
+    import heapcast
+    from heapcast.recorder import live
+    from heapcast.recorder.session import finalize
+    monkeypatch.setattr(native_raw, "SHARED", native_raw.Buffers())   # none taken by other tests
+    monkeypatch.setattr(live, "WINDOW", 250)   # every window overlaps 3 chunks of 100 events
+    b = RawBuilder()
+    slots = [ev(s, F.MALLOC if s % 2 else F.FREE, ts=s, a=0x1000 + 16 * (s // 2), b=s)
+             for s in range(1, 4001)]
+    for k in range(0, len(slots), 100):
+        b.chunk(0, slots[k:k + 100])
+    b.seq = len(slots) + 1
+    path = b.write(tmp_path / "4242.raw")
+    want = [{k: v.copy() for k, v in w.items()} for w in ref_iter_events(RawProcess(path), 250)]
+    finalize(tmp_path)
+    assert len(native_raw.SHARED.sets) == 1
+    events = heapcast.load(tmp_path).processes[0].events
+    assert len(events) == 4000
+    for name in ("seq", "op", "addr", "size"):
+        np.testing.assert_array_equal(events[name], np.concatenate([w[name] for w in want]))
+
+
 def test_threads_never_share_a_set_of_block_memory(tmp_path, monkeypatch):
     """The decoding memory is shared by the process's threads (the converter's, then the main
     thread's): two threads reading at once never get the same set of columns."""

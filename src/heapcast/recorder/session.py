@@ -356,6 +356,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None):
             for block in rp.iter_events(live_windows.WINDOW, start=start, assigner=assigner):
                 bar.update(len(block["seq"]))
                 writer.add(block)
+                del block   # (encoded: its memory is free for the next window)
             proc.locations = rp.canonical_python_frames(assigner.table())
             writer.finish(proc)
         except BaseException:

@@ -221,6 +221,7 @@ class RawProcess:
                 if assigner is not None:
                     assigner.number(block)
                 yield block
+            del block   # its memory is reused for the next window once the caller lets go too
             lo = hi
 
     # ------------------------------------------------------------------ metadata

@@ -35,10 +35,13 @@ def open_private(path: Path, mode: str = "wb"):
 
 
 class _SectionWriter:
-    """Writes sections in order. EVENTS blocks are encoded and compressed on worker threads (up
-    to two, as the CPUs allow) while the caller produces the next block (the native encoder and
-    zstd release the GIL); at most one more block than workers is in flight, so memory stays
-    bounded, and blocks are written in the order they came."""
+    """Writes sections in order. An EVENTS block is encoded in the calling thread, then
+    compressed on a worker thread (up to two, as the CPUs allow) while the caller produces the
+    next block (the native encoder and zstd release the GIL); at most one more block than
+    workers is in flight, so memory stays bounded, and blocks are written in the order they
+    came. Encoding before handing over lets the caller reuse the block's memory at once: the
+    encoded payload is a third of the decoded columns' size, and every buffer a recording's
+    conversion keeps is memory that the kernel had to zero once (slow in a virtual machine)."""
 
     def __init__(self, f, level: int, nice: int = 0):
         self.f = f
@@ -59,12 +62,14 @@ class _SectionWriter:
         self.f.write(self._section(kind, raw, count, compress, self.zstd))
 
     def write_events(self, block) -> None:
-        def work(block=block):
-            zstd, buffer = _SCRATCH.take(self.level)
-            raw = encode_events(block, buffer)
+        count = _length(block)
+        raw = encode_events(block, _SCRATCH.take_buffer())
+
+        def work():
+            zstd = _SCRATCH.take_compressor(self.level)
             # The section is a copy (compressed), so the buffer is free for the next block:
             # fresh pages cost more than the encoding (the kernel zeroes them).
-            section = self._section(EVENTS, raw, _length(block), True, zstd)
+            section = self._section(EVENTS, raw, count, True, zstd)
             _SCRATCH.give(self.level, zstd, raw.obj)
             return section
         self.pending.append(self.pool.submit(work))
@@ -90,27 +95,35 @@ class _SectionWriter:
 class _Scratch:
     """The EVENTS encoders' zstd compressors and encoding buffers, kept for the next block of any
     writer of the process (the conversion while the program runs, then the one after its exit,
-    on other worker threads): a compressor is not thread-safe, so a block's work takes one and
-    gives it back."""
+    on other threads): a compressor is not thread-safe, so a block's work takes one and gives it
+    back with the buffer it compressed."""
 
     KEEP = 4
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.free: list = []   # (level, compressor, buffer or None)
+        self.compressors: list = []   # (level, compressor)
+        self.buffers: list = []       # encoding buffers (uint8 arrays)
 
-    def take(self, level: int) -> tuple:
+    def take_buffer(self):
+        """A free encoding buffer, or None (encode_events then makes one)."""
         with self.lock:
-            for i, (lv, zstd, buffer) in enumerate(self.free):
+            return self.buffers.pop() if self.buffers else None
+
+    def take_compressor(self, level: int):
+        with self.lock:
+            for i, (lv, zstd) in enumerate(self.compressors):
                 if lv == level:
-                    del self.free[i]
-                    return zstd, buffer
-        return zstandard.ZstdCompressor(level=level), None
+                    del self.compressors[i]
+                    return zstd
+        return zstandard.ZstdCompressor(level=level)
 
     def give(self, level: int, zstd, buffer) -> None:
         with self.lock:
-            if len(self.free) < self.KEEP:
-                self.free.append((level, zstd, buffer))
+            if len(self.compressors) < self.KEEP:
+                self.compressors.append((level, zstd))
+            if len(self.buffers) < self.KEEP:
+                self.buffers.append(buffer)
 
 
 _SCRATCH = _Scratch()
