@@ -2,8 +2,13 @@
 back with `heapcast.load`; every event is checked against what the program itself saw."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -216,3 +221,43 @@ def test_abort_keeps_the_events_and_exits_134(build, own, cli, tmp_path):
     assert ev["size"][:10].tolist() == list(range(2001, 2011))
     assert ev["old_addr"][10] == ev["addr"][0]
     assert int(done.stdout.split()[1], 16) == ev["addr"][9]
+
+
+@pytest.mark.parametrize("ignored", [False, True])
+def test_the_program_gets_interrupt_signals_as_it_would_untraced(cli, tmp_path, ignored):
+    """record catches SIGINT and SIGQUIT while the program runs (^C reaches both through the
+    terminal; record finalizes after the program); the program starts with them at their
+    default, or ignored when record itself was started with them ignored, as a shell's `&` does."""
+    def ignore():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    probe = ("import signal as s; print(*['ign' if h == s.SIG_IGN else 'dfl' if h == s.SIG_DFL "
+             "else 'handler' for h in map(s.getsignal, (s.SIGINT, s.SIGQUIT))])")
+    done = cli("record", "-o", tmp_path / "t", "--", sys.executable, "-c", probe,
+               preexec_fn=ignore if ignored else None)
+    assert done.returncode == 0, done.stderr
+    # (CPython installs its own SIGINT handler at start-up unless SIGINT is ignored)
+    assert done.stdout.split() == (["ign", "ign"] if ignored else ["handler", "dfl"])
+
+
+def test_interrupt_of_the_terminal_ends_the_program_and_the_trace_is_kept(cli_argv, tmp_path):
+    """^C: SIGINT to the whole foreground process group. The program dies of it (130, as a
+    shell reports it); record survives it and writes the whole trace."""
+    rec = subprocess.Popen([*cli_argv, "record", "-o", str(tmp_path / "t"), "--", "sleep", "30"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "t").glob("*.raw")):   # the program runs (its raw file)
+            assert rec.poll() is None and time.monotonic() < deadline, rec.communicate()
+            time.sleep(0.02)
+        time.sleep(0.2)
+        os.killpg(rec.pid, signal.SIGINT)
+        out, err = rec.communicate(timeout=60)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+    assert rec.returncode == 130, err
+    proc, = heapcast.load(tmp_path / "t").processes
+    assert proc.event_count > 0 and not proc.clean_exit
+    assert json.loads((tmp_path / "t" / "session.json").read_text())["exit_code"] == 130

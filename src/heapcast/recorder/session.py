@@ -27,8 +27,8 @@ from pathlib import Path
 from .drain import ENV as DRAIN_ENV, Drainer
 from ..trace.base import RAW_HEADER_SIZE as HEADER_SIZE, RAW_MAGIC, SESSION_FILE, TRACE_SUFFIX
 
-# numpy and the trace writer are imported when the conversion starts, not before the program
-# runs: a recording starts sooner (docs/architecture.md, "Fast start").
+# numpy and the trace writer are imported by the converter's thread while the program starts,
+# not before it runs: a recording starts sooner (docs/architecture.md, "Fast start").
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -210,17 +210,17 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
                        HEAPCAST_POLICY_FEATURES="1" if log_features else "0")
     drainer = converter = None
     if problem is None:
+        converter = _Converter(path, live)   # imports numpy and the codec meanwhile
         try:
             drainer = Drainer(path).start()
             env.update(DRAIN_ENV)
         except OSError:
             pass   # the recorder then takes fresh file space for every chunk
-        if live:
-            converter = _Converter(path, drainer)
     start = time.monotonic()
     try:
         exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms,
-                                  converter.start if converter is not None else None)
+                                  (lambda: converter.begin(drainer)) if converter is not None
+                                  else None)
     except RecordError:
         if problem is None and not existed:
             shutil.rmtree(path, ignore_errors=True)  # nothing ran: leave no empty trace behind
@@ -243,45 +243,61 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
 
 
 class _Converter:
-    """Runs heapcast.recorder.live's converter on a thread that imports it (numpy, the codec) after
-    the program has started, so that the program does not wait for those imports."""
+    """Runs heapcast.recorder.live's converter on a thread. The thread starts at once with the
+    imports that the conversion needs (numpy, the codec: most of what `record` of a short
+    program waits for), while the main thread starts the program, and converts from begin() on;
+    with `live` False it only imports, for the conversion after the exit."""
 
-    def __init__(self, path: Path, drainer):
-        self.path, self.drainer = path, drainer
+    def __init__(self, path: Path, live: bool = True):
+        self.path, self.drainer, self.wanted = path, None, live
         self.stop_event = threading.Event()
+        self.go = threading.Event()
         self.live = None
         self.thread = threading.Thread(target=self._run, name="heapcast-convert", daemon=True)
+        self.thread.start()
 
     def _run(self) -> None:
         from .live import LiveConverter
-        self.live = LiveConverter(self.path, self.drainer, self.stop_event)
-        self.live.run()
+        self.go.wait()
+        if self.wanted and not self.stop_event.is_set():
+            self.live = LiveConverter(self.path, self.drainer, self.stop_event)
+            self.live.run()
 
-    def start(self) -> None:
-        self.thread.start()
+    def begin(self, drainer) -> None:
+        """The program runs: convert what the recorder writes (through `drainer`'s copies)."""
+        self.drainer = drainer
+        self.go.set()
 
     def stop(self) -> None:
         """Stops after the window being converted; the rest is left to finalize."""
         self.stop_event.set()
-        if self.thread.ident is not None:
-            self.thread.join()
+        self.go.set()
+        self.thread.join()
 
-    def processes(self) -> dict:
-        """The LiveProcess of each raw file the converter read (by path)."""
+    def processes(self) -> dict | None:
+        """The LiveProcess of each raw file the converter read (by path); None with `live`
+        False."""
+        if not self.wanted:
+            return None
         return self.live.processes if self.live is not None else {}
 
 
 def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
     """Runs the program, sampling RSS meanwhile; returns its exit status as a shell reports it
-    and the RSS sampler (None when untraced). `started()` is called once the program runs (not
-    before the fork: a thread started earlier could hold a lock the child needs)."""
-    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)   # ^C reaches the program, we finalize
-    old_quit = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    and the RSS sampler (None when untraced). `started()` is called once the program runs."""
+    # ^C (and ^\) from the terminal reach the program, which decides; we finalize after it. They
+    # are caught here by a handler that does nothing, not ignored: exec resets a caught signal
+    # to its default in the program, so no code has to run in the child between fork and exec
+    # (which lets subprocess use vfork, and is safe while our other threads hold locks). One
+    # ignored when we started stays ignored, in the program too, as it would be untraced.
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGQUIT)}
+    for s, handler in old.items():
+        if handler != signal.SIG_IGN:
+            signal.signal(s, _pass_on)
     sampler = _RssSampler(trace_dir) if trace_dir is not None else None
     try:
         try:
-            proc = subprocess.Popen(cmd, env=env, restore_signals=True,
-                                    preexec_fn=_default_signals)
+            proc = subprocess.Popen(cmd, env=env, restore_signals=True)
         except OSError as e:
             raise RecordError(f"cannot run {shlex.join(cmd)}: {e.strerror}") from None
         old_term = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(s))
@@ -300,16 +316,15 @@ def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
         finally:
             signal.signal(signal.SIGTERM, old_term)
     finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGQUIT, old_quit)
+        for s, handler in old.items():
+            signal.signal(s, handler)
     if sampler is not None:
         sampler.close()
     return (128 - rc if rc < 0 else rc), sampler
 
 
-def _default_signals() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+def _pass_on(signum, frame) -> None:
+    """SIGINT and SIGQUIT while the program runs: the program got them too (same terminal)."""
 
 
 def _check_policy(policy, every: int) -> None:
