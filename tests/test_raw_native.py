@@ -710,3 +710,20 @@ def test_location_definitions_read_at_once_and_stop_at_one_cut_short():
     slots[7]["head"] = F.MALLOC                   # not an HC_LOCX slot where one must be
     with pytest.raises(TraceError, match="marker 0xFC"):
         location_definitions("f", slots, 64)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_python_frame_ids_become_the_first_id_of_their_line(sparse):
+    """Threads and forks define their own id for a (file, function, line): the table keeps the
+    first; an id the file does not define stays itself; ids far apart take the dict path."""
+    from heapcast.trace.model import PY_FRAME_TAG as TAG, LocationTable, PyFrame
+    a, b = PyFrame("x.py", "f", 3), PyFrame("x.py", "g", 9)
+    rp = RawProcess.__new__(RawProcess)   # the frames only, as _read_mods leaves them
+    rp._canon = None
+    far = 1 << 31 if sparse else 6
+    rp.python_frames = {0: a, 1: b, 2: a, 5: b, far: a}
+    table = LocationTable.from_lists([[], [TAG | 2, 0x401000, TAG | 5], [TAG | 7, TAG | far],
+                                      [TAG | 1, TAG | 0]])
+    out = rp.canonical_python_frames(table)
+    assert out.flat.tolist() == [TAG | 0, 0x401000, TAG | 1, TAG | 7, TAG | 0, TAG | 1, TAG | 0]
+    assert out.offsets.tolist() == table.offsets.tolist()

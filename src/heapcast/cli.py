@@ -28,7 +28,8 @@ def _cmd_record(a) -> int:
 
 
 def _cmd_finalize(a) -> int:
-    from .recorder.session import finalize
+    from .recorder.session import finalize, import_quietly
+    import_quietly()
     r = finalize(a.trace)
     print(r.summary(), file=sys.stderr)
     return 0

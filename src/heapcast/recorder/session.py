@@ -257,6 +257,7 @@ class _Converter:
         self.thread.start()
 
     def _run(self) -> None:
+        import_quietly()
         from .live import LiveConverter
         self.go.wait()
         if self.wanted and not self.stop_event.is_set():
@@ -280,6 +281,23 @@ class _Converter:
         if not self.wanted:
             return None
         return self.live.processes if self.live is not None else {}
+
+
+def import_quietly() -> None:
+    """Imports numpy and the converter. numpy's OpenBLAS starts a thread per CPU at load, and
+    they spin for about 0.1 s of CPU time each: taken from the program on a small machine, for
+    linear algebra that the conversion never does. So they load with one thread (none extra),
+    unless the user chose a number; os.environ is restored at once (the program's environment
+    was copied before)."""
+    import sys
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        from . import live  # noqa: F401
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        from . import live  # noqa: F401
+    finally:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:

@@ -8,6 +8,7 @@ and RSS samples hang off `Trace.processes`.
 from __future__ import annotations
 
 import bisect
+from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -65,10 +66,10 @@ class LocationTable:
     @classmethod
     def from_lists(cls, stacks: list) -> "LocationTable":
         """Builds a table from a list of frame sequences; stacks[0] should be empty (unknown)."""
-        lengths = np.array([len(s) for s in stacks], dtype=np.uint64)
+        lengths = np.fromiter(map(len, stacks), dtype=np.uint64, count=len(stacks))
         offsets = np.zeros(len(stacks) + 1, dtype=np.uint64)
         np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter((f for s in stacks for f in s), dtype=np.uint64, count=int(offsets[-1]))
+        flat = np.fromiter(chain.from_iterable(stacks), dtype=np.uint64, count=int(offsets[-1]))
         return cls(offsets, flat)
 
 

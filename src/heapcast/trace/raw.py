@@ -230,6 +230,7 @@ class RawProcess:
         self.exe, self.argv, self.cwd = "", [], ""
         self.modules: list[ModuleSnapshot] = []
         self.python_frames: dict[int, PyFrame] = {}
+        self._canon = None
         self.pymalloc_seq = -1
         mods = self.path.with_suffix(".mods")
         try:
@@ -239,7 +240,12 @@ class RawProcess:
         snap = None
         for lineno, line in enumerate(text.splitlines(), 1):
             try:
-                if line.startswith("X "):
+                if line.startswith("P "):   # a Python frame (most lines of a Python program's
+                    # file); may fall inside a snapshot's lines
+                    _, fid, src_line, file, func = line.split(" ")
+                    self.python_frames[int(fid, 16)] = PyFrame(_unhex(file), _unhex(func),
+                                                               int(src_line, 16))
+                elif line.startswith("X "):
                     self.exe = _unhex(line[2:])
                 elif line.startswith("A "):
                     self.argv = [a for a in _unhex(line[2:]).split("\0")][:-1] if line[2:] else []
@@ -257,10 +263,6 @@ class RawProcess:
                     snap = None
                 elif line.startswith("Y "):   # pymalloc recorded from this seq on
                     self.pymalloc_seq = int(line[2:], 16)
-                elif line.startswith("P "):   # a Python frame; may fall inside a snapshot's lines
-                    _, fid, src_line, file, func = line.split(" ")
-                    self.python_frames[int(fid, 16)] = PyFrame(_unhex(file), _unhex(func),
-                                                               int(src_line, 16))
             except (ValueError, IndexError):
                 raise TraceError(mods, None, f"line {lineno}: malformed module map line {line!r}")
 
@@ -278,9 +280,12 @@ class RawProcess:
 
     def _python_ids(self) -> dict:
         """Python frame id -> the first id defined with the same (file, function, line): threads
-        and forks define their own."""
-        first: dict = {}
-        return {fid: first.setdefault(fr, fid) for fid, fr in sorted(self.python_frames.items())}
+        and forks define their own. (Computed once: the frames are read with the file.)"""
+        if self._canon is None:
+            first: dict = {}
+            self._canon = {fid: first.setdefault(fr, fid)
+                           for fid, fr in sorted(self.python_frames.items())}
+        return self._canon
 
     def canonical_python_frames(self, table: LocationTable) -> LocationTable:
         """`table` with each Python frame id replaced by the first id defined with the same
@@ -291,8 +296,18 @@ class RawProcess:
             return table
         flat = table.flat.astype(np.uint64)
         py = np.flatnonzero(flat & np.uint64(PY_FRAME_TAG))
-        ids = (flat[py] & np.uint64(0xFFFFFFFF)).tolist()
-        flat[py] = np.uint64(PY_FRAME_TAG) | np.array([canon.get(i, i) for i in ids], np.uint64)
+        ids = flat[py] & np.uint64(0xFFFFFFFF)
+        # id -> canonical id as an array: the recorder numbers the frames it defines from 0 (an
+        # id it did not define stays itself); a dict lookup per frame where ids are sparse
+        top = max(max(canon), int(ids.max(initial=0))) + 1
+        if top <= 4 * (len(canon) + len(ids)) + 4096:
+            lut = np.arange(top, dtype=np.uint64)
+            lut[np.fromiter(canon.keys(), np.int64, len(canon))] = \
+                np.fromiter(canon.values(), np.uint64, len(canon))
+            new = lut[ids.astype(np.int64)]
+        else:
+            new = np.array([canon.get(i, i) for i in ids.tolist()], np.uint64)
+        flat[py] = np.uint64(PY_FRAME_TAG) | new
         return LocationTable(offsets=table.offsets, flat=flat)
 
     def process(self) -> Process:
