@@ -237,6 +237,47 @@ def test_other_integer_dtypes_and_strides_give_the_same_bytes():
     assert bytes(encode_events(strided)) == want
 
 
+@pytest.mark.parametrize("order", [("addr", "seq", "old_addr"), ("old_addr", "addr"),
+                                   ("addr", "size")])
+@pytest.mark.parametrize("strided", [False, True])
+def test_address_columns_encode_the_same_alone_or_as_a_pair(order, strided):
+    """The two address columns are encoded in one pass when they come side by side (the
+    format's order), each alone otherwise (a column between them; or a partner that is not a
+    back-reference column): the same bytes per column either way."""
+    from heapcast.trace import native_codec as nc
+    ev = realistic(9000, seed=5)
+    if strided:
+        arrays = {name: ev[name] for name in order}
+    else:
+        arrays = {name: np.ascontiguousarray(ev[name]) for name in order}
+    cols = (nc.Column * len(order))()
+    for i, name in enumerate(order):
+        a = arrays[name]
+        enc = codec.COLUMN_ENCODING[name]
+        partner = order.index(codec.PARTNER[name]) if enc == codec.BACKREF and \
+            codec.PARTNER[name] in order else -1
+        if partner < 0:
+            enc = codec.PLAIN if name != "addr" else codec.DELTA
+        cols[i] = nc.Column(a.ctypes.data, a.strides[0], EVENT_DTYPE.names.index(name), enc,
+                            a.itemsize, 0, partner)
+    lib = nc.library()
+    out = np.zeros(lib.hc_encode_bound(cols, len(order), len(ev)), np.uint8)
+    n = lib.hc_encode_events(cols, len(order), len(ev), out.ctypes.data, len(out))
+    assert n > 0
+    got, pos = {}, 0
+    for name in order:
+        field, enc, mask, length = COLUMN.unpack_from(out, pos)
+        got[name] = (enc, mask, bytes(out[pos + COLUMN.size:pos + COLUMN.size + length]))
+        pos += COLUMN.size + length
+    assert pos == n
+    whole = raw_columns(encode_events(ev))
+    for name in order:
+        if cols[order.index(name)].ref >= 0:
+            assert got[name] == whole[name], name
+    if order == ("addr", "size"):   # addr without its partner: a DELTA column
+        assert got["addr"][0] == codec.DELTA
+
+
 def test_a_scalar_build_writes_the_same_bytes(tmp_path):
     """The library without SSE2 code (what a non-x86 machine runs) agrees with this one."""
     if shutil.which("gcc") is None:

@@ -424,14 +424,21 @@ static void encode_column(const hc_column *c, colstate *s, uint8_t *out, uint64_
  * table is cleared by taking a new epoch, and it starts at the size its store's previous table
  * ended with. */
 
-typedef struct { uint64_t key; uint32_t row, epoch; } slot;   /* address 0 is never stored */
+/* One address (0 is never stored) and the latest rows where each column of a partner pair held
+ * it: row[k] = 1 + that row of column k, 0 if none yet. Both address columns are encoded in one
+ * pass over one table (encode_backrefs), so a row probes it for its two values, where a pass per
+ * column probed a table twice per row in each pass: the probes are the cache misses, most of
+ * the encoder's time on a Python program's blocks. */
+typedef struct { uint64_t key; uint32_t row[2], epoch, pad; } slot;
 
-/* Table memory: two buffers (a growth rehashes from one into the other). */
+/* Table memory: two buffers (a growth rehashes from one into the other), and the escape lists. */
 typedef struct {
     slot *mem[2];
     size_t bytes[2];
     uint32_t epoch;     /* the last epoch taken; fresh memory (zeros) holds epoch 0 */
     uint64_t last_cap;  /* the capacity its previous table ended with */
+    uint64_t *esc;      /* room for 2 * esc_cap escapes (malloc), kept like the table */
+    uint64_t esc_cap;
 } table_store;
 
 typedef struct {
@@ -451,7 +458,18 @@ static pthread_mutex_t stores_lock = PTHREAD_MUTEX_INITIALIZER;
 static void store_release(table_store *st) {
     for (int b = 0; b < 2; b++)
         if (st->mem[b]) munmap(st->mem[b], st->bytes[b]);
+    free(st->esc);
     memset(st, 0, sizeof *st);
+}
+
+/* Room for two escape lists of n values each in the store (the previous room if large enough). */
+static uint64_t *store_escapes(table_store *st, uint64_t n) {
+    if (st->esc_cap >= n && st->esc) return st->esc;
+    free(st->esc);
+    st->esc_cap = 0;
+    st->esc = malloc(2 * (n ? n : 1) * sizeof *st->esc);
+    if (st->esc) st->esc_cap = n;
+    return st->esc;
 }
 
 /* A store for one call: a free one of the pool, else `own` (released by store_put). */
@@ -547,78 +565,45 @@ static inline void table_prefetch(const table *tb, uint64_t key) {
     __builtin_prefetch(&tb->s[slot_of(tb, key)]);
 }
 
-/* The row that last produced `key`, or UINT64_MAX. */
-static inline uint64_t table_find(const table *tb, uint64_t key) {
+/* The slot holding `key`, or NULL. */
+static inline const slot *table_find(const table *tb, uint64_t key) {
     for (uint64_t h = slot_of(tb, key);; h = (h + 1) & (tb->cap - 1)) {
-        if (tb->s[h].epoch != tb->epoch) return UINT64_MAX;
-        if (tb->s[h].key == key) return tb->s[h].row;
+        if (tb->s[h].epoch != tb->epoch) return NULL;
+        if (tb->s[h].key == key) return &tb->s[h];
     }
 }
 
-static inline int table_put(table *tb, uint64_t key, uint64_t r) {
+/* Notes that column k held `key` at row r. */
+static inline int table_put(table *tb, uint64_t key, int k, uint64_t r) {
     uint64_t h = slot_of(tb, key);
     for (;; h = (h + 1) & (tb->cap - 1)) {
         if (tb->s[h].epoch != tb->epoch) break;
-        if (tb->s[h].key == key) { tb->s[h].row = (uint32_t)r; return 0; }
+        if (tb->s[h].key == key) { tb->s[h].row[k] = (uint32_t)(r + 1); return 0; }
     }
     tb->s[h].key = key;
-    tb->s[h].row = (uint32_t)r;
+    tb->s[h].row[k] = (uint32_t)(r + 1);
+    tb->s[h].row[!k] = 0;
     tb->s[h].epoch = tb->epoch;
     if (++tb->used * 2 > tb->cap && tb->cap < tb->max_cap) return table_grow(tb);
     return 0;
 }
 
-/* Encodes a BACKREF column at out (its first data byte): the codes as 8 planes of n bytes, then
- * the escapes' values as NONZERO_DELTA (8 planes of m bytes). Sets s->len, s->escapes and the
- * ORs; when the escapes cannot be stored as NONZERO_DELTA, stores the whole column as DELTA
- * instead. */
-static int encode_backref(const hc_column *c, const hc_column *ref, colstate *s, uint8_t *out,
-                          uint64_t n) {
-    uint64_t max_cap = 16;
-    while (max_cap < 2 * n) max_cap *= 2;
-    /* Starts as large as the store's previous block needed (a program's blocks are alike),
-     * small for its first: blocks hold far fewer distinct addresses than rows. */
-    table_store own, *st = store_get(&own);
-    uint64_t cap = st->last_cap > 4096 ? st->last_cap : 4096;
-    table tb;
-    uint64_t *esc = malloc((n ? n : 1) * sizeof *esc);
-    if (!esc || table_init(&tb, st, 0, cap < max_cap ? cap : max_cap, max_cap)) {
-        free(esc);
-        store_put(st);
-        return ERR_NOMEM;
-    }
-    uint64_t m = 0, codes_or = 0, t[2][CHUNK], old[CHUNK], addr[CHUNK];   /* t: see stage() */
-    int rc = 0, cur = 0;
-    for (uint64_t i = 0; i < n && !rc; i += CHUNK, cur ^= 1) {
-        unsigned cnt = n - i < CHUNK ? (unsigned)(n - i) : CHUNK;
-        gather64(c, i, cnt, old);
-        gather64(ref, i, cnt, addr);
-        if (tb.cap > PREFETCH_CAP)   /* a table beyond the caches: the chunk's misses overlap */
-            for (unsigned j = 0; j < cnt; j++) {
-                if (old[j]) table_prefetch(&tb, old[j]);
-                if (addr[j]) table_prefetch(&tb, addr[j]);
-            }
-        for (unsigned j = 0; j < cnt; j++) {
-            uint64_t r = i + j, code = 0;
-            if (old[j]) {   /* a release comes before its own row's acquisition: find, then put */
-                uint64_t src = table_find(&tb, old[j]);
-                if (src != UINT64_MAX) code = r - src + 1;
-                else { code = 1; esc[m++] = old[j]; }
-            }
-            t[cur][j] = code;
-            codes_or |= code;
-            if (addr[j] && (rc = table_put(&tb, addr[j], r))) break;
-        }
-        if (i) put64(t[!cur], CHUNK, out + i - CHUNK, n);
-        if (i + CHUNK >= n) put64(t[cur], cnt, out + i, n);
-    }
-    st->last_cap = tb.cap;
-    store_put(st);
-    if (rc) { free(esc); return rc; }
+/* The code of value v at row r: r - src + 1 where src is the latest earlier row whose partner
+ * held v (in `found`'s row[k]), else 1 and v is an escape. */
+static inline uint64_t backref_code(const slot *found, int k, uint64_t v, uint64_t r,
+                                    uint64_t *esc, uint64_t *m) {
+    if (found && found->row[k]) return r - found->row[k] + 2;
+    esc[(*m)++] = v;
+    return 1;
+}
 
+/* A BACKREF column's escapes (after its codes, which encode_backrefs wrote) as NONZERO_DELTA,
+ * its length and ORs; when they cannot be stored that way, the whole column as DELTA instead. */
+static void backref_close(const hc_column *c, colstate *s, uint8_t *out, uint64_t n,
+                          const uint64_t *esc, uint64_t m, uint64_t codes_or) {
+    uint64_t t[2][CHUNK], prev = 0, esc_or = 0;
     uint8_t wrapped = 0;
-    uint64_t prev = 0, esc_or = 0;
-    cur = 0;
+    int cur = 0;
     for (uint64_t i = 0; i < m; i += CHUNK, cur ^= 1) {
         unsigned cnt = m - i < CHUNK ? (unsigned)(m - i) : CHUNK;
         memcpy(t[cur], esc + i, cnt * sizeof *esc);
@@ -627,7 +612,6 @@ static int encode_backref(const hc_column *c, const hc_column *ref, colstate *s,
         if (i) put64(t[!cur], CHUNK, out + 8 * n + i - CHUNK, m);
         if (i + CHUNK >= m) put64(t[cur], cnt, out + 8 * n + i, m);
     }
-    free(esc);
     s->len = 8 * n + 8 * m;
     s->escapes = m;
     s->ored = codes_or;
@@ -637,7 +621,61 @@ static int encode_backref(const hc_column *c, const hc_column *ref, colstate *s,
         s->len = 8 * n;
         encode_column(c, s, out, n);
     }
-    return 0;
+}
+
+/* Encodes BACKREF columns at their first data bytes: the codes as 8 planes of n bytes, then the
+ * escapes (backref_close). With `both`, c[0] and c[1] are partners, each encoded (at out[0],
+ * out[1]) by reference to the other; else c[0] alone (out[0]) by reference to c[1]. A release
+ * comes before its own row's acquisition, so a row's values are looked up before the row's are
+ * noted. */
+static int encode_backrefs(const hc_column *c[2], colstate *s[2], uint8_t *out[2], uint64_t n,
+                           int both) {
+    uint64_t max_cap = 16;
+    while (max_cap < 2 * n) max_cap *= 2;
+    /* Starts as large as the store's previous block needed (a program's blocks are alike),
+     * small for its first: blocks hold far fewer distinct addresses than rows. */
+    table_store own, *st = store_get(&own);
+    uint64_t cap = st->last_cap > 4096 ? st->last_cap : 4096;
+    table tb;
+    uint64_t *esc = store_escapes(st, n);
+    if (!esc || table_init(&tb, st, 0, cap < max_cap ? cap : max_cap, max_cap)) {
+        store_put(st);
+        return ERR_NOMEM;
+    }
+    uint64_t *escs[2] = {esc, esc + n}, m[2] = {0, 0}, codes_or[2] = {0, 0};
+    uint64_t t[2][2][CHUNK], v[2][CHUNK];   /* t[column][buffer]: see stage() */
+    int rc = 0, cur = 0;
+    for (uint64_t i = 0; i < n && !rc; i += CHUNK, cur ^= 1) {
+        unsigned cnt = n - i < CHUNK ? (unsigned)(n - i) : CHUNK;
+        gather64(c[0], i, cnt, v[0]);
+        gather64(c[1], i, cnt, v[1]);
+        if (tb.cap > PREFETCH_CAP)   /* a table beyond the caches: the chunk's misses overlap */
+            for (unsigned j = 0; j < cnt; j++) {
+                if (v[0][j]) table_prefetch(&tb, v[0][j]);
+                if (v[1][j]) table_prefetch(&tb, v[1][j]);
+            }
+        for (unsigned j = 0; j < cnt; j++) {
+            uint64_t r = i + j, a = v[0][j], b = v[1][j], ca = 0, cb = 0;
+            if (a) ca = backref_code(table_find(&tb, a), 1, a, r, escs[0], &m[0]);
+            if (both && b) cb = backref_code(table_find(&tb, b), 0, b, r, escs[1], &m[1]);
+            t[0][cur][j] = ca;
+            t[1][cur][j] = cb;
+            codes_or[0] |= ca;
+            codes_or[1] |= cb;
+            if (b && (rc = table_put(&tb, b, 1, r))) break;
+            if (both && a && (rc = table_put(&tb, a, 0, r))) break;
+        }
+        for (int k = 0; k <= both; k++) {
+            if (i) put64(t[k][!cur], CHUNK, out[k] + i - CHUNK, n);
+            if (i + CHUNK >= n) put64(t[k][cur], cnt, out[k] + i, n);
+        }
+    }
+    st->last_cap = tb.cap;
+    if (!rc)
+        for (int k = 0; k <= both; k++)
+            backref_close(c[k], s[k], out[k], n, escs[k], m[k], codes_or[k]);
+    store_put(st);
+    return rc;
 }
 
 static int valid(const hc_column *cols, uint32_t ncols) {
@@ -720,16 +758,33 @@ static int contiguous(const hc_column *cols, uint32_t ncols) {
     return 1;
 }
 
+/* Whether column c and the next are BACKREF partners of each other (addr and old_addr, in the
+ * format's column order): encoded together (encode_backrefs). */
+static int pair_at(const hc_column *cols, uint32_t ncols, uint32_t c) {
+    return c + 1 < ncols && cols[c].encoding == BACKREF && cols[c + 1].encoding == BACKREF &&
+           cols[c].ref == (int32_t)(c + 1) && cols[c + 1].ref == (int32_t)c;
+}
+
 /* Starts column c at offset off of out: its state, and a BACKREF column encoded whole (its
- * escapes decide its length). Returns 0 or an error of encode_backref. */
-static int begin_column(const hc_column *cols, uint32_t c, colstate *s, uint8_t *out, uint64_t off,
-                        uint64_t n) {
-    reset(s);
-    s->header = off;
-    s->encoding = cols[c].encoding;
-    if (s->encoding != BACKREF)
-        return 0;
-    return encode_backref(&cols[c], &cols[cols[c].ref], s, out + off + 8, n);
+ * escapes decide its length); a pair (pair_at) both at once, the second written after the room
+ * that the first may take (8 + 16n bytes), from where close_column moves it down. Returns the
+ * number of columns started (1 or 2), or an error of encode_backrefs. */
+static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, colstate *st,
+                         uint8_t *out, uint64_t off, uint64_t n) {
+    int two = pair_at(cols, ncols, c);
+    for (int k = 0; k <= two; k++) {
+        reset(&st[c + k]);
+        st[c + k].encoding = cols[c + k].encoding;
+    }
+    st[c].header = off;
+    if (two) st[c + 1].header = off + 8 + 16 * n;
+    if (cols[c].encoding != BACKREF)
+        return 1;
+    const hc_column *pc[2] = {&cols[c], &cols[two ? c + 1 : (uint32_t)cols[c].ref]};
+    colstate *ps[2] = {&st[c], two ? &st[c + 1] : NULL};
+    uint8_t *po[2] = {out + off + 8, two ? out + st[c + 1].header + 8 : NULL};
+    int rc = encode_backrefs(pc, ps, po, n, two);
+    return rc ? rc : 1 + two;
 }
 
 /* Encodes n rows of the columns (in the order given) into out (cap bytes, at least
@@ -746,22 +801,22 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
         /* A column at a time, each written whole where it begins in the output: leaving its zero
          * planes out moves only the planes after a zero one, which are few (the zero planes are
          * mostly the high bytes). Tiles would read no less memory here. */
-        for (uint32_t c = 0; c < ncols; c++) {
-            int rc = begin_column(cols, c, &st[c], out, off, n);
-            if (rc) return rc;
+        for (uint32_t c = 0; c < ncols;) {
+            int k = begin_columns(cols, ncols, c, st, out, off, n);
+            if (k < 0) return k;
             if (cols[c].encoding != BACKREF)
                 encode_column(&cols[c], &st[c], out + off + 8, n);
-            off += close_column(&cols[c], &st[c], out, off, n);
+            for (int j = 0; j < k; j++, c++) off += close_column(&cols[c], &st[c], out, off, n);
         }
         return (int64_t)off;
     }
-    for (uint32_t c = 0; c < ncols; c++) {   /* where each column goes; BACKREF ones encoded */
-        colstate *s = &st[c];
-        int rc = begin_column(cols, c, s, out, off, n);
-        if (rc) return rc;
+    for (uint32_t c = 0; c < ncols;) {   /* where each column goes; BACKREF ones encoded */
+        int k = begin_columns(cols, ncols, c, st, out, off, n);
+        if (k < 0) return k;
         if (cols[c].encoding != BACKREF)
-            s->len = n * (s->encoding == PLAIN ? cols[c].itemsize : 8);
-        off += 8 + s->len;
+            st[c].len = n * (st[c].encoding == PLAIN ? cols[c].itemsize : 8);
+        c += k;
+        off = st[c - 1].header + 8 + st[c - 1].len;
     }
     for (uint64_t lo = 0; lo < n; lo += TILE) {   /* the others, a tile at a time */
         uint64_t hi = n - lo < TILE ? n : lo + TILE;
