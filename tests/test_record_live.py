@@ -78,6 +78,37 @@ def test_live_conversion_equals_conversion_after_exit(build, small_windows, keep
     assert size(out) == size(copy)
 
 
+def test_copies_read_but_not_converted_are_not_scanned_again(build, small_windows, keep_raw,
+                                                              tmp_path, monkeypatch):
+    """A converter that falls behind has read copies whose events it did not convert: the final
+    scan takes them as they were read (the file's clock is frozen), and the trace is the same."""
+    from heapcast.trace import raw as raw_module
+    real_step, given = live.LiveProcess.step, []
+
+    def step(self, copies, stop):   # converts one window, then only reads what comes
+        if self.emitted:
+            self._map()
+            self.add_copies(copies)
+        else:
+            real_step(self, copies, stop)
+
+    real_init = raw_module.RawProcess.__init__
+
+    def init(self, path, skip=frozenset(), known=None):
+        given.append(len(known or {}))
+        real_init(self, path, skip, known)
+
+    monkeypatch.setattr(live.LiveProcess, "step", step)
+    monkeypatch.setattr(raw_module.RawProcess, "__init__", init)
+    out = tmp_path / "t"
+    r = record([build("phases"), "4", "40", "2000", "10000"], output=out, progress=False)
+    assert r.exit_code == 0 and not r.problems and r.live_events > 0
+    assert given and given[0] > 0, "no copy was taken as read"
+    (copy, _), = keep_raw
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+
+
 def test_a_chunk_past_the_mapping_waits_for_the_next_poll(build, keep_raw, tmp_path):
     """The raw file grows while the converter reads it: a chunk whose header it sees but whose
     end lies past its mapping is read at a later poll, never taken for a damaged file (which made

@@ -264,6 +264,13 @@ class LiveProcess:
         return frozenset(off for off, c in self.copies.items()
                          if not c.events or c.seq_max < self.next_lo)
 
+    def known_copies(self) -> dict:
+        """The copies read but not (wholly) converted, by offset, for the final scan to take as
+        they are (RawProcess's `known`): none while the clock is not frozen in the header."""
+        if self.clock is None:
+            return {}
+        return {off: c for off, c in self.copies.items() if off not in self.skipped}
+
     def check(self, rp: RawProcess, skipped: frozenset) -> bool:
         """Whether the final file (rp, scanned without `skipped`) holds below next_lo exactly the
         events converted."""

@@ -406,7 +406,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None):
             else:
                 if live is not None:   # converted wrongly (a guess failed) or not at all
                     live.close()
-                    if live.skipped:
+                    if live.skipped or live.known_copies():   # scanned without: scan all
                         rp.close()
                         rp = RawProcess(raw)
                 write(out, rp)
@@ -493,7 +493,8 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
         try:
             if lp is not None:
                 lp.skipped = lp.done_copies()
-            rp = RawProcess(raw, skip=lp.skipped if lp is not None else frozenset())
+            rp = RawProcess(raw, skip=lp.skipped if lp is not None else frozenset(),
+                            known=lp.known_copies() if lp is not None else None)
         except Exception as e:  # a raw file we cannot read must not hide the others
             if lp is not None:
                 lp.close()

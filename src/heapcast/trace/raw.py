@@ -55,11 +55,16 @@ class RawProcess:
     """One raw file (and its .mods companion), scanned and ready to yield events in seq order.
 
     `skip`: offsets of chunks not to scan (copies that heapcast.recorder.live converted already:
-    their events, location definitions and clock pairs are not read again)."""
+    their events, location definitions and clock pairs are not read again). `known`: offset ->
+    Chunk of chunks that never change and were scanned before (drainer copies that
+    heapcast.recorder.live read but did not convert): taken as they are, their location
+    definitions not read again (the caller has them) nor their clock pairs (give `known` only
+    for a file whose clock is frozen in its header)."""
 
-    def __init__(self, path: Path, skip=frozenset()):
+    def __init__(self, path: Path, skip=frozenset(), known: dict | None = None):
         self.path = Path(path)
         self._skip = skip
+        self._known = known or {}
         self._file = open(self.path, "rb")
         size = os.fstat(self._file.fileno()).st_size
         if size < HEADER_SIZE:
@@ -119,6 +124,12 @@ class RawProcess:
                 continue
             seen.add((tid, tsc, mono))
             pairs.append((tsc, mono))
+            if off in self._known:
+                c = self._known[off]
+                if c.events:
+                    self.chunks.append(c)
+                off += size
+                continue
             n, events, seq_min, seq_max, locs, bad = native_raw.scan_chunk(address, length, off,
                                                                            size)
             if bad is not None:
