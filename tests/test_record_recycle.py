@@ -91,6 +91,32 @@ def test_drainer_recycles_chunks_and_every_event_is_kept(build, own, tmp_path):
     _check_exact(proc, own)
 
 
+def test_a_paused_drainer_copies_nothing_more_and_still_gives_its_copies(build, own, tmp_path):
+    """record pauses the drainer when the program has exited: no more copies (a chunk still
+    sealed is complete in place), while the copies made stay available to the converter; the
+    trace is complete."""
+    out = tmp_path / "t"
+    out.mkdir()
+    env = {**os.environ, "LD_PRELOAD": str(recorder_library()), "HEAPCAST_DIR": str(out),
+           **DRAIN_ENV}
+    drainer = Drainer(out).start()
+    subprocess.run([build("phases"), str(THREADS), str(PHASES), str(PAIRS), str(PAUSE_US)],
+                   env=env, check=True, capture_output=True, timeout=120)
+    drainer.pause()
+    drainer.pause()   # again: nothing happens
+    raw, = raw_files(out)
+    before = raw.read_bytes()
+    copies, lost = drainer.copies()
+    assert copies and lost == 0
+    time.sleep(0.05)
+    assert raw.read_bytes() == before, "the drainer wrote after its pause"
+    drainer.stop()
+    assert drainer.chunks >= len(copies) and drainer.failures == 0
+    finalize(out)
+    proc, = heapcast.load(out).processes
+    _check_exact(proc, own)
+
+
 def test_a_copy_the_drainer_did_not_finish_or_mark_is_read_once(build, tmp_path):
     """The drainer killed after writing a copy but before marking the original drained leaves the
     chunk twice; killed while writing it leaves a copy without its magic. Both read as once."""

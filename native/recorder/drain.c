@@ -53,6 +53,7 @@ struct proc {                        /* one raw file */
 
 struct drainer {
     pthread_t thread;
+    int joined;                      /* hc_drain_pause has ended the thread */
     volatile int stop;
     unsigned poll_us;
     char dir[4096];
@@ -298,12 +299,23 @@ HC_API void *hc_drain_start(const char *dir, unsigned poll_us) {
     return d;
 }
 
+/* Stops recycling (the thread ends after the copy in progress) but keeps the log of copies for
+ * hc_drain_copies: `heapcast record` calls it as soon as the program has exited, when a chunk
+ * still sealed no longer needs copying (nothing will reuse it; its records are complete in
+ * place), and its converter may still take the copies logged. */
+HC_API void hc_drain_pause(void *handle) {
+    struct drainer *d = handle;
+    if (d->joined) return;
+    __atomic_store_n(&d->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(d->thread, NULL);
+    d->joined = 1;
+}
+
 /* Stops the drainer and frees it; out[0] = chunks recycled, out[1] = files whose recycling
  * stopped on an error (their chunks stayed in place). Chunks still sealed stay where they are. */
 HC_API void hc_drain_stop(void *handle, uint64_t out[2]) {
     struct drainer *d = handle;
-    __atomic_store_n(&d->stop, 1, __ATOMIC_RELEASE);
-    pthread_join(d->thread, NULL);
+    hc_drain_pause(d);
     for (size_t i = 0; i < d->nprocs; i++) release(&d->procs[i]);
     out[0] = d->chunks;
     out[1] = d->failures;

@@ -32,6 +32,8 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path), use_errno=True)
     lib.hc_drain_start.restype = ctypes.c_void_p
     lib.hc_drain_start.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+    lib.hc_drain_pause.restype = None
+    lib.hc_drain_pause.argtypes = [ctypes.c_void_p]
     lib.hc_drain_stop.restype = None
     lib.hc_drain_stop.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
     lib.hc_drain_copies.restype = ctypes.c_size_t
@@ -74,6 +76,12 @@ class Drainer:
         lost = ctypes.c_uint64()
         n = library().hc_drain_copies(self._handle, out, max_copies, ctypes.byref(lost))
         return [(out[2 * k], out[2 * k + 1]) for k in range(n)], int(lost.value)
+
+    def pause(self) -> None:
+        """Stops recycling once the program has exited (a sealed chunk is complete in place:
+        copying it then is work for nothing); copies() still gives the copies made."""
+        if self._handle is not None:
+            library().hc_drain_pause(self._handle)
 
     def stop(self) -> None:
         """Stops the thread; chunks that wait in a queue stay where they are, records intact."""

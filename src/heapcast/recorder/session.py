@@ -226,6 +226,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
             shutil.rmtree(path, ignore_errors=True)  # nothing ran: leave no empty trace behind
         raise
     finally:
+        if drainer is not None:   # the program has ended: nothing will reuse a chunk
+            drainer.pause()
         if converter is not None:
             converter.stop()
         if drainer is not None:
