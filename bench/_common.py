@@ -72,15 +72,19 @@ def interleaved(trials: dict[str, Callable[[], dict]], repeats: int,
                 label: str = "") -> dict[str, list[dict]]:
     """Runs every trial `repeats` times, round-robin: each round runs each trial once, starting one
     trial later than the round before, so slow drifts of the machine (heat, other load) spread
-    over all trials instead of biasing one. A trial returns a dict of measurements (at least
-    "seconds"); the result maps each trial name to its list of dicts, in run order."""
+    over all trials instead of biasing one; every other round runs backwards, so that no trial
+    always follows the same one (a run can leave work behind for the next: the kernel freeing
+    and discarding a deleted trace of hundreds of MB, which slowed `record_ab.py`'s B by 5-20%
+    when it always ran after A). A trial returns a dict of measurements (at least "seconds");
+    the result maps each trial name to its list of dicts, in run order."""
     names = list(trials)
     results: dict[str, list[dict]] = {name: [] for name in names}
     with tqdm(total=repeats * len(names), desc=label, unit="run", file=sys.stderr,
               leave=False) as bar:
         for round_ in range(repeats):
             shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:
+            order = names[shift:] + names[:shift]
+            for name in (order if round_ % 2 == 0 else order[::-1]):
                 bar.set_postfix_str(name)
                 results[name].append(trials[name]())
                 bar.update()
