@@ -292,14 +292,13 @@ def import_quietly() -> None:
     unless the user chose a number; os.environ is restored at once (the program's environment
     was copied before)."""
     import sys
-    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
-        from . import live  # noqa: F401
-        return
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    try:
-        from . import live  # noqa: F401
-    finally:
-        os.environ.pop("OPENBLAS_NUM_THREADS", None)
+    if "numpy" not in sys.modules and "OPENBLAS_NUM_THREADS" not in os.environ:
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        try:
+            import numpy  # noqa: F401  (loads OpenBLAS, which reads the variable once)
+        finally:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+    from . import live  # noqa: F401
 
 
 def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
