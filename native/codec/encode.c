@@ -418,8 +418,8 @@ static void encode_column(const hc_column *c, colstate *s, uint8_t *out, uint64_
  * program holds about half a million distinct addresses, and a fresh table per block cost more
  * than the encoding itself (the kernel zeroing up to 32 MB of new pages, very slowly in a virtual
  * machine, and a rehash at every doubling). A call takes a store from a small process-wide pool
- * (the writer encodes on two worker threads, and replaces them when it changes their priority)
- * and gives it back. A slot is empty unless it carries the epoch of the table in use, so a
+ * (blocks are encoded on the threads that decode them: the converter's while the program runs,
+ * then the main thread's, or several of a user's) and gives it back. A slot is empty unless it carries the epoch of the table in use, so a
  * table is cleared by taking a new epoch, and it starts at the size its store's previous table
  * ended with. */
 
