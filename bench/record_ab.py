@@ -6,6 +6,7 @@ saves, measured as a user waits for it (start, run, conversion after the exit).
     git worktree add /tmp/base BASE_COMMIT && (cd /tmp/base && python setup.py build_ext --inplace)
     python bench/record_ab.py /tmp/base .            # ring 10M and py_dicts, 5 repeats (~2 min)
     python bench/record_ab.py A B --workloads ring --repeats 7
+    python bench/record_ab.py A B --workloads true --repeats 12   # start and end: /bin/true
 
 Prints a table (seconds, ns/event added over untraced, ratio B/A, bytes/event) and writes JSON
 (bench/results/record_ab.json by default).
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, format_table, interleaved, machine_info, median, write_json  # noqa: E402
 
 import heapcast  # noqa: E402  (reads both checkouts' traces: it reads every format version)
-from record_overhead import build_workloads  # noqa: E402
+from record_overhead import Workload, build_workloads  # noqa: E402
 
 
 def record_trial(tree: Path, workload, scratch: Path):
@@ -45,7 +46,8 @@ def record_trial(tree: Path, workload, scratch: Path):
             raise SystemExit(f"record_ab: {tree}: heapcast record failed: {done.stderr[-500:]}")
         size = sum(p.stat().st_size for p in out.iterdir() if p.suffix == ".hct")
         events = sum(p.event_count for p in heapcast.load(out).processes)
-        return {"seconds": seconds, "bytes": size, "bytes_per_event": size / events}
+        return {"seconds": seconds, "bytes": size,
+                "bytes_per_event": size / events if events else None}
     return run
 
 
@@ -62,7 +64,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a", type=Path, help="checkout A (the base)")
     ap.add_argument("b", type=Path, help="checkout B (the change)")
-    ap.add_argument("--workloads", default="ring,py_dicts")
+    ap.add_argument("--workloads", default="ring,py_dicts",
+                    help="comma-separated: ring, threads, py_dicts, py_calls, or true "
+                         "(/bin/true: what starting and ending `record` costs)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "record_ab.json")
     a = ap.parse_args(argv)
@@ -75,7 +79,9 @@ def main(argv=None) -> int:
     rows, results = [], {}
     with tempfile.TemporaryDirectory(prefix="heapcast-ab-") as tmp:
         scratch = Path(tmp)
-        for w in build_workloads(a.workloads.split(","), False, scratch):
+        for name in a.workloads.split(","):
+            w = Workload("true", ["/bin/true"]) if name == "true" else \
+                build_workloads([name], False, scratch)[0]
             trials = {"untraced": untraced_trial(w)}
             trials.update({f"{'AB'[i]} {t.name}": record_trial(t, w, scratch)
                            for i, t in enumerate(trees)})

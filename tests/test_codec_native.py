@@ -613,6 +613,35 @@ def test_one_thread_block_after_block_keeps_no_stale_addresses():
         assert pool.submit(all_on_one_thread).result() == want   # a thread with a big table
 
 
+
+def test_the_tables_epoch_wraps_without_stale_addresses():
+    """A slot carries its table's epoch in 8 bits: after 255 tables the epochs repeat, and the
+    table memory is emptied for real. Block t produces the addresses of set t % 256 and first
+    releases those of set (t + 1) % 256, which no block since the one 255 tables before has
+    produced: a slot left from that block would carry the epoch in use again and turn those
+    escapes into references. 600 blocks on one thread (two wraps, whatever epoch the thread's
+    table starts at), each encoded as the reference encoder does."""
+    def addresses(i):
+        return 0x7000_0000_0000 + 16 * (64 * (i % 256) + np.arange(8, dtype=np.uint64))
+
+    def block_at(t):   # 2048 rows: a table of 4096 slots, which few of the addresses share
+        zeros = np.zeros(8, np.uint64)
+        op = np.full(2048, OPS.index("free"))
+        op[8:16] = OPS.index("malloc")
+        return block(2048, addr=np.concatenate([zeros, addresses(t), np.zeros(2032, np.uint64)]),
+                     old_addr=np.concatenate([addresses(t + 1), np.zeros(2040, np.uint64)]),
+                     op=op)
+
+    blocks = [block_at(t) for t in range(256)]
+    want = [reference_encode_events(b) for b in blocks]
+
+    def all_on_one_thread():
+        return [bytes(encode_events(blocks[t % 256])) for t in range(600)]
+
+    with ThreadPoolExecutor(1) as pool:
+        got = pool.submit(all_on_one_thread).result()
+    assert all(g == want[t % 256] for t, g in enumerate(got))
+
 # ---- through the writer and the reader
 
 def write_and_load(tmp_path, events, name="7.hct"):

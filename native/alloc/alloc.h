@@ -14,7 +14,8 @@
 #define HA_SLOTS 7               /* classes + the default */
 #define HA_HEAPS 4               /* lifetime groups; on mimalloc heap 0 is its default heap */
 /* Blocks above this go to the default heap: mimalloc gives them pages (or segments) of their
- * own anyway, so their lifetime cannot make them share a page with others. */
+ * own anyway, so their lifetime cannot make them share a page with others; the packer keeps the
+ * same bound (its spans of such blocks hold eight of them or more, 1-2 MiB a span). */
 #define HA_PLACE_MAX (128 * 1024)
 
 enum { HA_MODE_NONE = 0, HA_MODE_POLICY = 1, HA_MODE_ORACLE = 2 };

@@ -726,7 +726,7 @@ size_t pack_usable_size(const void *p) {
  * mmap'd (page-aligned), grown and shrunk with mremap (no copy); at free kept in a small cache
  * for the next big block or munmap'd (their pages go back at once). A hash table (open addressing, mmap'd)
  * maps a block's address to its length; only page-aligned pointers outside the region are
- * looked up, so mimalloc's blocks rarely pay for it. */
+ * looked up, so the fallback allocator's blocks rarely pay for it. */
 
 typedef struct {
     uintptr_t addr;           /* 0: empty, 1: deleted */

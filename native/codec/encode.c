@@ -419,25 +419,37 @@ static void encode_column(const hc_column *c, colstate *s, uint8_t *out, uint64_
  * than the encoding itself (the kernel zeroing up to 32 MB of new pages, very slowly in a virtual
  * machine, and a rehash at every doubling). A call takes a store from a small process-wide pool
  * (blocks are encoded on the threads that decode them: the converter's while the program runs,
- * then the main thread's, or several of a user's) and gives it back. A slot is empty unless it carries the epoch of the table in use, so a
- * table is cleared by taking a new epoch, and it starts at the size its store's previous table
- * ended with. */
+ * then the main thread's, or several of a user's) and gives it back. A slot is empty unless it
+ * carries the epoch of the table in use, so a table is cleared by taking a new epoch, and it
+ * starts at the size its store's previous table ended with. */
 
 /* One address (0 is never stored) and the latest rows where each column of a partner pair held
- * it: row[k] = 1 + that row of column k, 0 if none yet. Both address columns are encoded in one
- * pass over one table (encode_backrefs): a row's lookups miss the cache for its two values,
- * where a pass per column missed twice per row in each pass (the encoder took 0.86-0.95x its
- * time on ring, py_dicts, make, gcc and sqlite3 blocks; the same on the corpus's python). */
-typedef struct { uint64_t key; uint32_t row[2], epoch, pad; } slot;
+ * it, in 16 bytes: `meta` holds the table's epoch (bits 56-63) and, per column k, 1 + that row
+ * (28 bits from bit 28k; 0: none yet; hc_encode_events takes fewer than 2^28 rows). Both address
+ * columns are encoded in one pass over one table (encode_backrefs): a row looks its two values
+ * up where a pass per column did it twice per row in each pass. (A slot of 24 bytes, with the
+ * rows and epoch in words of their own, made a Python program's table half again larger: the
+ * whole conversion of py_dicts' raw file took 1.08x as long as with a table per column.) */
+typedef struct { uint64_t key, meta; } slot;
+_Static_assert((UINT32_MAX / 16) < (1u << 28), "a row + 1 fits 28 bits");
+
+#define ROW_BITS 28
+#define ROW_MASK (((uint64_t)1 << ROW_BITS) - 1)
+#define EPOCH_SHIFT 56
+
+static inline unsigned slot_epoch(const slot *s) { return (unsigned)(s->meta >> EPOCH_SHIFT); }
+static inline uint64_t slot_row(const slot *s, int k) { return s->meta >> (ROW_BITS * k) & ROW_MASK; }
 
 /* Table memory: two buffers (a growth rehashes from one into the other), and the escape lists. */
 typedef struct {
     slot *mem[2];
     size_t bytes[2];
-    uint32_t epoch;     /* the last epoch taken; fresh memory (zeros) holds epoch 0 */
+    uint32_t epoch;     /* the last epoch taken (1-255); fresh memory (zeros) holds epoch 0 */
     uint64_t last_cap;  /* the capacity its previous table ended with */
     uint64_t *esc;      /* room for 2 * esc_cap escapes (malloc), kept like the table */
     uint64_t esc_cap;
+    uint8_t *scratch;   /* a pair's second column, written whole (mmap), kept likewise */
+    size_t scratch_bytes;
 } table_store;
 
 typedef struct {
@@ -458,6 +470,7 @@ static void store_release(table_store *st) {
     for (int b = 0; b < 2; b++)
         if (st->mem[b]) munmap(st->mem[b], st->bytes[b]);
     free(st->esc);
+    if (st->scratch) munmap(st->scratch, st->scratch_bytes);
     memset(st, 0, sizeof *st);
 }
 
@@ -495,25 +508,38 @@ static void store_put(table_store *st) {
     pthread_mutex_unlock(&stores_lock);
 }
 
+/* Memory of at least *len bytes, rounded up to huge pages (*len: the length mapped), or NULL. */
+static void *map_huge(size_t *len) {
+    const size_t huge = 2u << 20;
+    *len = (*len + huge - 1) & ~(huge - 1);
+    void *p = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    /* a table is accessed at random: on huge pages, that costs no TLB misses (page walks, slow
+     * in a virtual machine); a hint, without it small pages */
+    madvise(p, *len, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 /* Buffer b of a store, holding at least cap slots (new memory if it was smaller). */
 static slot *store_buffer(table_store *st, int b, uint64_t cap) {
     size_t need = cap * sizeof(slot);
     if (st->bytes[b] >= need) return st->mem[b];
     if (st->mem[b]) munmap(st->mem[b], st->bytes[b]);
-    st->mem[b] = NULL;
-    st->bytes[b] = 0;
-    const size_t huge = 2u << 20;
-    size_t len = (need + huge - 1) & ~(huge - 1);
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
-#ifdef MADV_HUGEPAGE
-    /* accessed at random: on huge pages, that costs no TLB misses (page walks, slow in a
-     * virtual machine); a hint, without it small pages */
-    madvise(p, len, MADV_HUGEPAGE);
-#endif
-    st->mem[b] = p;
-    st->bytes[b] = len;
-    return p;
+    st->mem[b] = map_huge(&need);
+    st->bytes[b] = st->mem[b] ? need : 0;
+    return st->mem[b];
+}
+
+/* Room for `bytes` of a column in the store (the previous room if large enough). */
+static uint8_t *store_scratch(table_store *st, size_t bytes) {
+    if (st->scratch_bytes >= bytes && st->scratch) return st->scratch;
+    if (st->scratch) munmap(st->scratch, st->scratch_bytes);
+    bytes = bytes ? bytes : 1;
+    st->scratch = map_huge(&bytes);
+    st->scratch_bytes = st->scratch ? bytes : 0;
+    return st->scratch;
 }
 
 static inline uint64_t slot_of(const table *tb, uint64_t key) {
@@ -527,7 +553,8 @@ static inline uint64_t slot_of(const table *tb, uint64_t key) {
 static int table_init(table *tb, table_store *st, int b, uint64_t cap, uint64_t max_cap) {
     tb->s = store_buffer(st, b, cap);
     if (!tb->s) return ERR_NOMEM;
-    if (++st->epoch == 0) {   /* epochs wrapped: empty both buffers for real */
+    st->epoch = (st->epoch + 1) & 0xFF;   /* 8 bits in a slot */
+    if (st->epoch == 0) {   /* epochs wrapped (every 255 tables): empty both buffers for real */
         for (int k = 0; k < 2; k++)
             if (st->mem[k]) memset(st->mem[k], 0, st->bytes[k]);
         st->epoch = 1;
@@ -547,11 +574,12 @@ static int table_grow(table *tb) {
     table big;
     if (table_init(&big, tb->st, !tb->buf, tb->cap * 2, tb->max_cap)) return ERR_NOMEM;
     for (uint64_t k = 0; k < tb->cap; k++) {
-        if (tb->s[k].epoch != tb->epoch) continue;
+        if (slot_epoch(&tb->s[k]) != tb->epoch) continue;
         uint64_t h = slot_of(&big, tb->s[k].key);
-        while (big.s[h].epoch == big.epoch) h = (h + 1) & (big.cap - 1);
-        big.s[h] = tb->s[k];
-        big.s[h].epoch = big.epoch;
+        while (slot_epoch(&big.s[h]) == big.epoch) h = (h + 1) & (big.cap - 1);
+        big.s[h].key = tb->s[k].key;
+        big.s[h].meta = (tb->s[k].meta & ~((uint64_t)0xFF << EPOCH_SHIFT)) |
+                        (uint64_t)big.epoch << EPOCH_SHIFT;
     }
     big.used = tb->used;
     *tb = big;
@@ -567,7 +595,7 @@ static inline void table_prefetch(const table *tb, uint64_t key) {
 /* The slot holding `key`, or NULL. */
 static inline const slot *table_find(const table *tb, uint64_t key) {
     for (uint64_t h = slot_of(tb, key);; h = (h + 1) & (tb->cap - 1)) {
-        if (tb->s[h].epoch != tb->epoch) return NULL;
+        if (slot_epoch(&tb->s[h]) != tb->epoch) return NULL;
         if (tb->s[h].key == key) return &tb->s[h];
     }
 }
@@ -575,14 +603,16 @@ static inline const slot *table_find(const table *tb, uint64_t key) {
 /* Notes that column k held `key` at row r. */
 static inline int table_put(table *tb, uint64_t key, int k, uint64_t r) {
     uint64_t h = slot_of(tb, key);
+    const unsigned shift = ROW_BITS * k;
     for (;; h = (h + 1) & (tb->cap - 1)) {
-        if (tb->s[h].epoch != tb->epoch) break;
-        if (tb->s[h].key == key) { tb->s[h].row[k] = (uint32_t)(r + 1); return 0; }
+        if (slot_epoch(&tb->s[h]) != tb->epoch) break;
+        if (tb->s[h].key == key) {
+            tb->s[h].meta = (tb->s[h].meta & ~(ROW_MASK << shift)) | (r + 1) << shift;
+            return 0;
+        }
     }
     tb->s[h].key = key;
-    tb->s[h].row[k] = (uint32_t)(r + 1);
-    tb->s[h].row[!k] = 0;
-    tb->s[h].epoch = tb->epoch;
+    tb->s[h].meta = (uint64_t)tb->epoch << EPOCH_SHIFT | (r + 1) << shift;
     if (++tb->used * 2 > tb->cap && tb->cap < tb->max_cap) return table_grow(tb);
     return 0;
 }
@@ -591,7 +621,8 @@ static inline int table_put(table *tb, uint64_t key, int k, uint64_t r) {
  * held v (in `found`'s row[k]), else 1 and v is an escape. */
 static inline uint64_t backref_code(const slot *found, int k, uint64_t v, uint64_t r,
                                     uint64_t *esc, uint64_t *m) {
-    if (found && found->row[k]) return r - found->row[k] + 2;
+    uint64_t row = found ? slot_row(found, k) : 0;
+    if (row) return r - row + 2;
     esc[(*m)++] = v;
     return 1;
 }
@@ -627,20 +658,17 @@ static void backref_close(const hc_column *c, colstate *s, uint8_t *out, uint64_
  * out[1]) by reference to the other; else c[0] alone (out[0]) by reference to c[1]. A release
  * comes before its own row's acquisition, so a row's values are looked up before the row's are
  * noted. */
-static int encode_backrefs(const hc_column *c[2], colstate *s[2], uint8_t *out[2], uint64_t n,
-                           int both) {
+static int encode_backrefs(table_store *st, const hc_column *c[2], colstate *s[2],
+                           uint8_t *out[2], uint64_t n, int both) {
     uint64_t max_cap = 16;
     while (max_cap < 2 * n) max_cap *= 2;
     /* Starts as large as the store's previous block needed (a program's blocks are alike),
      * small for its first: blocks hold far fewer distinct addresses than rows. */
-    table_store own, *st = store_get(&own);
     uint64_t cap = st->last_cap > 4096 ? st->last_cap : 4096;
     table tb;
     uint64_t *esc = store_escapes(st, n);
-    if (!esc || table_init(&tb, st, 0, cap < max_cap ? cap : max_cap, max_cap)) {
-        store_put(st);
+    if (!esc || table_init(&tb, st, 0, cap < max_cap ? cap : max_cap, max_cap))
         return ERR_NOMEM;
-    }
     uint64_t *escs[2] = {esc, esc + n}, m[2] = {0, 0}, codes_or[2] = {0, 0};
     uint64_t t[2][2][CHUNK], v[2][CHUNK];   /* t[column][buffer]: see stage() */
     int rc = 0, cur = 0;
@@ -673,7 +701,6 @@ static int encode_backrefs(const hc_column *c[2], colstate *s[2], uint8_t *out[2
     if (!rc)
         for (int k = 0; k <= both; k++)
             backref_close(c[k], s[k], out[k], n, escs[k], m[k], codes_or[k]);
-    store_put(st);
     return rc;
 }
 
@@ -725,12 +752,11 @@ static uint64_t keep_planes(uint8_t *dst, const uint8_t *src, unsigned width, ui
 }
 
 /* Writes a column's header at out + off and its planes after it, but the zero ones (the mask of
- * the header: bit k plane k; for BACKREF, bits 8 + k the escapes' planes), moving them down from
- * out + s->header + 8 (off <= s->header), where the column was written whole. Returns the bytes
- * of header and planes. */
-static uint64_t close_column(const hc_column *c, const colstate *s, uint8_t *out, uint64_t off,
-                             uint64_t n) {
-    const uint8_t *src = out + s->header + 8;
+ * the header: bit k plane k; for BACKREF, bits 8 + k the escapes' planes), moving them from src,
+ * where the column was written whole (out + s->header + 8, off <= s->header, or elsewhere).
+ * Returns the bytes of header and planes. */
+static uint64_t close_from(const hc_column *c, const colstate *s, const uint8_t *src,
+                           uint8_t *out, uint64_t off, uint64_t n) {
     uint8_t *dst = out + off + 8;
     unsigned width = s->encoding == PLAIN ? c->itemsize : 8;
     unsigned omit = zero_planes(s->ored, width);
@@ -749,6 +775,11 @@ static uint64_t close_column(const hc_column *c, const colstate *s, uint8_t *out
     return 8 + len;
 }
 
+static uint64_t close_column(const hc_column *c, const colstate *s, uint8_t *out, uint64_t off,
+                             uint64_t n) {
+    return close_from(c, s, out + s->header + 8, out, off, n);
+}
+
 /* Whether every column's rows lie side by side (one array per column, as `heapcast record`'s
  * converter gives them), rather than fields of wider rows. */
 static int contiguous(const hc_column *cols, uint32_t ncols) {
@@ -765,24 +796,40 @@ static int pair_at(const hc_column *cols, uint32_t ncols, uint32_t c) {
 }
 
 /* Starts column c at offset off of out: its state, and a BACKREF column encoded whole (its
- * escapes decide its length); a pair (pair_at) both at once, the second written after the room
- * that the first may take (8 + 16n bytes), from where close_column moves it down. Returns the
- * number of columns started (1 or 2), or an error of encode_backrefs. */
+ * escapes decide its length). A pair (pair_at) is encoded at once, the second column into the
+ * table store's scratch memory (kept between calls, so that the output buffer is touched no
+ * further than by one whole column: fresh pages cost more than the copy), then moved into out:
+ * with `compact` (the caller closes each column as it goes) both are closed here, the first at
+ * off and the second after it, and *closed is their bytes; otherwise the second is copied whole
+ * after the first, where the caller's final compaction finds it. Returns the number of columns
+ * started (1 or 2), or an error of encode_backrefs. */
 static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, colstate *st,
-                         uint8_t *out, uint64_t off, uint64_t n) {
+                         uint8_t *out, uint64_t off, uint64_t n, int compact, uint64_t *closed) {
     int two = pair_at(cols, ncols, c);
+    *closed = 0;
     for (int k = 0; k <= two; k++) {
         reset(&st[c + k]);
         st[c + k].encoding = cols[c + k].encoding;
     }
     st[c].header = off;
-    if (two) st[c + 1].header = off + 8 + 16 * n;
     if (cols[c].encoding != BACKREF)
         return 1;
+    table_store own, *store = store_get(&own);
+    uint8_t *scratch = two ? store_scratch(store, 16 * n) : NULL;
     const hc_column *pc[2] = {&cols[c], &cols[two ? c + 1 : (uint32_t)cols[c].ref]};
     colstate *ps[2] = {&st[c], two ? &st[c + 1] : NULL};
-    uint8_t *po[2] = {out + off + 8, two ? out + st[c + 1].header + 8 : NULL};
-    int rc = encode_backrefs(pc, ps, po, n, two);
+    uint8_t *po[2] = {out + off + 8, scratch};
+    int rc = two && !scratch ? ERR_NOMEM : encode_backrefs(store, pc, ps, po, n, two);
+    if (!rc && two) {
+        if (compact) {
+            uint64_t first = close_column(&cols[c], &st[c], out, off, n);
+            *closed = first + close_from(&cols[c + 1], &st[c + 1], scratch, out, off + first, n);
+        } else {
+            st[c + 1].header = off + 8 + st[c].len;
+            memcpy(out + st[c + 1].header + 8, scratch, st[c + 1].len);
+        }
+    }
+    store_put(store);
     return rc ? rc : 1 + two;
 }
 
@@ -795,26 +842,32 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
     if (n > UINT32_MAX / 16) return ERR_TOO_LONG;   /* 16n bytes must fit the u32 length */
     if (hc_encode_bound(cols, ncols, n) > cap) return ERR_SPACE;
     colstate st[MAX_COLUMNS];
-    uint64_t off = 0;
+    uint64_t off = 0, closed;
     if (contiguous(cols, ncols)) {
         /* A column at a time, each written whole where it begins in the output: leaving its zero
          * planes out moves only the planes after a zero one, which are few (the zero planes are
          * mostly the high bytes). Tiles would read no less memory here. */
         for (uint32_t c = 0; c < ncols;) {
-            int k = begin_columns(cols, ncols, c, st, out, off, n);
+            int k = begin_columns(cols, ncols, c, st, out, off, n, 1, &closed);
             if (k < 0) return k;
+            if (closed) {   /* a pair, closed already */
+                off += closed;
+                c += (uint32_t)k;
+                continue;
+            }
             if (cols[c].encoding != BACKREF)
                 encode_column(&cols[c], &st[c], out + off + 8, n);
-            for (int j = 0; j < k; j++, c++) off += close_column(&cols[c], &st[c], out, off, n);
+            off += close_column(&cols[c], &st[c], out, off, n);
+            c++;
         }
         return (int64_t)off;
     }
     for (uint32_t c = 0; c < ncols;) {   /* where each column goes; BACKREF ones encoded */
-        int k = begin_columns(cols, ncols, c, st, out, off, n);
+        int k = begin_columns(cols, ncols, c, st, out, off, n, 0, &closed);
         if (k < 0) return k;
         if (cols[c].encoding != BACKREF)
             st[c].len = n * (st[c].encoding == PLAIN ? cols[c].itemsize : 8);
-        c += k;
+        c += (uint32_t)k;
         off = st[c - 1].header + 8 + st[c - 1].len;
     }
     for (uint64_t lo = 0; lo < n; lo += TILE) {   /* the others, a tile at a time */
