@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .native_codec import LIBRARY, LoadedOnce, NativeError
+from .native_codec import LIBRARY, LoadedOnce, NativeError, stream_buffer
 
 ABI_VERSION = 1
 ERR_ARGS, ERR_SPACE, ERR_NOMEM, ERR_EXT = -1, -2, -3, -5
@@ -106,7 +106,7 @@ def scan_chunk(address: int, length: int, offset: int, size: int) -> tuple:
 def _columns(cap: int) -> tuple[np.ndarray, dict, Columns]:
     """Room for cap rows of every column, in one allocation: (that memory, the columns, their
     addresses for the decoder)."""
-    memory = np.empty(cap * ROW_BYTES, np.uint8)
+    memory = stream_buffer(cap * ROW_BYTES)
     cols, at = {}, 0
     for name, dtype in COLUMNS:
         cols[name] = memory[at:at + cap * np.dtype(dtype).itemsize].view(dtype)
