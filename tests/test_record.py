@@ -265,16 +265,22 @@ def test_interrupt_of_the_terminal_ends_the_program_and_the_trace_is_kept(cli_ar
 
 def test_numpy_loads_without_blas_threads_and_the_program_keeps_its_environment(cli, tmp_path):
     """record imports numpy with one OpenBLAS thread (its extra threads spin ~0.1 s of CPU each
-    at start-up, taken from the program), unless the user set a number; the program's
+    at start-up, taken from the program) and without huge pages for its arrays, unless the user
+    chose otherwise; the program's
     environment is the user's, untouched."""
     probe = ("import os, heapcast.recorder.session as s; s.import_quietly(); "
-             "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))")
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+             "import numpy._core.multiarray as m; "
+             "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')), "
+             "os.environ.get('NUMPY_MADVISE_HUGEPAGE'), int(m._get_madvise_hugepage()))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "NUMPY_MADVISE_HUGEPAGE")}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    assert done.stdout.split() == ["None", "1"], done.stderr
-    done = subprocess.run([sys.executable, "-c", probe], env={**env, "OPENBLAS_NUM_THREADS": "2"},
-                          capture_output=True, text=True)
-    assert done.stdout.split()[0] == "2", done.stderr
+    # one thread, numpy's huge pages off, the environment as it was
+    assert done.stdout.split() == ["None", "1", "None", "0"], done.stderr
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**env, "OPENBLAS_NUM_THREADS": "2", "NUMPY_MADVISE_HUGEPAGE": "1"})
+    out = done.stdout.split()
+    assert out[0] == "2" and out[2:] == ["1", "1"], done.stderr   # the user's choices kept
     show = "import os; print(os.environ.get('OPENBLAS_NUM_THREADS'))"
     done = cli("record", "-o", tmp_path / "t", "--", sys.executable, "-c", show, env=env)
     assert done.returncode == 0 and done.stdout.split() == ["None"], done.stderr

@@ -285,6 +285,12 @@ class _Converter:
         return self.live.processes if self.live is not None else {}
 
 
+#: numpy's settings for the conversion, unless the user chose them: no OpenBLAS threads, and no
+#: transparent huge pages for its arrays of 4 MiB or more (the conversion's temporaries are
+#: freed and made again every block, and a fresh huge page cost 5x a small one's zeroing here).
+QUIET_NUMPY = {"OPENBLAS_NUM_THREADS": "1", "NUMPY_MADVISE_HUGEPAGE": "0"}
+
+
 def import_quietly() -> None:
     """Imports numpy and the converter. numpy's OpenBLAS starts a thread per CPU at load, and
     they spin for about 0.1 s of CPU time each: taken from the program on a small machine, for
@@ -292,12 +298,14 @@ def import_quietly() -> None:
     unless the user chose a number; os.environ is restored at once (the program's environment
     was copied before)."""
     import sys
-    if "numpy" not in sys.modules and "OPENBLAS_NUM_THREADS" not in os.environ:
-        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    if "numpy" not in sys.modules:
+        chosen = {k: v for k, v in QUIET_NUMPY.items() if k not in os.environ}
+        os.environ.update(chosen)
         try:
-            import numpy  # noqa: F401  (loads OpenBLAS, which reads the variable once)
+            import numpy  # noqa: F401  (OpenBLAS and numpy read the variables once, at load)
         finally:
-            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+            for k in chosen:
+                os.environ.pop(k, None)
     from . import live  # noqa: F401
 
 
