@@ -92,14 +92,32 @@ def reference_column(values, enc, block=None, name=None):
     return codes_mask | esc_mask << 8, codes + escapes
 
 
-def reference_encode_events(block, version=2):
-    """The payload the format specifies; version 1: every plane stored (mask 0)."""
+def reference_sparse(data, enc, mask, count):
+    """(encoding byte, bytes) of a version 3 column from its version 2 (mask, bytes): sparse
+    (codec.SPARSE: presence bits, then the planes of the rows whose stored value is not zero)
+    when at least 64 rows and at most 3/4 of them not zero."""
+    planes = 8 - bin(mask & 0xFF).count("1") if enc == codec.BACKREF else len(data) // max(count, 1)
+    if count < 64 or not planes:
+        return enc, data
+    codes = np.frombuffer(data[:planes * count], np.uint8).reshape(planes, count)
+    present = codes.any(axis=0)
+    if 4 * int(present.sum()) > 3 * count:
+        return enc, data
+    bits = np.packbits(present, bitorder="little").tobytes()
+    return enc | codec.SPARSE, bits + codes[:, present].tobytes() + data[planes * count:]
+
+
+def reference_encode_events(block, version=3):
+    """The payload the format specifies; version 1: every plane stored (mask 0); version 2: the
+    zero planes left out; version 3: and mostly-zero columns sparse."""
     parts = []
     for name in FIELDS:
         enc = codec.COLUMN_ENCODING[name]
         values = np.ascontiguousarray(block[name])
         mask, data = (reference_column(values, enc, block, name) if version >= 2
                       else (0, _encode(values, enc, block, name)))
+        if version >= 3:
+            enc, data = reference_sparse(data, enc, mask, len(values))
         parts += [COLUMN.pack(EVENT_DTYPE.names.index(name), enc, mask, len(data)), data]
     return b"".join(parts)
 
@@ -130,11 +148,27 @@ def _with_zero_planes(data, mask, width, count):
     return planes.tobytes()
 
 
+def dense(enc, mask, data, count):
+    """(encoding, bytes) of a column as version 2 stores it: a sparse one's rows put back."""
+    if not enc & codec.SPARSE:
+        return enc, data
+    enc &= ~codec.SPARSE
+    nbits = (count + 7) // 8
+    present = np.unpackbits(np.frombuffer(data[:nbits], np.uint8), bitorder="little")[:count]
+    m = int(present.sum())
+    planes = 8 - bin(mask & 0xFF).count("1") if enc == codec.BACKREF else (len(data) - nbits) // m
+    codes = np.zeros((planes, count), np.uint8)
+    codes[:, present.astype(bool)] = np.frombuffer(data[nbits:nbits + planes * m],
+                                                   np.uint8).reshape(planes, m)
+    return enc, codes.tobytes() + data[nbits + planes * m:]
+
+
 def columns(payload, count):
     """{name: (encoding, bytes with every plane)} of an EVENTS payload of `count` rows: the
     layout of version 1, which the hand-computed expectations below spell out."""
     out = {}
     for name, (enc, mask, data) in raw_columns(payload).items():
+        enc, data = dense(enc, mask, data, count)
         width = EVENT_DTYPE[name].itemsize if enc == codec.PLAIN else 8
         if enc != codec.BACKREF:
             assert mask >> width == 0, name
@@ -152,12 +186,13 @@ def decode(payload, count):
     ev = np.zeros(count, EVENT_DTYPE)
     pairs = {}
     for name, (enc, mask, data) in raw_columns(payload).items():
+        sparse, enc = bool(enc & codec.SPARSE), enc & ~codec.SPARSE
         if name in codec.PARTNER:
-            pairs[name] = (codec.backrefs(data, count, mask) if enc == codec.BACKREF else
-                           (codec.decode(data, enc, np.dtype(np.uint64), count, mask),
+            pairs[name] = (codec.backrefs(data, count, mask, sparse) if enc == codec.BACKREF else
+                           (codec.decode(data, enc, np.dtype(np.uint64), count, mask, sparse),
                             np.full(count, -1, np.int64)))
         else:
-            ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count, mask)
+            ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count, mask, sparse)
     ev["addr"], ev["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     return ev
 
@@ -426,7 +461,7 @@ def test_differences_of_2_63_fall_back_to_delta():
                  np.full(48, 2**63 + 5, np.uint64), np.full(3, 2**63 + 0x105, np.uint64)]
     ev = block(101, addr=addr)
     enc, mask, _ = raw_columns(encode_events(ev))["addr"]
-    assert (enc, mask) == (codec.DELTA, 0b01111100)
+    assert (enc, mask) == (codec.DELTA | codec.SPARSE, 0b01111100)   # 3 deltas of 101 not 0
     np.testing.assert_array_equal(decode(encode_events(ev), 101), ev)
 
 
@@ -471,6 +506,10 @@ def test_one_byte_anywhere_keeps_its_plane_only(name):
                 payload = encode_events(form)
                 enc, mask, data = raw_columns(payload)[name]
                 assert mask == FULL_MASK[name] & ~(1 << k), (r, k)
+                assert enc & codec.SPARSE   # one row of 4100 not zero: presence bits, one byte
+                assert data == bytes(np.packbits(np.arange(n) == r, bitorder="little")) + bytes(
+                    [0xB4 if name == "ts" else 0x5A])
+                _, data = dense(enc, mask, data, n)
                 assert data == bytes(r) + bytes([0xB4 if name == "ts" else 0x5A]) + bytes(n - r - 1)
                 np.testing.assert_array_equal(decode(payload, n), ev)
 
@@ -485,8 +524,9 @@ def test_backref_codes_and_escapes_leave_their_planes_out_apart():
         payload = encode_events(ev)
         assert bytes(encode_events(as_dict(ev))) == bytes(payload)
         cols = raw_columns(payload)
-        assert cols["old_addr"][:2] == (codec.BACKREF, 0xFF00 | codes_mask), d
-        assert cols["addr"][:2] == (codec.BACKREF, 0xFCFE), d   # escape 0x1000: 0x2001
+        sparse = codec.SPARSE if n >= 64 else 0   # one code not zero in each column
+        assert cols["old_addr"][:2] == (codec.BACKREF | sparse, 0xFF00 | codes_mask), d
+        assert cols["addr"][:2] == (codec.BACKREF | sparse, 0xFCFE), d   # escape 0x1000: 0x2001
         assert bytes(payload) == reference_encode_events(ev)
         np.testing.assert_array_equal(decode(payload, n), ev)
     # an escape of only a high byte: nonzero-delta zigzag(0x5A << 56) + 1 = 0xB4 << 56 | 1
@@ -518,9 +558,11 @@ def test_random_plane_patterns():
         payload = encode_events(ev)
         assert bytes(encode_events(as_dict(ev))) == bytes(payload)   # one column at a time
         for name, (enc, mask, data) in raw_columns(payload).items():
-            assert enc in (codec.COLUMN_ENCODING[name], codec.DELTA)
-            want = reference_column(np.ascontiguousarray(ev[name]), enc, ev, name)
-            assert (mask, data) == want, (trial, name)
+            assert enc & ~codec.SPARSE in (codec.COLUMN_ENCODING[name], codec.DELTA)
+            want = reference_column(np.ascontiguousarray(ev[name]), enc & ~codec.SPARSE, ev, name)
+            assert mask == want[0], (trial, name)
+            assert (enc, data) == reference_sparse(want[1], enc & ~codec.SPARSE, mask, n), (trial,
+                                                                                         name)
         np.testing.assert_array_equal(decode(payload, n), ev)
 
 
@@ -740,6 +782,71 @@ def with_mask(payload, column, mask):
     return bytes(payload)
 
 
+def version_2(payload, count):
+    """A version 3 EVENTS payload in the layout of version 2: no column sparse."""
+    parts = []
+    for name, (enc, mask, data) in raw_columns(payload).items():
+        enc, data = dense(enc, mask, data, count)
+        parts.append(COLUMN.pack(EVENT_DTYPE.names.index(name), enc, mask, len(data)) + data)
+    return b"".join(parts)
+
+
+def test_files_of_version_2_still_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer, "BLOCK_EVENTS", 4000)
+    ev = realistic(10_000, seed=16)
+    write_and_load(tmp_path, ev)
+    path = tmp_path / "7.hct"
+    rewrite(path, 2, version_2)
+    assert path.read_bytes()[8:10] == b"\x02\x00"
+    np.testing.assert_array_equal(heapcast.load(path).processes[0].events, ev)
+
+
+@pytest.mark.parametrize("n, present, sparse", [(128, 96, True), (128, 97, False), (64, 48, True),
+                                                (63, 1, False), (4100, 4100, False)])
+def test_a_column_is_sparse_when_at_most_three_quarters_of_its_rows_are_not_zero(n, present,
+                                                                                 sparse):
+    rows = np.random.default_rng(n + present).permutation(n)[:present]
+    size = np.zeros(n, np.uint64)
+    size[rows] = 0x1234
+    ev = block(n, size=size)
+    payload = encode_events(ev)
+    enc, mask, data = raw_columns(payload)["size"]
+    assert bool(enc & codec.SPARSE) == sparse and mask == 0xFC
+    assert len(data) == ((n + 7) // 8 + 2 * present if sparse else 2 * n)
+    assert bytes(encode_events(as_dict(ev))) == bytes(payload) == reference_encode_events(ev)
+    np.testing.assert_array_equal(decode(payload, n), ev)
+
+
+def test_bad_sparse_columns_are_refused(tmp_path):
+    write_and_load(tmp_path, realistic(1000, seed=17))
+    path = tmp_path / "7.hct"
+    shutil.copy(path, tmp_path / "bits.hct")
+    rewrite(path, 2, lambda payload, count: payload)   # sparse columns in a version 2 file
+    with pytest.raises(TraceError, match=r"7\.hct, offset 16: EVENTS block: column addr is sparse "
+                                         r"\(encoding flag 0x80\), which a version 2 file has not"):
+        heapcast.load(path).processes[0].events
+
+    def one_row_more(payload, count):   # the presence bit of row 999 set: one value missing
+        cols = raw_columns(payload)
+        assert cols["arg"][0] & codec.SPARSE and not cols["arg"][2][124] & 0x80
+        parts = []
+        for name, (enc, mask, data) in cols.items():
+            if name == "arg":
+                data = data[:124] + bytes([data[124] | 0x80]) + data[125:]
+            parts.append(COLUMN.pack(EVENT_DTYPE.names.index(name), enc, mask, len(data)) + data)
+        return b"".join(parts)
+    path = tmp_path / "bits.hct"
+    rewrite(path, 3, one_row_more)
+    with pytest.raises(TraceError, match=r"bits\.hct, offset 16: EVENTS block, column arg: column "
+                                         r"holds \d+ bytes, expected \d+ \(8 of the 8 byte planes"):
+        heapcast.load(path).processes[0].events
+    # 10 rows: 2 bytes of presence bits, of which 6 name no row
+    with pytest.raises(ValueError, match="presence bits set beyond the last row"):
+        codec.decode(b"\x01\x80\x05\x07", codec.PLAIN, np.dtype(np.uint8), 10, 0, sparse=True)
+    got = codec.decode(b"\x01\x02\x05\x07", codec.PLAIN, np.dtype(np.uint8), 10, 0, sparse=True)
+    assert got.tolist() == [5, 0, 0, 0, 0, 0, 0, 0, 0, 7]
+
+
 def test_a_version_1_file_with_planes_left_out_is_refused(tmp_path):
     write_and_load(tmp_path, realistic(1000, seed=13))
     path = tmp_path / "7.hct"
@@ -758,22 +865,23 @@ def test_a_version_1_file_with_planes_left_out_is_refused(tmp_path):
 def test_a_newer_format_version_is_refused(tmp_path):
     write_and_load(tmp_path, realistic(10, seed=14))
     path = tmp_path / "7.hct"
-    rewrite(path, 3, lambda payload, count: payload)
-    with pytest.raises(TraceError, match=r"offset 8: trace format version 3 is not supported; "
-                                         r"this heapcast reads versions 1, 2"):
+    rewrite(path, 4, lambda payload, count: payload)
+    with pytest.raises(TraceError, match=r"offset 8: trace format version 4 is not supported; "
+                                         r"this heapcast reads versions 1, 2, 3"):
         heapcast.load(path)
 
 
 @pytest.mark.parametrize("column, mask, message", [
     ("size", 0xFF, r"column size: column holds \d+ bytes, expected 0 \(0 of the 8 byte planes"),
     ("loc", 0x1F, r"column loc: plane mask 0x001f leaves out planes beyond the 4"),
-    ("old_addr", 0xFFFF, r"column old_addr: column holds \d+ bytes, expected 0: 0 of codes"),
-    ("free_lag", 0, r"column free_lag: column holds 1000 bytes, expected 4000 \(4 of the 4 "),
+    ("old_addr", 0xFFFF, r"column old_addr: column holds \d+ bytes, expected 125: 125 of "
+                         r"presence bits and codes"),   # sparse: 1000 presence bits
+    ("free_lag", 0, r"column free_lag: column holds \d+ bytes, expected \d+ \(4 of the 4 "),
 ])
 def test_a_wrong_mask_is_an_error_naming_file_offset_and_column(tmp_path, column, mask, message):
     """A mask that does not match the column's length (behind a valid checksum: a bad writer)."""
     write_and_load(tmp_path, realistic(1000, seed=15))
     path = tmp_path / "7.hct"
-    rewrite(path, 2, lambda payload, count: with_mask(payload, column, mask))
+    rewrite(path, 3, lambda payload, count: with_mask(payload, column, mask))
     with pytest.raises(TraceError, match=r"7\.hct, offset 16: EVENTS block, " + message):
         heapcast.load(path).processes[0].events

@@ -4,7 +4,9 @@ back-references between the two address columns.
 Together with zstd they bring a 64-byte event to a few bytes, because sequence numbers step by one,
 times by small amounts, and addresses repeat. Byte planes that are all zero are not stored (the
 column header's mask names them; files of format version 1 store every plane): the decoder puts
-them back as zeros. Encoding is native code (native/codec/encode.c,
+them back as zeros. A column whose stored values are mostly zero (version 3) stores a presence
+bit per row and the planes of its non-zero rows only: zstd is slow on such planes and stores
+them worse. Encoding is native code (native/codec/encode.c,
 bound in native_codec.py: the writer encodes every event it writes); decoding is here, a few
 vectorized numpy passes per column, except the one sequential pass that follows address
 back-references (native, resolve_pair).
@@ -16,6 +18,9 @@ import numpy as np
 from .format import EVENT_DTYPE
 
 PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA, BACKREF = 0, 1, 2, 3, 4
+#: Flag of a column header's encoding byte (format version 3): the column is sparse, its stored
+#: planes hold only the rows whose stored value is not zero, after a presence bit per row.
+SPARSE = 0x80
 
 #: The encoding of each stored column (EVENT_DTYPE order; `proc` is not stored).
 COLUMN_ENCODING = {
@@ -47,8 +52,28 @@ def _stored_planes(omitted: int, width: int, what: str) -> list[int]:
     return [k for k in range(width) if not omitted >> k & 1]
 
 
-def _unshuffle(b: bytes, dtype: np.dtype, count: int, omitted: int = 0) -> np.ndarray:
-    """`count` values from their byte planes, all but those in `omitted` (zeros) stored in b."""
+def _present(b: bytes, count: int) -> tuple[np.ndarray, int]:
+    """The rows marked present by a sparse column's presence bits (the first (count + 7) // 8
+    bytes of b, bit i % 8 of byte i // 8: row i), and how many bytes those take."""
+    nbytes = (count + 7) // 8
+    if len(b) < nbytes:
+        raise ValueError(f"sparse column holds {len(b)} bytes, expected at least {nbytes} of "
+                         f"presence bits for {count} rows")
+    bits = np.unpackbits(np.frombuffer(b, np.uint8, nbytes), bitorder="little")
+    if bits[count:].any():
+        raise ValueError("sparse column: presence bits set beyond the last row")
+    return bits[:count].view(bool), nbytes
+
+
+def _unshuffle(b: bytes, dtype: np.dtype, count: int, omitted: int = 0,
+               sparse: bool = False) -> np.ndarray:
+    """`count` values from their byte planes, all but those in `omitted` (zeros) stored in b;
+    `sparse`: b holds presence bits, then the planes of the present rows (the others zero)."""
+    if sparse:
+        present, nbytes = _present(b, count)
+        out = np.zeros(count, dtype)
+        out[present] = _unshuffle(b[nbytes:], dtype, int(np.count_nonzero(present)), omitted)
+        return out
     kept = _stored_planes(omitted, dtype.itemsize, f"{count} {dtype} values")
     if len(b) != len(kept) * count:
         raise ValueError(f"column holds {len(b)} bytes, expected {len(kept) * count} ({len(kept)} "
@@ -62,21 +87,26 @@ def _unshuffle(b: bytes, dtype: np.dtype, count: int, omitted: int = 0) -> np.nd
     return out
 
 
-def backrefs(data: bytes, count: int, omitted: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def backrefs(data: bytes, count: int, omitted: int = 0,
+             sparse: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A BACKREF column's (values, source rows): the values of its zero and escaped rows, and
     for the other rows the earlier row whose partner value they repeat (-1: none). `omitted`:
-    the header's mask, bits 0-7 the codes' planes left out, bits 8-15 the escapes'."""
-    codes_len = (8 - bin(omitted & 0xFF).count("1")) * count
+    the header's mask, bits 0-7 the codes' planes left out, bits 8-15 the escapes'. `sparse`:
+    the codes are stored as a sparse column's (presence bits, then the non-zero codes)."""
+    planes = 8 - bin(omitted & 0xFF).count("1")
+    present, codes_len = _present(data, count) if sparse else (None, 0)
+    codes_len += planes * (int(np.count_nonzero(present)) if sparse else count)
     if len(data) < codes_len:
         raise ValueError(f"column holds {len(data)} bytes, expected at least {codes_len} for "
                          f"the codes of {count} rows (plane mask {omitted:#06x})")
-    codes = _unshuffle(data[:codes_len], np.dtype(np.uint64), count, omitted & 0xFF)
+    codes = _unshuffle(data[:codes_len], np.dtype(np.uint64), count, omitted & 0xFF, sparse)
     escapes = codes == 1
     m = int(np.count_nonzero(escapes))
     want = codes_len + (8 - bin(omitted >> 8).count("1")) * m
     if len(data) != want:
-        raise ValueError(f"column holds {len(data)} bytes, expected {want}: {codes_len} of codes "
-                         f"and {want - codes_len} for {m} escapes (plane mask {omitted:#06x})")
+        raise ValueError(f"column holds {len(data)} bytes, expected {want}: {codes_len} of "
+                         f"{'presence bits and ' if sparse else ''}codes and {want - codes_len} "
+                         f"for {m} escapes (plane mask {omitted:#06x})")
     values = np.zeros(count, np.uint64)
     values[escapes] = decode(data[codes_len:], NONZERO_DELTA, np.dtype(np.uint64), m,
                              omitted >> 8)
@@ -103,14 +133,15 @@ def resolve_pair(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
 
 
 def decode(data: bytes, encoding: int, dtype: np.dtype, count: int,
-           omitted: int = 0) -> np.ndarray:
+           omitted: int = 0, sparse: bool = False) -> np.ndarray:
     """One column's values from its bytes (the inverse of native/codec/encode.c), `omitted`
-    the header's mask of the byte planes left out (zero); raises ValueError on data that does
-    not fit. BACKREF columns decode in pairs: backrefs() and resolve_pair()."""
+    the header's mask of the byte planes left out (zero), `sparse` the header's SPARSE flag;
+    raises ValueError on data that does not fit. BACKREF columns decode in pairs: backrefs()
+    and resolve_pair()."""
     if encoding == BACKREF:
         raise ValueError("BACKREF columns decode with their partner (codec.resolve_pair)")
     stored = dtype if encoding == PLAIN else np.dtype(np.uint64)
-    a = _unshuffle(data, stored, count, omitted)
+    a = _unshuffle(data, stored, count, omitted, sparse)
     if encoding == PLAIN:
         return a
     if encoding == DELTA:

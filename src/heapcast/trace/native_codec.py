@@ -18,7 +18,7 @@ from .base import LoadedOnce, NativeError  # noqa: F401  (re-exported)
 from .format import EVENT_DTYPE
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_codec.so"
-ABI_VERSION = 3   # 3: zero byte planes left out (TRACE_VERSION 2)
+ABI_VERSION = 4   # 3: zero byte planes left out (TRACE_VERSION 2); 4: sparse columns (3)
 
 _ERRORS = {-1: "invalid column descriptions", -2: "output buffer too small",
            -4: "block too long for the u32 column lengths"}

@@ -241,6 +241,11 @@ def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
             raise TraceError(path, b.offset, f"EVENTS block ends before column {name}")
         field_idx, enc, omitted, n = COLUMN.unpack_from(raw, pos)
         pos += COLUMN.size
+        sparse = bool(enc & codec.SPARSE)
+        enc &= ~codec.SPARSE
+        if sparse and b.version < 3:
+            raise TraceError(path, b.offset, f"EVENTS block: column {name} is sparse (encoding "
+                             f"flag {codec.SPARSE:#x}), which a version {b.version} file has not")
         if field_idx != EVENT_DTYPE.names.index(name):
             raise TraceError(path, b.offset, f"EVENTS block: column {field_idx} where column "
                              f"{EVENT_DTYPE.names.index(name)} ({name}) was expected")
@@ -253,13 +258,13 @@ def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
                              f"(mask {omitted:#06x}), expected 0 in a version {b.version} file")
         try:
             if name in codec.PARTNER:     # the address pair: decoded together, below
-                pairs[name] = (codec.backrefs(raw[pos:pos + n], b.count, omitted)
+                pairs[name] = (codec.backrefs(raw[pos:pos + n], b.count, omitted, sparse)
                                if enc == codec.BACKREF else
                                (codec.decode(raw[pos:pos + n], enc, np.dtype(np.uint64), b.count,
-                                             omitted), np.full(b.count, -1, np.int64)))
+                                             omitted, sparse), np.full(b.count, -1, np.int64)))
             else:
                 out[name] = codec.decode(raw[pos:pos + n], enc, EVENT_DTYPE[name], b.count,
-                                         omitted)
+                                         omitted, sparse)
         except ValueError as e:
             raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
         pos += n
