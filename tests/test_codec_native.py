@@ -299,6 +299,8 @@ def test_address_columns_encode_the_same_alone_or_as_a_pair(order, strided):
     out = np.zeros(lib.hc_encode_bound(cols, len(order), len(ev)), np.uint8)
     n = lib.hc_encode_events(cols, len(order), len(ev), out.ctypes.data, len(out))
     assert n > 0
+    n = lib.hc_sparsify(out.ctypes.data, n, len(ev), len(out))   # encode_events does both
+    assert n > 0
     got, pos = {}, 0
     for name in order:
         field, enc, mask, length = COLUMN.unpack_from(out, pos)
@@ -815,6 +817,19 @@ def test_a_column_is_sparse_when_at_most_three_quarters_of_its_rows_are_not_zero
     assert len(data) == ((n + 7) // 8 + 2 * present if sparse else 2 * n)
     assert bytes(encode_events(as_dict(ev))) == bytes(payload) == reference_encode_events(ev)
     np.testing.assert_array_equal(decode(payload, n), ev)
+
+
+def test_encoding_then_sparse_columns_in_two_calls_is_the_same():
+    """The writer encodes a block (dense) on one thread and makes it sparse on another."""
+    ev = realistic(5000, seed=18)
+    one = bytes(encode_events(ev))
+    dense = native_codec.encode_events(ev, sparse=False)
+    assert bytes(dense) == reference_encode_events(ev, version=2)
+    assert bytes(native_codec.sparsify(dense, len(ev))) == one == reference_encode_events(ev)
+    small = np.zeros(len(one) + 10, np.uint8)   # no room for the presence bits after it
+    small[:len(dense)] = np.frombuffer(bytes(dense), np.uint8)[:len(small)][:len(dense)]
+    with pytest.raises(native_codec.NativeError, match="output buffer too small"):
+        native_codec.sparsify(memoryview(small)[:len(one)], len(ev))
 
 
 def test_bad_sparse_columns_are_refused(tmp_path):

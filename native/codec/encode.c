@@ -54,6 +54,7 @@
 enum { PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA, BACKREF };
 #define SPARSE 0x80        /* flag of the header's encoding byte: only the non-zero rows stored */
 #define SPARSE_MIN_ROWS 64  /* fewer rows: never sparse */
+#define SPARSE_ROOM(n) ((n + 7) / 8 + 16 + 4 * (n))   /* sparsify()'s bytes after the payload */
 enum { ERR_ARGS = -1, ERR_SPACE = -2, ERR_NOMEM = -3, ERR_TOO_LONG = -4 };
 
 /* One column to encode (mirrored by heapcast.trace.native_codec.Column). */
@@ -730,7 +731,7 @@ HC_API uint64_t hc_encode_bound(const hc_column *cols, uint32_t ncols, uint64_t 
                        : cols[c].encoding == BACKREF ? 16 : 8;
         total += 8 + width * n;
     }
-    return total + (n + 7) / 8 + 16;   /* room for sparsify()'s presence bits after the payload */
+    return total + SPARSE_ROOM(n);
 }
 
 /* The planes (bit k: plane k of `width`) whose byte of `ored` is zero. */
@@ -849,8 +850,10 @@ static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, cols
  * halved zstd's time and took 15% off the compressed bytes. */
 
 /* Presence bits of the rows of `planes` planes of n bytes at src (bit i % 8 of byte i / 8: some
- * plane's byte of row i is non-zero) into bits; returns how many rows are present. */
-static uint64_t presence(const uint8_t *src, unsigned planes, uint64_t n, uint8_t *bits) {
+ * plane's byte of row i is non-zero) into bits, and the present rows in order into rows (room
+ * for n); returns how many rows are present. */
+static uint64_t presence(const uint8_t *src, unsigned planes, uint64_t n, uint8_t *bits,
+                         uint32_t *rows) {
     uint64_t m = 0, i = 0;
     memset(bits, 0, (n + 7) / 8);
 #ifdef HC_SIMD
@@ -862,45 +865,33 @@ static uint64_t presence(const uint8_t *src, unsigned planes, uint64_t n, uint8_
         unsigned b = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, zero)) & 0xFFFFu;
         bits[i / 8] = (uint8_t)b;
         bits[i / 8 + 1] = (uint8_t)(b >> 8);
-        m += (uint64_t)__builtin_popcount(b);
+        for (; b; b &= b - 1) rows[m++] = (uint32_t)(i + (unsigned)__builtin_ctz(b));
     }
 #endif
     for (; i < n; i++) {
         uint8_t v = 0;
         for (unsigned k = 0; k < planes; k++) v |= src[k * n + i];
-        if (v) { bits[i / 8] |= (uint8_t)(1u << (i % 8)); m++; }
+        if (v) { bits[i / 8] |= (uint8_t)(1u << (i % 8)); rows[m++] = (uint32_t)i; }
     }
     return m;
 }
 
-/* Moves the bytes of the present rows of the plane of n bytes at src to dst, in order (dst <=
- * src: a byte is read before any write reaches it). */
-static void keep_present(uint8_t *dst, const uint8_t *src, const uint8_t *bits, uint64_t n) {
-    uint64_t j = 0, i = 0;
-    for (; i + 16 <= n; i += 16) {
-        unsigned b = bits[i / 8] | (unsigned)bits[i / 8 + 1] << 8;
-        if (b == 0xFFFFu) {
-            uint8_t t[16];
-            memcpy(t, src + i, 16);
-            memcpy(dst + j, t, 16);
-            j += 16;
-            continue;
-        }
-        for (; b; b &= b - 1) dst[j++] = src[i + (unsigned)__builtin_ctz(b)];
-    }
-    for (; i < n; i++)
-        if (bits[i / 8] >> (i % 8) & 1) dst[j++] = src[i];
+/* The bytes of the m present rows of the plane at src, in order, to dst (dst <= src: a byte is
+ * read before any write reaches it). */
+static void keep_present(uint8_t *dst, const uint8_t *src, const uint32_t *rows, uint64_t m) {
+    for (uint64_t j = 0; j < m; j++) dst[j] = src[rows[j]];
 }
 
 /* Rewrites the payload of `total` bytes at out (columns of n rows) with every column whose
  * stored values are non-zero in at most 3/4 of the rows sparse: presence bits ((n + 7) / 8
  * bytes), then the planes of the present rows, then (BACKREF) the escapes as before. Columns
- * move down over the bytes saved before them. Uses the (n + 7) / 8 bytes after the payload
+ * move down over the bytes saved before them. Uses SPARSE_ROOM(n) bytes after the payload
  * (hc_encode_bound counts them). Returns the new length. */
 static uint64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
     if (n < SPARSE_MIN_ROWS) return total;
-    uint8_t *bits = out + total;
     const uint64_t nbits = (n + 7) / 8;
+    uint8_t *bits = out + total;
+    uint32_t *rows = (uint32_t *)(((uintptr_t)(bits + nbits) + 15) & ~(uintptr_t)15);
     uint64_t r = 0, w = 0;
     while (r < total) {
         uint8_t enc = out[r + 1];
@@ -910,15 +901,15 @@ static uint64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
         memcpy(&len, out + r + 4, 4);
         unsigned planes = enc == BACKREF ? 8 - (unsigned)__builtin_popcount(mask & 0xFFu)
                                          : (unsigned)(len / n);
-        uint64_t codes = (uint64_t)planes * n, m = planes ? presence(out + r + 8, planes, n, bits)
-                                                         : n;
+        uint64_t codes = (uint64_t)planes * n,
+                 m = planes ? presence(out + r + 8, planes, n, bits, rows) : n;
         if (!planes || 4 * m > 3 * n) {   /* stays dense: moves down */
             if (w != r) memmove(out + w, out + r, 8 + (uint64_t)len);
         } else {
             const uint8_t *src = out + r + 8;
             uint8_t *dst = out + w + 8;
             uint8_t head[4] = {out[r], (uint8_t)(enc | SPARSE)};
-            for (unsigned k = 0; k < planes; k++) keep_present(dst + k * m, src + k * n, bits, n);
+            for (unsigned k = 0; k < planes; k++) keep_present(dst + k * m, src + k * n, rows, m);
             memmove(dst + nbits, dst, planes * m);   /* nbits + planes * m <= codes: see above */
             memcpy(dst, bits, nbits);
             uint64_t kept = nbits + planes * m;
@@ -961,7 +952,7 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
             off += close_column(&cols[c], &st[c], out, off, n);
             c++;
         }
-        return (int64_t)sparsify(out, off, n);
+        return (int64_t)off;
     }
     for (uint32_t c = 0; c < ncols;) {   /* where each column goes; BACKREF ones encoded */
         int k = begin_columns(cols, ncols, c, st, out, off, n, 0, &closed);
@@ -982,7 +973,17 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
             finish_column(&cols[c], &st[c], out + st[c].header + 8, n);
     off = 0;   /* every column moves down over the zero planes of those before it */
     for (uint32_t c = 0; c < ncols; c++) off += close_column(&cols[c], &st[c], out, off, n);
-    return (int64_t)sparsify(out, off, n);
+    return (int64_t)off;
+}
+
+/* Makes the mostly-zero columns of an encoded payload (hc_encode_events' `total` bytes at out,
+ * n rows, in a buffer of cap bytes) sparse, in place; returns the payload's new length, or
+ * ERR_SPACE if the buffer lacks SPARSE_ROOM(n) bytes after the payload. A call of its own, so
+ * that the trace writer runs it on the thread that compresses the block, beside the next
+ * block's encoding. */
+HC_API int64_t hc_sparsify(uint8_t *out, uint64_t total, uint64_t n, uint64_t cap) {
+    if (!out || cap < total || cap - total < SPARSE_ROOM(n)) return ERR_SPACE;
+    return (int64_t)sparsify(out, total, n);
 }
 
 /* Decoding's one sequential step: the two address columns refer to each other's earlier rows

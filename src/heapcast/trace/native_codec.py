@@ -46,6 +46,9 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
                                      ctypes.c_uint64]
     i64 = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
     u64 = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS,WRITEABLE")
+    lib.hc_sparsify.restype = ctypes.c_int64
+    lib.hc_sparsify.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
+                                ctypes.c_uint64]
     lib.hc_resolve_pair.restype = ctypes.c_int
     lib.hc_resolve_pair.argtypes = [u64, i64, u64, i64, ctypes.c_uint64]
     if lib.hc_codec_abi(0) != ABI_VERSION or lib.hc_codec_abi(1) != ctypes.sizeof(Column):
@@ -87,14 +90,15 @@ def _column_array(block, name: str) -> np.ndarray:
     return a
 
 
-def encode_events(block, out: np.ndarray | None = None,
-                  lib: ctypes.CDLL | None = None) -> memoryview:
+def encode_events(block, out: np.ndarray | None = None, lib: ctypes.CDLL | None = None,
+                  sparse: bool = True) -> memoryview:
     """The uncompressed payload of one EVENTS section (block: EVENT_DTYPE array or column dict).
 
     Returns a memoryview of `out` (a uint8 array; a new one when it is None or too small: the
     result's .obj). The encodings are codec.COLUMN_ENCODING's, except that a NONZERO_DELTA or
     BACKREF column whose values cannot be stored that way (two non-zero values exactly 2**63
-    apart) is stored as DELTA. `lib`: another build of the library (tests)."""
+    apart) is stored as DELTA. `lib`: another build of the library (tests). `sparse=False`:
+    the columns left dense (version 2's layout), for sparsify() to finish."""
     lib = lib or library()
     n = len(block["seq"])
     arrays = [_column_array(block, name) for name in codec.STORED_FIELDS]
@@ -118,6 +122,19 @@ def encode_events(block, out: np.ndarray | None = None,
         if written == -3:
             raise MemoryError("encoding an EVENTS block")
         raise NativeError(f"hc_encode_events: {_ERRORS.get(written, f'error {written}')}")
+    payload = memoryview(out)[:written]
+    return sparsify(payload, n, lib) if sparse else payload
+
+
+def sparsify(payload: memoryview, n: int, lib: ctypes.CDLL | None = None) -> memoryview:
+    """The payload of n events that encode_events(..., sparse=False) returned, with its
+    mostly-zero columns made sparse (format version 3), in place in the same buffer: what
+    encode_events returns by default. The trace writer calls it on its compressing thread."""
+    lib = lib or library()
+    out = payload.obj
+    written = lib.hc_sparsify(out.ctypes.data, len(payload), n, len(out))
+    if written < 0:
+        raise NativeError(f"hc_sparsify: {_ERRORS.get(written, f'error {written}')}")
     return memoryview(out)[:written]
 
 

@@ -63,9 +63,11 @@ class _SectionWriter:
 
     def write_events(self, block) -> None:
         count = _length(block)
-        raw = encode_events(block, _SCRATCH.take_buffer())
+        dense = native_codec.encode_events(block, _SCRATCH.take_buffer(), sparse=False)
 
         def work():
+            # sparse columns here, beside the next block's encoding: it balances the two threads
+            raw = native_codec.sparsify(dense, count)
             zstd = _SCRATCH.take_compressor(self.level)
             # The section is a copy (compressed), so the buffer is free for the next block:
             # fresh pages cost more than the encoding (the kernel zeroes them).
