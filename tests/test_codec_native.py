@@ -764,16 +764,6 @@ def all_planes(payload, count):
                     for name, (enc, data) in columns(payload, count).items())
 
 
-def test_files_of_version_1_still_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(writer, "BLOCK_EVENTS", 4000)
-    ev = realistic(10_000, seed=12)
-    write_and_load(tmp_path, ev)
-    path = tmp_path / "7.hct"
-    rewrite(path, 1, all_planes)
-    assert path.read_bytes()[8:10] == b"\x01\x00"
-    np.testing.assert_array_equal(heapcast.load(path).processes[0].events, ev)
-
-
 def with_mask(payload, column, mask):
     """An EVENTS payload with another plane mask in the header of `column`."""
     payload, pos = bytearray(payload), 0
@@ -793,13 +783,14 @@ def version_2(payload, count):
     return b"".join(parts)
 
 
-def test_files_of_version_2_still_read(tmp_path, monkeypatch):
+@pytest.mark.parametrize("version, layout", [(1, all_planes), (2, version_2)])
+def test_files_of_older_versions_still_read(tmp_path, monkeypatch, version, layout):
     monkeypatch.setattr(writer, "BLOCK_EVENTS", 4000)
-    ev = realistic(10_000, seed=16)
+    ev = realistic(10_000, seed=12)
     write_and_load(tmp_path, ev)
     path = tmp_path / "7.hct"
-    rewrite(path, 2, version_2)
-    assert path.read_bytes()[8:10] == b"\x02\x00"
+    rewrite(path, version, layout)
+    assert path.read_bytes()[8:10] == bytes([version, 0])
     np.testing.assert_array_equal(heapcast.load(path).processes[0].events, ev)
 
 

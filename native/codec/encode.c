@@ -26,7 +26,11 @@
  * close_column() then moves the other planes down over the zero ones. One column after the
  * other, each is written where it begins in the output, and little moves: the zero planes are
  * mostly the high bytes. After tiles, every column moves down over the zero planes of those
- * before it, which costs about 2 ns per event (zstd saves 8). */
+ * before it, which costs about 2 ns per event (zstd saves 8).
+ *
+ * hc_sparsify, a call of its own (the writer runs it on the thread that compresses), then stores
+ * the columns whose values are mostly zero as presence bits and their non-zero rows (format
+ * version 3, "sparse columns" below). */
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE   /* mmap's MAP_ANONYMOUS, madvise */
 #endif
