@@ -43,6 +43,7 @@
 #if defined(__SSE2__) && !defined(HC_NO_SIMD)
 #define HC_SIMD 1
 #include <emmintrin.h>
+#include <tmmintrin.h>   /* SSSE3's byte shuffle, for sparse columns where the CPU has it */
 #endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -58,7 +59,7 @@
 enum { PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA, BACKREF };
 #define SPARSE 0x80        /* flag of the header's encoding byte: only the non-zero rows stored */
 #define SPARSE_MIN_ROWS 64  /* fewer rows: never sparse */
-#define SPARSE_ROOM(n) ((n + 7) / 8 + 16 + 4 * (n))   /* sparsify()'s bytes after the payload */
+#define SPARSE_ROOM(n) ((n + 7) / 8 + 16)   /* sparsify()'s bytes after the payload */
 enum { ERR_ARGS = -1, ERR_SPACE = -2, ERR_NOMEM = -3, ERR_TOO_LONG = -4 };
 
 /* One column to encode (mirrored by heapcast.trace.native_codec.Column). */
@@ -854,10 +855,8 @@ static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, cols
  * halved zstd's time and took 15% off the compressed bytes. */
 
 /* Presence bits of the rows of `planes` planes of n bytes at src (bit i % 8 of byte i / 8: some
- * plane's byte of row i is non-zero) into bits, and the present rows in order into rows (room
- * for n); returns how many rows are present. */
-static uint64_t presence(const uint8_t *src, unsigned planes, uint64_t n, uint8_t *bits,
-                         uint32_t *rows) {
+ * plane's byte of row i is non-zero) into bits; returns how many rows are present. */
+static uint64_t presence(const uint8_t *src, unsigned planes, uint64_t n, uint8_t *bits) {
     uint64_t m = 0, i = 0;
     memset(bits, 0, (n + 7) / 8);
 #ifdef HC_SIMD
@@ -869,21 +868,73 @@ static uint64_t presence(const uint8_t *src, unsigned planes, uint64_t n, uint8_
         unsigned b = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, zero)) & 0xFFFFu;
         bits[i / 8] = (uint8_t)b;
         bits[i / 8 + 1] = (uint8_t)(b >> 8);
-        for (; b; b &= b - 1) rows[m++] = (uint32_t)(i + (unsigned)__builtin_ctz(b));
+        m += (uint64_t)__builtin_popcount(b);
     }
 #endif
     for (; i < n; i++) {
         uint8_t v = 0;
         for (unsigned k = 0; k < planes; k++) v |= src[k * n + i];
-        if (v) { bits[i / 8] |= (uint8_t)(1u << (i % 8)); rows[m++] = (uint32_t)i; }
+        if (v) { bits[i / 8] |= (uint8_t)(1u << (i % 8)); m++; }
     }
     return m;
 }
 
-/* The bytes of the m present rows of the plane at src, in order, to dst (dst <= src: a byte is
- * read before any write reaches it). */
-static void keep_present(uint8_t *dst, const uint8_t *src, const uint32_t *rows, uint64_t m) {
-    for (uint64_t j = 0; j < m; j++) dst[j] = src[rows[j]];
+/* The bytes of the present rows (bits) of the plane of n bytes at src, in order, to dst (dst <=
+ * src: a byte is read before any write reaches it). */
+static void keep_present_scalar(uint8_t *dst, const uint8_t *src, const uint8_t *bits,
+                                uint64_t n, uint64_t i, uint64_t j) {
+    for (; i < n; i++)
+        if (bits[i / 8] >> (i % 8) & 1) dst[j++] = src[i];
+}
+
+#ifdef HC_SIMD
+/* shuffle[b]: the positions of the bits set in b, in order: the SSSE3 shuffle that packs the
+ * bytes of the present rows among 8 to the front. */
+static uint8_t shuffle[256][8];
+static pthread_once_t shuffle_once = PTHREAD_ONCE_INIT;
+static int has_ssse3;
+
+static void shuffle_init(void) {
+    for (unsigned b = 0; b < 256; b++) {
+        unsigned k = 0;
+        for (unsigned t = 0; t < 8; t++)
+            if (b >> t & 1) shuffle[b][k++] = (uint8_t)t;
+    }
+    __builtin_cpu_init();
+    has_ssse3 = __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt");
+}
+
+/* keep_present, 16 rows at a time: each half of 8 bytes packed by one shuffle and stored whole
+ * (8 bytes; the ones past the present rows are overwritten next, or land at most 8 bytes past
+ * the plane's end: sparsify leaves n - m >= 16 bytes there, whose source was read already). */
+__attribute__((target("ssse3,popcnt")))
+static void keep_present_ssse3(uint8_t *dst, const uint8_t *src, const uint8_t *bits,
+                               uint64_t n) {
+    uint64_t i = 0, j = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(src + i));
+        unsigned lo = bits[i / 8], hi = bits[i / 8 + 1];
+        __m128i a = _mm_shuffle_epi8(v, _mm_loadl_epi64((const __m128i *)shuffle[lo]));
+        __m128i b = _mm_shuffle_epi8(_mm_srli_si128(v, 8),
+                                     _mm_loadl_epi64((const __m128i *)shuffle[hi]));
+        _mm_storel_epi64((__m128i *)(dst + j), a);
+        j += (uint64_t)__builtin_popcount(lo);
+        _mm_storel_epi64((__m128i *)(dst + j), b);
+        j += (uint64_t)__builtin_popcount(hi);
+    }
+    keep_present_scalar(dst, src, bits, n, i, j);
+}
+#endif
+
+static void keep_present(uint8_t *dst, const uint8_t *src, const uint8_t *bits, uint64_t n) {
+#ifdef HC_SIMD
+    pthread_once(&shuffle_once, shuffle_init);
+    if (has_ssse3) {
+        keep_present_ssse3(dst, src, bits, n);
+        return;
+    }
+#endif
+    keep_present_scalar(dst, src, bits, n, 0, 0);
 }
 
 /* Rewrites the payload of `total` bytes at out (columns of n rows) with every column whose
@@ -895,7 +946,6 @@ static uint64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
     if (n < SPARSE_MIN_ROWS) return total;
     const uint64_t nbits = (n + 7) / 8;
     uint8_t *bits = out + total;
-    uint32_t *rows = (uint32_t *)(((uintptr_t)(bits + nbits) + 15) & ~(uintptr_t)15);
     uint64_t r = 0, w = 0;
     while (r < total) {
         uint8_t enc = out[r + 1];
@@ -906,14 +956,14 @@ static uint64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
         unsigned planes = enc == BACKREF ? 8 - (unsigned)__builtin_popcount(mask & 0xFFu)
                                          : (unsigned)(len / n);
         uint64_t codes = (uint64_t)planes * n,
-                 m = planes ? presence(out + r + 8, planes, n, bits, rows) : n;
+                 m = planes ? presence(out + r + 8, planes, n, bits) : n;
         if (!planes || 4 * m > 3 * n) {   /* stays dense: moves down */
             if (w != r) memmove(out + w, out + r, 8 + (uint64_t)len);
         } else {
             const uint8_t *src = out + r + 8;
             uint8_t *dst = out + w + 8;
             uint8_t head[4] = {out[r], (uint8_t)(enc | SPARSE)};
-            for (unsigned k = 0; k < planes; k++) keep_present(dst + k * m, src + k * n, rows, m);
+            for (unsigned k = 0; k < planes; k++) keep_present(dst + k * m, src + k * n, bits, n);
             memmove(dst + nbits, dst, planes * m);   /* nbits + planes * m <= codes: see above */
             memcpy(dst, bits, nbits);
             uint64_t kept = nbits + planes * m;
