@@ -821,6 +821,14 @@ def test_encoding_then_sparse_columns_in_two_calls_is_the_same():
     small[:len(dense)] = np.frombuffer(bytes(dense), np.uint8)[:len(small)][:len(dense)]
     with pytest.raises(native_codec.NativeError, match="output buffer too small"):
         native_codec.sparsify(memoryview(small)[:len(one)], len(ev))
+    # not columns of this many rows (lengths that do not add up, planes that do not fit): left
+    # as it was
+    for cut, rows in ((1, len(ev)), (0, len(ev) + 1)):
+        dense = native_codec.encode_events(ev, sparse=False)
+        before = bytes(dense)
+        with pytest.raises(ValueError, match=f"not a payload of columns of {rows} rows"):
+            native_codec.sparsify(dense[:len(dense) - cut], rows)
+        assert bytes(dense) == before
 
 
 def test_bad_sparse_columns_are_refused(tmp_path):

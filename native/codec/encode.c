@@ -842,9 +842,6 @@ static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, cols
     return rc ? rc : 1 + two;
 }
 
-/* Encodes n rows of the columns (in the order given) into out (cap bytes, at least
- * hc_encode_bound). Returns the bytes written, or ERR_ARGS (invalid columns), ERR_SPACE (out too
- * small), ERR_NOMEM, ERR_TOO_LONG (a column over the u32 length of its header). */
 /* ---- sparse columns (format version 3)
  *
  * A column whose stored values are zero in most rows (a free has no size and produces no
@@ -941,9 +938,22 @@ static void keep_present(uint8_t *dst, const uint8_t *src, const uint8_t *bits, 
  * stored values are non-zero in at most 3/4 of the rows sparse: presence bits ((n + 7) / 8
  * bytes), then the planes of the present rows, then (BACKREF) the escapes as before. Columns
  * move down over the bytes saved before them. Uses SPARSE_ROOM(n) bytes after the payload
- * (hc_encode_bound counts them). Returns the new length. */
-static uint64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
-    if (n < SPARSE_MIN_ROWS) return total;
+ * (hc_encode_bound counts them). Returns the new length, or ERR_ARGS if the payload is not
+ * columns of n rows (then out is unchanged: a column is checked before anything moves). */
+static int64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
+    for (uint64_t r = 0; r < total;) {   /* the columns' lengths add up, their planes fit */
+        uint16_t mask;
+        uint32_t len;
+        if (total - r < 8) return ERR_ARGS;
+        memcpy(&mask, out + r + 2, 2);
+        memcpy(&len, out + r + 4, 4);
+        if (len > total - r - 8) return ERR_ARGS;
+        if (out[r + 1] == BACKREF ? (8 - (uint64_t)__builtin_popcount(mask & 0xFFu)) * n > len
+                                  : (n ? len % n : len) != 0)
+            return ERR_ARGS;
+        r += 8 + (uint64_t)len;
+    }
+    if (n < SPARSE_MIN_ROWS) return (int64_t)total;
     const uint64_t nbits = (n + 7) / 8;
     uint8_t *bits = out + total;
     uint64_t r = 0, w = 0;
@@ -962,9 +972,11 @@ static uint64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
         } else {
             const uint8_t *src = out + r + 8;
             uint8_t *dst = out + w + 8;
-            uint8_t head[4] = {out[r], (uint8_t)(enc | SPARSE)};
+            uint8_t head[2] = {out[r], (uint8_t)(enc | SPARSE)};
             for (unsigned k = 0; k < planes; k++) keep_present(dst + k * m, src + k * n, bits, n);
-            memmove(dst + nbits, dst, planes * m);   /* nbits + planes * m <= codes: see above */
+            /* m <= 3n/4 and n >= 64: codes - planes * m >= n/4 >= nbits + 8, so the presence
+             * bits and the packed planes end before the escapes begin (at src + codes) */
+            memmove(dst + nbits, dst, planes * m);
             memcpy(dst, bits, nbits);
             uint64_t kept = nbits + planes * m;
             if (len > codes) memmove(dst + kept, src + codes, len - codes);   /* escapes */
@@ -979,9 +991,12 @@ static uint64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
         r += 8 + (uint64_t)len;
         w += 8 + (uint64_t)len;
     }
-    return w;
+    return (int64_t)w;
 }
 
+/* Encodes n rows of the columns (in the order given) into out (cap bytes, at least
+ * hc_encode_bound). Returns the bytes written, or ERR_ARGS (invalid columns), ERR_SPACE (out too
+ * small), ERR_NOMEM, ERR_TOO_LONG (a column over the u32 length of its header). */
 HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t n, uint8_t *out,
                                 uint64_t cap) {
     if (!valid(cols, ncols) || (!out && cap)) return ERR_ARGS;
@@ -1032,12 +1047,13 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
 
 /* Makes the mostly-zero columns of an encoded payload (hc_encode_events' `total` bytes at out,
  * n rows, in a buffer of cap bytes) sparse, in place; returns the payload's new length, or
- * ERR_SPACE if the buffer lacks SPARSE_ROOM(n) bytes after the payload. A call of its own, so
+ * ERR_SPACE if the buffer lacks SPARSE_ROOM(n) bytes after the payload, ERR_ARGS if the
+ * column lengths do not add up to `total`. A call of its own, so
  * that the trace writer runs it on the thread that compresses the block, beside the next
  * block's encoding. */
 HC_API int64_t hc_sparsify(uint8_t *out, uint64_t total, uint64_t n, uint64_t cap) {
     if (!out || cap < total || cap - total < SPARSE_ROOM(n)) return ERR_SPACE;
-    return (int64_t)sparsify(out, total, n);
+    return sparsify(out, total, n);
 }
 
 /* Decoding's one sequential step: the two address columns refer to each other's earlier rows

@@ -133,6 +133,8 @@ def sparsify(payload: memoryview, n: int, lib: ctypes.CDLL | None = None) -> mem
     lib = lib or library()
     out = payload.obj
     written = lib.hc_sparsify(out.ctypes.data, len(payload), n, len(out))
+    if written == -1:
+        raise ValueError(f"hc_sparsify: not a payload of columns of {n} rows")
     if written < 0:
         raise NativeError(f"hc_sparsify: {_ERRORS.get(written, f'error {written}')}")
     return memoryview(out)[:written]
