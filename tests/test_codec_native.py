@@ -821,6 +821,8 @@ def test_encoding_then_sparse_columns_in_two_calls_is_the_same():
     small[:len(dense)] = np.frombuffer(bytes(dense), np.uint8)[:len(small)][:len(dense)]
     with pytest.raises(native_codec.NativeError, match="output buffer too small"):
         native_codec.sparsify(memoryview(small)[:len(one)], len(ev))
+    with pytest.raises(ValueError, match="a view of the start of its writable uint8 array"):
+        native_codec.sparsify(memoryview(bytes(dense)), len(ev))   # not the encoder's buffer
     # not columns of this many rows (lengths that do not add up, planes that do not fit): left
     # as it was
     for cut, rows in ((1, len(ev)), (0, len(ev) + 1)):

@@ -132,6 +132,11 @@ def sparsify(payload: memoryview, n: int, lib: ctypes.CDLL | None = None) -> mem
     encode_events returns by default. The trace writer calls it on its compressing thread."""
     lib = lib or library()
     out = payload.obj
+    if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1
+            and out.flags.c_contiguous and out.flags.writeable and payload.contiguous
+            and payload.nbytes and np.shares_memory(out[:1], np.frombuffer(payload, np.uint8, 1))):
+        raise ValueError("sparsify takes a payload from encode_events(..., sparse=False): a "
+                         "view of the start of its writable uint8 array")
     written = lib.hc_sparsify(out.ctypes.data, len(payload), n, len(out))
     if written == -1:
         raise ValueError(f"hc_sparsify: not a payload of columns of {n} rows")
