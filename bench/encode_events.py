@@ -31,7 +31,7 @@ from _common import (RESULTS_DIR, compile_c, format_table, machine_info,  # noqa
 
 import heapcast  # noqa: E402
 from heapcast.trace.format import EVENT_DTYPE  # noqa: E402
-from heapcast.trace.writer import encode_events  # noqa: E402
+from heapcast.trace.native_codec import encode_events  # noqa: E402
 
 N = 1 << 20
 

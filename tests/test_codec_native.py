@@ -17,8 +17,8 @@ import heapcast
 from heapcast.trace import codec, native_codec, writer
 from heapcast.trace.format import EVENT_DTYPE, OPS, TraceError
 from heapcast.trace.model import LocationTable, Process
-from heapcast.trace.writer import (COLUMN, EVENTS, FILE_HEADER, SECTION, encode_events,
-                                   write_process_file)
+from heapcast.trace.native_codec import encode_events
+from heapcast.trace.writer import COLUMN, EVENTS, FILE_HEADER, SECTION, write_process_file
 
 U64_MAX = 2**64 - 1
 FIELDS = codec.STORED_FIELDS

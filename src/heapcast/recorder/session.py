@@ -292,11 +292,12 @@ QUIET_NUMPY = {"OPENBLAS_NUM_THREADS": "1", "NUMPY_MADVISE_HUGEPAGE": "0"}
 
 
 def import_quietly() -> None:
-    """Imports numpy and the converter. numpy's OpenBLAS starts a thread per CPU at load, and
-    they spin for about 0.1 s of CPU time each: taken from the program on a small machine, for
-    linear algebra that the conversion never does. So they load with one thread (none extra),
-    unless the user chose a number; os.environ is restored at once (the program's environment
-    was copied before)."""
+    """Imports numpy and the converter with QUIET_NUMPY's settings, unless the user chose them.
+    numpy's OpenBLAS starts a thread per CPU at load, and they spin for about 0.1 s of CPU time
+    each: taken from the program on a small machine, for linear algebra that the conversion
+    never does, so it loads with one thread (none extra); and numpy's arrays go without
+    transparent huge pages. os.environ is restored at once (the program's environment was
+    copied before)."""
     import sys
     if "numpy" not in sys.modules:
         chosen = {k: v for k, v in QUIET_NUMPY.items() if k not in os.environ}

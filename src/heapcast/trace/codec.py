@@ -5,8 +5,8 @@ Together with zstd they bring a 64-byte event to a few bytes, because sequence n
 times by small amounts, and addresses repeat. Byte planes that are all zero are not stored (the
 column header's mask names them; files of format version 1 store every plane): the decoder puts
 them back as zeros. A column whose stored values are mostly zero (version 3) stores a presence
-bit per row and the planes of its non-zero rows only: zstd is slow on such planes and stores
-them worse. Encoding is native code (native/codec/encode.c,
+bit per row and the planes of its non-zero rows only: zstd is slow on such planes and mostly
+stores them worse (bench/sparse_columns.py). Encoding is native code (native/codec/encode.c,
 bound in native_codec.py: the writer encodes every event it writes); decoding is here, a few
 vectorized numpy passes per column, except the one sequential pass that follows address
 back-references (native, resolve_pair).

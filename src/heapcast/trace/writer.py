@@ -140,13 +140,6 @@ def lower_priority(nice: int) -> None:
             pass
 
 
-def encode_events(block, out: np.ndarray | None = None) -> memoryview:
-    """The uncompressed payload of one EVENTS section (block: EVENT_DTYPE array or column dict),
-    encoded by native code into `out` (a uint8 array, replaced by a larger one when too small:
-    the result's .obj): a memoryview, valid until `out` is reused."""
-    return native_codec.encode_events(block, out)
-
-
 def _length(block) -> int:
     return len(block["seq"])
 
