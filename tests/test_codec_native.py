@@ -92,10 +92,18 @@ def reference_column(values, enc, block=None, name=None):
     return codes_mask | esc_mask << 8, codes + escapes
 
 
-def reference_sparse(data, enc, mask, count):
-    """(encoding byte, bytes) of a version 3 column from its version 2 (mask, bytes): sparse
-    (codec.SPARSE: presence bits, then the planes of the rows whose stored value is not zero)
-    when at least 64 rows and at most 3/4 of them not zero."""
+def predicted(mask, ops):
+    """The presence an op mask predicts for rows of these ops (version 4)."""
+    ops = np.asarray(ops, np.int64)
+    return (ops < codec.OP_KINDS) & (mask >> np.minimum(ops, 63) & 1).astype(bool)
+
+
+def reference_sparse(data, enc, mask, count, ops=None, version=4):
+    """(encoding byte, bytes) of a sparse-format column from its version 2 (mask, bytes):
+    sparse (codec.SPARSE) when at least 64 rows and at most 3/4 of them not zero: version 3,
+    presence bits, then the planes of the rows whose stored value is not zero; version 4, an
+    op mask first (bit o: most rows of op o present; 0 for the op column, whose `ops` is None)
+    and the presence bits XOR its prediction from the block's ops."""
     planes = 8 - bin(mask & 0xFF).count("1") if enc == codec.BACKREF else len(data) // max(count, 1)
     if count < 64 or not planes:
         return enc, data
@@ -103,13 +111,24 @@ def reference_sparse(data, enc, mask, count):
     present = codes.any(axis=0)
     if 4 * int(present.sum()) > 3 * count:
         return enc, data
-    bits = np.packbits(present, bitorder="little").tobytes()
-    return enc | codec.SPARSE, bits + codes[:, present].tobytes() + data[planes * count:]
+    head, bits = b"", present
+    if version >= 4:
+        op_mask = 0
+        for o in range(codec.OP_KINDS if ops is not None else 0):
+            rows = np.asarray(ops) == o
+            if 2 * int(present[rows].sum()) > int(rows.sum()):
+                op_mask |= 1 << o
+        head = struct.pack("<H", op_mask)
+        if op_mask:
+            bits = present ^ predicted(op_mask, ops)
+    packed = np.packbits(bits, bitorder="little").tobytes()
+    return enc | codec.SPARSE, head + packed + codes[:, present].tobytes() + data[planes * count:]
 
 
-def reference_encode_events(block, version=3):
+def reference_encode_events(block, version=4):
     """The payload the format specifies; version 1: every plane stored (mask 0); version 2: the
-    zero planes left out; version 3: and mostly-zero columns sparse."""
+    zero planes left out; version 3: and mostly-zero columns sparse; version 4: their presence
+    bits predicted from the op column."""
     parts = []
     for name in FIELDS:
         enc = codec.COLUMN_ENCODING[name]
@@ -117,7 +136,8 @@ def reference_encode_events(block, version=3):
         mask, data = (reference_column(values, enc, block, name) if version >= 2
                       else (0, _encode(values, enc, block, name)))
         if version >= 3:
-            enc, data = reference_sparse(data, enc, mask, len(values))
+            ops = None if name == "op" else np.asarray(block["op"])
+            enc, data = reference_sparse(data, enc, mask, len(values), ops, version)
         parts += [COLUMN.pack(EVENT_DTYPE.names.index(name), enc, mask, len(data)), data]
     return b"".join(parts)
 
@@ -148,27 +168,38 @@ def _with_zero_planes(data, mask, width, count):
     return planes.tobytes()
 
 
-def dense(enc, mask, data, count):
-    """(encoding, bytes) of a column as version 2 stores it: a sparse one's rows put back."""
+def sparse_bits(data, count, ops, version=4):
+    """(presence, bytes they take) of a sparse column's data; ops: the block's op values."""
+    head = 2 if version >= 4 else 0
+    nbits = (count + 7) // 8
+    present = np.unpackbits(np.frombuffer(data[head:head + nbits], np.uint8),
+                            bitorder="little")[:count].astype(bool)
+    if head:
+        present ^= predicted(struct.unpack_from("<H", data)[0], ops)
+    return present, head + nbits
+
+
+def dense(enc, mask, data, count, ops):
+    """(encoding, bytes) of a column of a version 4 payload as version 2 stores it: a sparse
+    one's rows put back (ops: the block's op values)."""
     if not enc & codec.SPARSE:
         return enc, data
     enc &= ~codec.SPARSE
-    nbits = (count + 7) // 8
-    present = np.unpackbits(np.frombuffer(data[:nbits], np.uint8), bitorder="little")[:count]
+    present, head = sparse_bits(data, count, ops)
     m = int(present.sum())
-    planes = 8 - bin(mask & 0xFF).count("1") if enc == codec.BACKREF else (len(data) - nbits) // m
+    planes = 8 - bin(mask & 0xFF).count("1") if enc == codec.BACKREF else (len(data) - head) // m
     codes = np.zeros((planes, count), np.uint8)
-    codes[:, present.astype(bool)] = np.frombuffer(data[nbits:nbits + planes * m],
-                                                   np.uint8).reshape(planes, m)
-    return enc, codes.tobytes() + data[nbits + planes * m:]
+    codes[:, present] = np.frombuffer(data[head:head + planes * m], np.uint8).reshape(planes, m)
+    return enc, codes.tobytes() + data[head + planes * m:]
 
 
 def columns(payload, count):
     """{name: (encoding, bytes with every plane)} of an EVENTS payload of `count` rows: the
     layout of version 1, which the hand-computed expectations below spell out."""
     out = {}
+    ops = decode(payload, count)["op"]
     for name, (enc, mask, data) in raw_columns(payload).items():
-        enc, data = dense(enc, mask, data, count)
+        enc, data = dense(enc, mask, data, count, ops)
         width = EVENT_DTYPE[name].itemsize if enc == codec.PLAIN else 8
         if enc != codec.BACKREF:
             assert mask >> width == 0, name
@@ -181,18 +212,21 @@ def columns(payload, count):
     return out
 
 
-def decode(payload, count):
-    """An EVENT_DTYPE array from an EVENTS payload, with the reader's numpy decoder."""
+def decode(payload, count, version=4):
+    """An EVENT_DTYPE array from an EVENTS payload, with the reader's numpy decoder (the op
+    column first: the others' presence bits are predicted from it)."""
     ev = np.zeros(count, EVENT_DTYPE)
     pairs = {}
-    for name, (enc, mask, data) in raw_columns(payload).items():
+    cols = sorted(raw_columns(payload).items(), key=lambda c: c[0] != "op")
+    for name, (enc, mask, data) in cols:
         sparse, enc = bool(enc & codec.SPARSE), enc & ~codec.SPARSE
+        how = codec.Sparse(version >= 4, None if name == "op" else ev["op"]) if sparse else None
         if name in codec.PARTNER:
-            pairs[name] = (codec.backrefs(data, count, mask, sparse) if enc == codec.BACKREF else
-                           (codec.decode(data, enc, np.dtype(np.uint64), count, mask, sparse),
+            pairs[name] = (codec.backrefs(data, count, mask, how) if enc == codec.BACKREF else
+                           (codec.decode(data, enc, np.dtype(np.uint64), count, mask, how),
                             np.full(count, -1, np.int64)))
         else:
-            ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count, mask, sparse)
+            ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count, mask, how)
     ev["addr"], ev["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     return ev
 
@@ -299,7 +333,8 @@ def test_address_columns_encode_the_same_alone_or_as_a_pair(order, strided):
     out = np.zeros(lib.hc_encode_bound(cols, len(order), len(ev)), np.uint8)
     n = lib.hc_encode_events(cols, len(order), len(ev), out.ctypes.data, len(out))
     assert n > 0
-    n = lib.hc_sparsify(out.ctypes.data, n, len(ev), len(out))   # encode_events does both
+    # encode_events does both; no op column here, so no op prediction (masks 0)
+    n = lib.hc_sparsify(out.ctypes.data, n, len(ev), len(out), nc.OP_FIELD)
     assert n > 0
     got, pos = {}, 0
     for name in order:
@@ -308,9 +343,10 @@ def test_address_columns_encode_the_same_alone_or_as_a_pair(order, strided):
         pos += COLUMN.size + length
     assert pos == n
     whole = raw_columns(encode_events(ev))
-    for name in order:
+    for name in order:   # the same column, but for the presence bits' op prediction
         if cols[order.index(name)].ref >= 0:
-            assert got[name] == whole[name], name
+            assert dense(*got[name], len(ev), ev["op"]) == dense(*whole[name], len(ev), ev["op"])
+            assert got[name][1] == whole[name][1], name
     if order == ("addr", "size"):   # addr without its partner: a DELTA column
         assert got["addr"][0] == codec.DELTA
 
@@ -508,10 +544,12 @@ def test_one_byte_anywhere_keeps_its_plane_only(name):
                 payload = encode_events(form)
                 enc, mask, data = raw_columns(payload)[name]
                 assert mask == FULL_MASK[name] & ~(1 << k), (r, k)
-                assert enc & codec.SPARSE   # one row of 4100 not zero: presence bits, one byte
-                assert data == bytes(np.packbits(np.arange(n) == r, bitorder="little")) + bytes(
-                    [0xB4 if name == "ts" else 0x5A])
-                _, data = dense(enc, mask, data, n)
+                # one row of 4100 not zero: an op mask of 0 (all rows op 0, mostly absent),
+                # presence bits, one byte
+                assert enc & codec.SPARSE
+                assert data == bytes(2) + bytes(np.packbits(np.arange(n) == r, bitorder="little")
+                                                ) + bytes([0xB4 if name == "ts" else 0x5A])
+                _, data = dense(enc, mask, data, n, ev["op"])
                 assert data == bytes(r) + bytes([0xB4 if name == "ts" else 0x5A]) + bytes(n - r - 1)
                 np.testing.assert_array_equal(decode(payload, n), ev)
 
@@ -563,8 +601,9 @@ def test_random_plane_patterns():
             assert enc & ~codec.SPARSE in (codec.COLUMN_ENCODING[name], codec.DELTA)
             want = reference_column(np.ascontiguousarray(ev[name]), enc & ~codec.SPARSE, ev, name)
             assert mask == want[0], (trial, name)
-            assert (enc, data) == reference_sparse(want[1], enc & ~codec.SPARSE, mask, n), (trial,
-                                                                                         name)
+            ops = None if name == "op" else ev["op"]
+            assert (enc, data) == reference_sparse(want[1], enc & ~codec.SPARSE, mask, n,
+                                                   ops), (trial, name)
         np.testing.assert_array_equal(decode(payload, n), ev)
 
 
@@ -775,15 +814,29 @@ def with_mask(payload, column, mask):
 
 
 def version_2(payload, count):
-    """A version 3 EVENTS payload in the layout of version 2: no column sparse."""
+    """A version 4 EVENTS payload in the layout of version 2: no column sparse."""
     parts = []
+    ops = decode(payload, count)["op"]
     for name, (enc, mask, data) in raw_columns(payload).items():
-        enc, data = dense(enc, mask, data, count)
+        enc, data = dense(enc, mask, data, count, ops)
         parts.append(COLUMN.pack(EVENT_DTYPE.names.index(name), enc, mask, len(data)) + data)
     return b"".join(parts)
 
 
-@pytest.mark.parametrize("version, layout", [(1, all_planes), (2, version_2)])
+def version_3(payload, count):
+    """A version 4 EVENTS payload in the layout of version 3: sparse columns' presence bits as
+    they are, without an op mask."""
+    parts = []
+    ops = decode(payload, count)["op"]
+    for name, (enc, mask, data) in raw_columns(payload).items():
+        if enc & codec.SPARSE:
+            present, head = sparse_bits(data, count, ops)
+            data = np.packbits(present, bitorder="little").tobytes() + data[head:]
+        parts.append(COLUMN.pack(EVENT_DTYPE.names.index(name), enc, mask, len(data)) + data)
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("version, layout", [(1, all_planes), (2, version_2), (3, version_3)])
 def test_files_of_older_versions_still_read(tmp_path, monkeypatch, version, layout):
     monkeypatch.setattr(writer, "BLOCK_EVENTS", 4000)
     ev = realistic(10_000, seed=12)
@@ -805,8 +858,30 @@ def test_a_column_is_sparse_when_at_most_three_quarters_of_its_rows_are_not_zero
     payload = encode_events(ev)
     enc, mask, data = raw_columns(payload)["size"]
     assert bool(enc & codec.SPARSE) == sparse and mask == 0xFC
-    assert len(data) == ((n + 7) // 8 + 2 * present if sparse else 2 * n)
+    assert len(data) == (2 + (n + 7) // 8 + 2 * present if sparse else 2 * n)
     assert bytes(encode_events(as_dict(ev))) == bytes(payload) == reference_encode_events(ev)
+    np.testing.assert_array_equal(decode(payload, n), ev)
+
+
+def test_presence_bits_are_stored_as_their_difference_from_the_ops_prediction():
+    """A malloc has a size and a new address, a free an old address: an op mask per sparse
+    column predicts that, and the presence bits stored are zeros but for the exceptions."""
+    rng = np.random.default_rng(21)
+    n = 10_000
+    op = np.where(rng.random(n) < 0.5, OPS.index("malloc"), OPS.index("free"))
+    malloc = op == OPS.index("malloc")
+    size = np.where(malloc, rng.integers(1, 1 << 20, n), 0)
+    size[np.flatnonzero(malloc)[:3]] = 0            # malloc(0): three exceptions
+    ev = block(n, op=op, size=size, ts=np.cumsum(rng.integers(0, 2, n)))
+    payload = encode_events(ev)
+    assert bytes(payload) == reference_encode_events(ev)
+    nbits = (n + 7) // 8
+    enc, _, data = raw_columns(payload)["size"]
+    assert enc & codec.SPARSE and data[:2] == struct.pack("<H", 1 << OPS.index("malloc"))
+    stored = np.unpackbits(np.frombuffer(data[2:2 + nbits], np.uint8), bitorder="little")[:n]
+    assert stored.nonzero()[0].tolist() == np.flatnonzero(malloc)[:3].tolist()
+    enc, _, data = raw_columns(payload)["op"]        # the op column itself: mask 0
+    assert enc & codec.SPARSE and data[:2] == bytes(2)
     np.testing.assert_array_equal(decode(payload, n), ev)
 
 
@@ -843,24 +918,35 @@ def test_bad_sparse_columns_are_refused(tmp_path):
         heapcast.load(path).processes[0].events
 
     def one_row_more(payload, count):   # the presence bit of row 999 set: one value missing
-        cols = raw_columns(payload)
-        assert cols["arg"][0] & codec.SPARSE and not cols["arg"][2][124] & 0x80
+        cols = raw_columns(payload)   # arg: an op mask of 0 (rarely present), 125 bytes of bits
+        assert cols["arg"][0] & codec.SPARSE and cols["arg"][2][:2] == bytes(2)
+        assert not cols["arg"][2][126] & 0x80
         parts = []
         for name, (enc, mask, data) in cols.items():
             if name == "arg":
-                data = data[:124] + bytes([data[124] | 0x80]) + data[125:]
+                data = data[:126] + bytes([data[126] | 0x80]) + data[127:]
             parts.append(COLUMN.pack(EVENT_DTYPE.names.index(name), enc, mask, len(data)) + data)
         return b"".join(parts)
     path = tmp_path / "bits.hct"
-    rewrite(path, 3, one_row_more)
+    rewrite(path, 4, one_row_more)
     with pytest.raises(TraceError, match=r"bits\.hct, offset 16: EVENTS block, column arg: column "
                                          r"holds \d+ bytes, expected \d+ \(8 of the 8 byte planes"):
         heapcast.load(path).processes[0].events
-    # 10 rows: 2 bytes of presence bits, of which 6 name no row
+    # 10 rows: 2 bytes of presence bits, of which 6 name no row (version 3: no op mask)
+    v3 = codec.Sparse()
     with pytest.raises(ValueError, match="presence bits set beyond the last row"):
-        codec.decode(b"\x01\x80\x05\x07", codec.PLAIN, np.dtype(np.uint8), 10, 0, sparse=True)
-    got = codec.decode(b"\x01\x02\x05\x07", codec.PLAIN, np.dtype(np.uint8), 10, 0, sparse=True)
+        codec.decode(b"\x01\x80\x05\x07", codec.PLAIN, np.dtype(np.uint8), 10, 0, v3)
+    got = codec.decode(b"\x01\x02\x05\x07", codec.PLAIN, np.dtype(np.uint8), 10, 0, v3)
     assert got.tolist() == [5, 0, 0, 0, 0, 0, 0, 0, 0, 7]
+    # version 4: op mask 0x0201 predicts rows of ops 0 and 9 present (0, 2, 4, 5), not op 3 nor
+    # op 20 (16 or more); present are rows 0, 1, 2, 5 and 9, so the stored bits are rows 1, 4, 9
+    ops = np.array([0, 3, 9, 3, 0, 0, 3, 3, 3, 20], np.uint8)
+    got = codec.decode(b"\x01\x02\x12\x02" + bytes(range(1, 6)), codec.PLAIN,
+                       np.dtype(np.uint8), 10, 0, codec.Sparse(True, ops))
+    assert got.tolist() == [1, 2, 3, 0, 0, 4, 0, 0, 0, 5]
+    with pytest.raises(ValueError, match="op mask 0x0001 on the op column itself, expected 0"):
+        codec.decode(b"\x01\x00\x00\x00" + bytes(5), codec.PLAIN, np.dtype(np.uint8), 10, 0,
+                     codec.Sparse(True, None))
 
 
 def test_a_version_1_file_with_planes_left_out_is_refused(tmp_path):
@@ -881,23 +967,23 @@ def test_a_version_1_file_with_planes_left_out_is_refused(tmp_path):
 def test_a_newer_format_version_is_refused(tmp_path):
     write_and_load(tmp_path, realistic(10, seed=14))
     path = tmp_path / "7.hct"
-    rewrite(path, 4, lambda payload, count: payload)
-    with pytest.raises(TraceError, match=r"offset 8: trace format version 4 is not supported; "
-                                         r"this heapcast reads versions 1, 2, 3"):
+    rewrite(path, 5, lambda payload, count: payload)
+    with pytest.raises(TraceError, match=r"offset 8: trace format version 5 is not supported; "
+                                         r"this heapcast reads versions 1, 2, 3, 4"):
         heapcast.load(path)
 
 
 @pytest.mark.parametrize("column, mask, message", [
     ("size", 0xFF, r"column size: column holds \d+ bytes, expected 0 \(0 of the 8 byte planes"),
     ("loc", 0x1F, r"column loc: plane mask 0x001f leaves out planes beyond the 4"),
-    ("old_addr", 0xFFFF, r"column old_addr: column holds \d+ bytes, expected 125: 125 of "
-                         r"presence bits and codes"),   # sparse: 1000 presence bits
+    ("old_addr", 0xFFFF, r"column old_addr: column holds \d+ bytes, expected 127: 127 of "
+                         r"presence bits and codes"),   # sparse: an op mask, 1000 presence bits
     ("free_lag", 0, r"column free_lag: column holds \d+ bytes, expected \d+ \(4 of the 4 "),
 ])
 def test_a_wrong_mask_is_an_error_naming_file_offset_and_column(tmp_path, column, mask, message):
     """A mask that does not match the column's length (behind a valid checksum: a bad writer)."""
     write_and_load(tmp_path, realistic(1000, seed=15))
     path = tmp_path / "7.hct"
-    rewrite(path, 3, lambda payload, count: with_mask(payload, column, mask))
+    rewrite(path, 4, lambda payload, count: with_mask(payload, column, mask))
     with pytest.raises(TraceError, match=r"7\.hct, offset 16: EVENTS block, " + message):
         heapcast.load(path).processes[0].events

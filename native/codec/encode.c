@@ -29,8 +29,8 @@
  * before it, which costs about 2 ns per event (zstd saves 8).
  *
  * hc_sparsify, a call of its own (the writer runs it on the thread that compresses), then stores
- * the columns whose values are mostly zero as presence bits and their non-zero rows (format
- * version 3, "sparse columns" below). */
+ * the columns whose values are mostly zero as presence bits (predicted from the op column) and
+ * their non-zero rows (format version 4, "sparse columns" below). */
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE   /* mmap's MAP_ANONYMOUS, madvise */
 #endif
@@ -51,7 +51,8 @@
 #endif
 
 #define HC_API __attribute__((visibility("default")))
-#define HC_ABI_VERSION 4     /* 3: planes left out (TRACE_VERSION 2); 4: sparse columns (3) */
+#define HC_ABI_VERSION 5     /* 3: planes left out (TRACE_VERSION 2); 4: sparse columns (3);
+                                5: their presence bits predicted from the ops (4) */
 #define MAX_COLUMNS 16      /* the format stores 11 */
 #define CHUNK 64            /* rows staged together (a multiple of 16: one transposed group) */
 #define TILE 4096           /* rows encoded column by column (a multiple of CHUNK) */
@@ -59,7 +60,8 @@
 enum { PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA, BACKREF };
 #define SPARSE 0x80        /* flag of the header's encoding byte: only the non-zero rows stored */
 #define SPARSE_MIN_ROWS 64  /* fewer rows: never sparse */
-#define SPARSE_ROOM(n) ((n + 7) / 8 + 16)   /* sparsify()'s bytes after the payload */
+#define SPARSE_ROOM(n) ((n + 7) / 8 + 16 + (n))   /* sparsify()'s bytes after the payload:
+                                                    presence bits, a copy of the ops */
 enum { ERR_ARGS = -1, ERR_SPACE = -2, ERR_NOMEM = -3, ERR_TOO_LONG = -4 };
 
 /* One column to encode (mirrored by heapcast.trace.native_codec.Column). */
@@ -842,23 +844,67 @@ static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, cols
     return rc ? rc : 1 + two;
 }
 
-/* ---- sparse columns (format version 3)
+/* ---- sparse columns (format versions 3 and 4)
  *
  * A column whose stored values are zero in most rows (a free has no size and produces no
  * address; half of all time deltas are 0) is stored as a presence bit per row followed by its
  * planes of the non-zero rows only. zstd's match finder is at its slowest on planes like those
  * (a third to a half of the bytes random, the rest zero: ~10 ms per MB, against 0.3 for random
- * bytes), and mostly stores them worse than the dense non-zero bytes: over the corpus and the
- * reference workloads, 0.909x the bytes and zstd 0.72x its time, ring 0.842x and 0.45x, but g++
- * 2% larger (bench/sparse_columns.py). */
+ * bytes), and mostly stores them worse than the dense non-zero bytes.
+ *
+ * Version 4 stores the presence bits XORed with a prediction from the block's op column: which
+ * fields a row has follows mostly from its operation (a free has no size and no new address, an
+ * allocation no old address). Each sparse column carries a 16-bit op mask (bit o: rows of op o
+ * are predicted present), chosen here as the majority of each op's rows; the bits the mask
+ * predicts right are stored as zeros, which zstd stores in almost nothing. Version 3's raw
+ * presence bits were what made g++'s traces 2% larger than dense columns: over the corpus
+ * and the reference workloads, see bench/sparse_columns.py and docs/trace-format.md. */
+
+#define OP_KINDS 16        /* ops an op mask can predict (the format has 13) */
+
+#ifdef HC_SIMD
+/* The SIMD helpers below need SSSE3 (byte shuffle) and POPCNT: checked once at run time, with
+ * scalar code for CPUs that lack them. shuffle[b]: the positions of the bits set in b, in
+ * order: the SSSE3 shuffle that packs the bytes of the present rows among 8 to the front. */
+static uint8_t shuffle[256][8];
+static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
+static int has_ssse3;
+
+static void simd_init(void) {
+    for (unsigned b = 0; b < 256; b++) {
+        unsigned k = 0;
+        for (unsigned t = 0; t < 8; t++)
+            if (b >> t & 1) shuffle[b][k++] = (uint8_t)t;
+    }
+    __builtin_cpu_init();
+    has_ssse3 = __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt");
+}
+
+static int simd(void) {
+    pthread_once(&simd_once, simd_init);
+    return has_ssse3;
+}
+#define SIMD_TARGET __attribute__((target("ssse3,popcnt")))
+#endif
 
 /* Presence bits of the rows of `planes` planes of n bytes at src (bit i % 8 of byte i / 8: some
- * plane's byte of row i is non-zero) into bits; returns how many rows are present. */
-static uint64_t presence(const uint8_t *src, unsigned planes, uint64_t n, uint8_t *bits) {
-    uint64_t m = 0, i = 0;
-    memset(bits, 0, (n + 7) / 8);
+ * plane's byte of row i is non-zero) into bits; returns how many rows are present. Rows from i
+ * on, with m found before. */
+static uint64_t presence_scalar(const uint8_t *src, unsigned planes, uint64_t n, uint8_t *bits,
+                                uint64_t i, uint64_t m) {
+    for (; i < n; i++) {
+        uint8_t v = 0;
+        for (unsigned k = 0; k < planes; k++) v |= src[k * n + i];
+        if (v) { bits[i / 8] |= (uint8_t)(1u << (i % 8)); m++; }
+    }
+    return m;
+}
+
 #ifdef HC_SIMD
+SIMD_TARGET
+static uint64_t presence_simd(const uint8_t *src, unsigned planes, uint64_t n, uint8_t *bits) {
     const __m128i zero = _mm_setzero_si128();
+    uint64_t m = 0, i = 0;
     for (; i + 16 <= n; i += 16) {
         __m128i v = _mm_loadu_si128((const __m128i *)(src + i));
         for (unsigned k = 1; k < planes; k++)
@@ -868,13 +914,111 @@ static uint64_t presence(const uint8_t *src, unsigned planes, uint64_t n, uint8_
         bits[i / 8 + 1] = (uint8_t)(b >> 8);
         m += (uint64_t)__builtin_popcount(b);
     }
+    return presence_scalar(src, planes, n, bits, i, m);
+}
 #endif
-    for (; i < n; i++) {
-        uint8_t v = 0;
-        for (unsigned k = 0; k < planes; k++) v |= src[k * n + i];
-        if (v) { bits[i / 8] |= (uint8_t)(1u << (i % 8)); m++; }
+
+static uint64_t presence(const uint8_t *src, unsigned planes, uint64_t n, uint8_t *bits) {
+    memset(bits, 0, (n + 7) / 8);
+#ifdef HC_SIMD
+    if (simd()) return presence_simd(src, planes, n, bits);
+#endif
+    return presence_scalar(src, planes, n, bits, 0, 0);
+}
+
+/* How many of the n rows hold each op (ops of OP_KINDS or more are not counted). */
+static void count_ops(const uint8_t *op, uint64_t n, uint64_t count[OP_KINDS]) {
+    uint32_t part[4][256] = {{0}};   /* four tables: consecutive equal ops do not wait on one
+                                        another's store; u32 as a block has < 2^32 rows */
+    uint64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        part[0][op[i]]++;
+        part[1][op[i + 1]]++;
+        part[2][op[i + 2]]++;
+        part[3][op[i + 3]]++;
     }
-    return m;
+    for (; i < n; i++) part[0][op[i]]++;
+    for (unsigned o = 0; o < OP_KINDS; o++)
+        count[o] = (uint64_t)part[0][o] + part[1][o] + part[2][o] + part[3][o];
+}
+
+/* The op mask that predicts the presence bits best: bit o set when most rows of op o are
+ * present. count: rows of each op (count_ops). */
+static uint16_t op_mask_scalar(const uint8_t *op, const uint8_t *bits, uint64_t n,
+                               const uint64_t count[OP_KINDS], uint64_t present[OP_KINDS],
+                               uint64_t i) {
+    for (; i < n; i++)
+        if (op[i] < OP_KINDS) present[op[i]] += bits[i / 8] >> (i % 8) & 1;
+    uint16_t mask = 0;
+    for (unsigned o = 0; o < OP_KINDS; o++)
+        if (2 * present[o] > count[o]) mask |= (uint16_t)(1u << o);
+    return mask;
+}
+
+#ifdef HC_SIMD
+SIMD_TARGET
+static uint16_t op_mask_simd(const uint8_t *op, const uint8_t *bits, uint64_t n,
+                             const uint64_t count[OP_KINDS]) {
+    uint64_t present[OP_KINDS] = {0}, i = 0;
+    unsigned ops[OP_KINDS], k = 0;   /* the ops that occur: typically 2 to 5 */
+    for (unsigned o = 0; o < OP_KINDS; o++)
+        if (count[o]) ops[k++] = o;
+    for (; i + 16 <= n; i += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(op + i));
+        unsigned b = bits[i / 8] | (unsigned)bits[i / 8 + 1] << 8;
+        for (unsigned t = 0; t < k; t++) {
+            unsigned eq = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8((char)ops[t])));
+            present[ops[t]] += (uint64_t)__builtin_popcount(eq & b);
+        }
+    }
+    return op_mask_scalar(op, bits, n, count, present, i);
+}
+#endif
+
+static uint16_t op_mask(const uint8_t *op, const uint8_t *bits, uint64_t n,
+                        const uint64_t count[OP_KINDS]) {
+#ifdef HC_SIMD
+    if (simd()) return op_mask_simd(op, bits, n, count);
+#endif
+    uint64_t present[OP_KINDS] = {0};
+    return op_mask_scalar(op, bits, n, count, present, 0);
+}
+
+/* bits ^= the presence that `mask` predicts from the ops (row i: op[i] < 16 and bit op[i] of
+ * mask), rows from i on. */
+static void unpredict_scalar(const uint8_t *op, uint16_t mask, uint64_t n, uint8_t *bits,
+                             uint64_t i) {
+    for (; i < n; i++)
+        if (op[i] < OP_KINDS && (mask >> op[i] & 1)) bits[i / 8] ^= (uint8_t)(1u << (i % 8));
+}
+
+#ifdef HC_SIMD
+SIMD_TARGET
+static void unpredict_simd(const uint8_t *op, uint16_t mask, uint64_t n, uint8_t *bits) {
+    uint8_t table[16];
+    for (unsigned o = 0; o < 16; o++) table[o] = mask >> o & 1 ? 0x80 : 0;
+    const __m128i t = _mm_loadu_si128((const __m128i *)table), high = _mm_set1_epi8(0x70);
+    uint64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        /* op + 0x70 saturates to 0x80 or more for ops of 16 or more: the shuffle gives 0 there */
+        __m128i idx = _mm_adds_epu8(_mm_loadu_si128((const __m128i *)(op + i)), high);
+        unsigned p = (unsigned)_mm_movemask_epi8(_mm_shuffle_epi8(t, idx));
+        bits[i / 8] ^= (uint8_t)p;
+        bits[i / 8 + 1] ^= (uint8_t)(p >> 8);
+    }
+    unpredict_scalar(op, mask, n, bits, i);
+}
+#endif
+
+static void unpredict(const uint8_t *op, uint16_t mask, uint64_t n, uint8_t *bits) {
+    if (!mask) return;
+#ifdef HC_SIMD
+    if (simd()) {
+        unpredict_simd(op, mask, n, bits);
+        return;
+    }
+#endif
+    unpredict_scalar(op, mask, n, bits, 0);
 }
 
 /* The bytes of the present rows (bits) of the plane of n bytes at src, in order, to dst (dst <=
@@ -886,28 +1030,12 @@ static void keep_present_scalar(uint8_t *dst, const uint8_t *src, const uint8_t 
 }
 
 #ifdef HC_SIMD
-/* shuffle[b]: the positions of the bits set in b, in order: the SSSE3 shuffle that packs the
- * bytes of the present rows among 8 to the front. */
-static uint8_t shuffle[256][8];
-static pthread_once_t shuffle_once = PTHREAD_ONCE_INIT;
-static int has_ssse3;
-
-static void shuffle_init(void) {
-    for (unsigned b = 0; b < 256; b++) {
-        unsigned k = 0;
-        for (unsigned t = 0; t < 8; t++)
-            if (b >> t & 1) shuffle[b][k++] = (uint8_t)t;
-    }
-    __builtin_cpu_init();
-    has_ssse3 = __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("popcnt");
-}
-
 /* keep_present, 16 rows at a time: each half of 8 bytes packed by one shuffle and stored whole
  * (8 bytes; the ones past the present rows are overwritten next, or land at most 8 bytes past
  * the plane's end: sparsify leaves n - m >= 16 bytes there, whose source was read already). */
-__attribute__((target("ssse3,popcnt")))
-static void keep_present_ssse3(uint8_t *dst, const uint8_t *src, const uint8_t *bits,
-                               uint64_t n) {
+SIMD_TARGET
+static void keep_present_simd(uint8_t *dst, const uint8_t *src, const uint8_t *bits,
+                              uint64_t n) {
     uint64_t i = 0, j = 0;
     for (; i + 16 <= n; i += 16) {
         __m128i v = _mm_loadu_si128((const __m128i *)(src + i));
@@ -926,9 +1054,8 @@ static void keep_present_ssse3(uint8_t *dst, const uint8_t *src, const uint8_t *
 
 static void keep_present(uint8_t *dst, const uint8_t *src, const uint8_t *bits, uint64_t n) {
 #ifdef HC_SIMD
-    pthread_once(&shuffle_once, shuffle_init);
-    if (has_ssse3) {
-        keep_present_ssse3(dst, src, bits, n);
+    if (simd()) {
+        keep_present_simd(dst, src, bits, n);
         return;
     }
 #endif
@@ -936,12 +1063,17 @@ static void keep_present(uint8_t *dst, const uint8_t *src, const uint8_t *bits, 
 }
 
 /* Rewrites the payload of `total` bytes at out (columns of n rows) with every column whose
- * stored values are non-zero in at most 3/4 of the rows sparse: presence bits ((n + 7) / 8
- * bytes), then the planes of the present rows, then (BACKREF) the escapes as before. Columns
- * move down over the bytes saved before them. Uses SPARSE_ROOM(n) bytes after the payload
- * (hc_encode_bound counts them). Returns the new length, or ERR_ARGS if the payload is not
- * columns of n rows (then out is unchanged: a column is checked before anything moves). */
-static int64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
+ * stored values are non-zero in at most 3/4 of the rows sparse: an op mask (u16), the presence
+ * bits ((n + 7) / 8 bytes) XORed with what the mask predicts from the column of field index
+ * op_field (none: -1, or a column that is not one plane of PLAIN bytes: masks 0), then the
+ * planes of the present rows, then (BACKREF) the escapes as before. The op column's own mask
+ * is 0. Columns move down over the bytes saved before them. Uses SPARSE_ROOM(n) bytes after
+ * the payload (hc_encode_bound counts them): the presence bits, and a copy of the ops (the op
+ * column moves too). Returns the new length, or ERR_ARGS if the payload is not columns of n
+ * rows (then out is unchanged: a column is checked before anything moves). */
+static int64_t sparsify(uint8_t *out, uint64_t total, uint64_t n, int op_field) {
+    const uint8_t *ops = NULL;   /* the op column's plane in place; NULL: all ops 0 */
+    int have_ops = 0;
     for (uint64_t r = 0; r < total;) {   /* the columns' lengths add up, their planes fit */
         uint16_t mask;
         uint32_t len;
@@ -952,11 +1084,22 @@ static int64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
         if (out[r + 1] == BACKREF ? (8 - (uint64_t)__builtin_popcount(mask & 0xFFu)) * n > len
                                   : (n ? len % n : len) != 0)
             return ERR_ARGS;
+        if (op_field >= 0 && out[r] == (unsigned)op_field && out[r + 1] == PLAIN &&
+            (len == n || len == 0)) {
+            ops = len ? out + r + 8 : NULL;
+            have_ops = 1;
+        }
         r += 8 + (uint64_t)len;
     }
     if (n < SPARSE_MIN_ROWS) return (int64_t)total;
     const uint64_t nbits = (n + 7) / 8;
-    uint8_t *bits = out + total;
+    uint8_t *bits = out + total, *opcopy = out + total + nbits + 16;
+    uint64_t count[OP_KINDS] = {0};
+    if (have_ops) {
+        if (ops) memcpy(opcopy, ops, n);
+        else memset(opcopy, 0, n);
+        count_ops(opcopy, n, count);
+    }
     uint64_t r = 0, w = 0;
     while (r < total) {
         uint8_t enc = out[r + 1];
@@ -974,12 +1117,17 @@ static int64_t sparsify(uint8_t *out, uint64_t total, uint64_t n) {
             const uint8_t *src = out + r + 8;
             uint8_t *dst = out + w + 8;
             uint8_t head[2] = {out[r], (uint8_t)(enc | SPARSE)};
+            uint16_t predict = have_ops && out[r] != (unsigned)op_field
+                             ? op_mask(opcopy, bits, n, count) : 0;
             for (unsigned k = 0; k < planes; k++) keep_present(dst + k * m, src + k * n, bits, n);
-            /* m <= 3n/4 and n >= 64: codes - planes * m >= n/4 >= nbits + 8, so the presence
-             * bits and the packed planes end before the escapes begin (at src + codes) */
-            memmove(dst + nbits, dst, planes * m);
-            memcpy(dst, bits, nbits);
-            uint64_t kept = nbits + planes * m;
+            unpredict(opcopy, predict, n, bits);
+            /* m <= 3n/4 and n >= 64: codes - planes * m >= n/4 >= 2 + nbits, so the op mask,
+             * the presence bits and the packed planes end before the escapes begin (at
+             * src + codes) */
+            memmove(dst + 2 + nbits, dst, planes * m);
+            memcpy(dst, &predict, 2);
+            memcpy(dst + 2, bits, nbits);
+            uint64_t kept = 2 + nbits + planes * m;
             if (len > codes) memmove(dst + kept, src + codes, len - codes);   /* escapes */
             uint32_t len32 = (uint32_t)(kept + (len - codes));
             memcpy(out + w, head, 2);
@@ -1052,9 +1200,10 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
  * column lengths do not add up to `total`. A call of its own, so
  * that the trace writer runs it on the thread that compresses the block, beside the next
  * block's encoding. */
-HC_API int64_t hc_sparsify(uint8_t *out, uint64_t total, uint64_t n, uint64_t cap) {
+HC_API int64_t hc_sparsify(uint8_t *out, uint64_t total, uint64_t n, uint64_t cap,
+                           int op_field) {
     if (!out || cap < total || cap - total < SPARSE_ROOM(n)) return ERR_SPACE;
-    return sparsify(out, total, n);
+    return sparsify(out, total, n, op_field);
 }
 
 /* Decoding's one sequential step: the two address columns refer to each other's earlier rows

@@ -8,9 +8,10 @@ import threading
 from pathlib import Path
 
 TRACE_MAGIC = b"HEAPCAST"
-TRACE_VERSION = 3                 # written; 2: EVENTS columns leave their zero byte planes out,
-                                  # 3: and store their rows of zeros as presence bits
-TRACE_READ_VERSIONS = (1, 2, 3)   # read
+TRACE_VERSION = 4                    # written; 2: EVENTS columns leave their zero byte planes
+                                     # out, 3: and store their rows of zeros as presence bits,
+                                     # 4: predicted from the op column
+TRACE_READ_VERSIONS = (1, 2, 3, 4)   # read
 TRACE_SUFFIX = ".hct"
 SESSION_FILE = "session.json"
 RAW_MAGIC = b"HCRAW\0\0\0"     # native/recorder/raw_format.h

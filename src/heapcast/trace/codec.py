@@ -21,6 +21,8 @@ PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA, BACKREF = 0, 1, 2, 3, 4
 #: Flag of a column header's encoding byte (format version 3): the column is sparse, its stored
 #: planes hold only the rows whose stored value is not zero, after a presence bit per row.
 SPARSE = 0x80
+#: Ops that a sparse column's op mask (version 4) predicts: bit o for rows of op o.
+OP_KINDS = 16
 
 #: The encoding of each stored column (EVENT_DTYPE order; `proc` is not stored).
 COLUMN_ENCODING = {
@@ -52,25 +54,44 @@ def _stored_planes(omitted: int, width: int, what: str) -> list[int]:
     return [k for k in range(width) if not omitted >> k & 1]
 
 
-def _present(b: bytes, count: int) -> tuple[np.ndarray, int]:
-    """The rows marked present by a sparse column's presence bits (the first (count + 7) // 8
-    bytes of b, bit i % 8 of byte i // 8: row i), and how many bytes those take."""
-    nbytes = (count + 7) // 8
-    if len(b) < nbytes:
-        raise ValueError(f"sparse column holds {len(b)} bytes, expected at least {nbytes} of "
-                         f"presence bits for {count} rows")
-    bits = np.unpackbits(np.frombuffer(b, np.uint8, nbytes), bitorder="little")
-    if bits[count:].any():
-        raise ValueError("sparse column: presence bits set beyond the last row")
-    return bits[:count].view(bool), nbytes
+class Sparse:
+    """How a sparse column's presence bits are stored. Version 3 (`masked` False): the bits as
+    they are. Version 4: the column begins with a u16 op mask, and the stored bits are the
+    presence XOR the mask's prediction from the block's op values `ops` (row i predicted present
+    when ops[i] < 16 and bit ops[i] of the mask is set); `ops` None for the op column itself,
+    whose mask must be 0."""
+
+    def __init__(self, masked: bool = False, ops: np.ndarray | None = None):
+        self.masked, self.ops = masked, ops
+
+    def present(self, b: bytes, count: int) -> tuple[np.ndarray, int]:
+        """The rows marked present by the column's bytes b (the op mask, then (count + 7) // 8
+        bytes of bits, bit i % 8 of byte i // 8: row i), and how many bytes those take."""
+        head = 2 if self.masked else 0
+        nbytes = head + (count + 7) // 8
+        if len(b) < nbytes:
+            raise ValueError(f"sparse column holds {len(b)} bytes, expected at least {nbytes} of "
+                             f"{'op mask and ' if head else ''}presence bits for {count} rows")
+        bits = np.unpackbits(np.frombuffer(b, np.uint8, nbytes - head, head), bitorder="little")
+        if bits[count:].any():
+            raise ValueError("sparse column: presence bits set beyond the last row")
+        present = bits[:count].view(bool)
+        mask = int.from_bytes(b[:head], "little")
+        if mask and self.ops is None:
+            raise ValueError(f"op mask {mask:#06x} on the op column itself, expected 0")
+        if mask:
+            table = np.array([o < OP_KINDS and mask >> o & 1 for o in range(256)], bool)
+            present = present ^ table[self.ops]
+        return present, nbytes
 
 
 def _unshuffle(b: bytes, dtype: np.dtype, count: int, omitted: int = 0,
-               sparse: bool = False) -> np.ndarray:
+               sparse: Sparse | None = None) -> np.ndarray:
     """`count` values from their byte planes, all but those in `omitted` (zeros) stored in b;
-    `sparse`: b holds presence bits, then the planes of the present rows (the others zero)."""
+    `sparse`: b holds presence bits (as Sparse says), then the planes of the present rows (the
+    others zero)."""
     if sparse:
-        present, nbytes = _present(b, count)
+        present, nbytes = sparse.present(b, count)
         out = np.zeros(count, dtype)
         out[present] = _unshuffle(b[nbytes:], dtype, int(np.count_nonzero(present)), omitted)
         return out
@@ -88,13 +109,13 @@ def _unshuffle(b: bytes, dtype: np.dtype, count: int, omitted: int = 0,
 
 
 def backrefs(data: bytes, count: int, omitted: int = 0,
-             sparse: bool = False) -> tuple[np.ndarray, np.ndarray]:
+             sparse: Sparse | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A BACKREF column's (values, source rows): the values of its zero and escaped rows, and
     for the other rows the earlier row whose partner value they repeat (-1: none). `omitted`:
     the header's mask, bits 0-7 the codes' planes left out, bits 8-15 the escapes'. `sparse`:
     the codes are stored as a sparse column's (presence bits, then the non-zero codes)."""
     planes = 8 - bin(omitted & 0xFF).count("1")
-    present, codes_len = _present(data, count) if sparse else (None, 0)
+    present, codes_len = sparse.present(data, count) if sparse else (None, 0)
     codes_len += planes * (int(np.count_nonzero(present)) if sparse else count)
     if len(data) < codes_len:
         raise ValueError(f"column holds {len(data)} bytes, expected at least {codes_len} for "
@@ -133,9 +154,10 @@ def resolve_pair(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
 
 
 def decode(data: bytes, encoding: int, dtype: np.dtype, count: int,
-           omitted: int = 0, sparse: bool = False) -> np.ndarray:
+           omitted: int = 0, sparse: Sparse | None = None) -> np.ndarray:
     """One column's values from its bytes (the inverse of native/codec/encode.c), `omitted`
-    the header's mask of the byte planes left out (zero), `sparse` the header's SPARSE flag;
+    the header's mask of the byte planes left out (zero), `sparse` a Sparse where the header
+    has the SPARSE flag;
     raises ValueError on data that does not fit. BACKREF columns decode in pairs: backrefs()
     and resolve_pair()."""
     if encoding == BACKREF:

@@ -18,7 +18,11 @@ from .base import LoadedOnce, NativeError  # noqa: F401  (re-exported)
 from .format import EVENT_DTYPE
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_codec.so"
-ABI_VERSION = 4   # 3: zero byte planes left out (TRACE_VERSION 2); 4: sparse columns (3)
+ABI_VERSION = 5   # 3: zero byte planes left out (TRACE_VERSION 2); 4: sparse columns (3); 5: their
+                  # presence bits predicted from the ops (4)
+
+#: The field index of the op column: sparse columns' presence bits are predicted from it.
+OP_FIELD = EVENT_DTYPE.names.index("op")
 
 _ERRORS = {-1: "invalid column descriptions", -2: "output buffer too small",
            -4: "block too long for the u32 column lengths"}
@@ -48,7 +52,7 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     u64 = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS,WRITEABLE")
     lib.hc_sparsify.restype = ctypes.c_int64
     lib.hc_sparsify.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
-                                ctypes.c_uint64]
+                                ctypes.c_uint64, ctypes.c_int]
     lib.hc_resolve_pair.restype = ctypes.c_int
     lib.hc_resolve_pair.argtypes = [u64, i64, u64, i64, ctypes.c_uint64]
     if lib.hc_codec_abi(0) != ABI_VERSION or lib.hc_codec_abi(1) != ctypes.sizeof(Column):
@@ -128,8 +132,9 @@ def encode_events(block, out: np.ndarray | None = None, lib: ctypes.CDLL | None 
 
 def sparsify(payload: memoryview, n: int, lib: ctypes.CDLL | None = None) -> memoryview:
     """The payload of n events that encode_events(..., sparse=False) returned, with its
-    mostly-zero columns made sparse (format version 3), in place in the same buffer: what
-    encode_events returns by default. The trace writer calls it on its compressing thread."""
+    mostly-zero columns made sparse (format version 4: presence bits predicted from the op
+    column), in place in the same buffer: what encode_events returns by default. The trace
+    writer calls it on its compressing thread."""
     lib = lib or library()
     out = payload.obj
     if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1
@@ -137,7 +142,7 @@ def sparsify(payload: memoryview, n: int, lib: ctypes.CDLL | None = None) -> mem
             and np.frombuffer(payload, np.uint8).ctypes.data == out.ctypes.data):
         raise ValueError("sparsify takes a payload from encode_events(..., sparse=False): a "
                          "view of the start of its writable uint8 array")
-    written = lib.hc_sparsify(out.ctypes.data, len(payload), n, len(out))
+    written = lib.hc_sparsify(out.ctypes.data, len(payload), n, len(out), OP_FIELD)
     if written == -1:
         raise ValueError(f"hc_sparsify: not a payload of columns of {n} rows")
     if written < 0:

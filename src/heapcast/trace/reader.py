@@ -234,7 +234,7 @@ def _python_frames(path: Path, raw: bytes) -> dict:
 def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
     raw = _payload(f, path, b.offset, b.stored_len, b.raw_len, b.crc, b.codec, "EVENTS block")
     out = np.zeros(b.count, EVENT_DTYPE)
-    pairs = {}
+    columns = []   # (name, encoding, omitted planes, sparse, bytes)
     pos = 0
     for name in STORED_FIELDS:
         if pos + COLUMN.size > len(raw):
@@ -256,18 +256,24 @@ def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
         if omitted and b.version < 2:
             raise TraceError(path, b.offset, f"EVENTS block: column {name} leaves byte planes out "
                              f"(mask {omitted:#06x}), expected 0 in a version {b.version} file")
+        columns.append((name, enc, omitted, sparse, raw[pos:pos + n]))
+        pos += n
+    # The op column first: from version 4 on, sparse columns' presence bits are predicted from it.
+    columns.sort(key=lambda c: c[0] != "op")
+    masked = b.version >= 4
+    pairs = {}
+    for name, enc, omitted, sparse, data in columns:
+        how = codec.Sparse(masked, None if name == "op" else out["op"]) if sparse else None
         try:
             if name in codec.PARTNER:     # the address pair: decoded together, below
-                pairs[name] = (codec.backrefs(raw[pos:pos + n], b.count, omitted, sparse)
+                pairs[name] = (codec.backrefs(data, b.count, omitted, how)
                                if enc == codec.BACKREF else
-                               (codec.decode(raw[pos:pos + n], enc, np.dtype(np.uint64), b.count,
-                                             omitted, sparse), np.full(b.count, -1, np.int64)))
+                               (codec.decode(data, enc, np.dtype(np.uint64), b.count, omitted,
+                                             how), np.full(b.count, -1, np.int64)))
             else:
-                out[name] = codec.decode(raw[pos:pos + n], enc, EVENT_DTYPE[name], b.count,
-                                         omitted, sparse)
+                out[name] = codec.decode(data, enc, EVENT_DTYPE[name], b.count, omitted, how)
         except ValueError as e:
             raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
-        pos += n
     out["addr"], out["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     out["proc"] = proc
     return out
