@@ -114,6 +114,16 @@ static void gather64(const hc_column *c, uint64_t i, unsigned cnt, uint64_t *t) 
     }
 }
 
+/* Rows i .. i+cnt-1 of a column as u64: in place when it is a contiguous u64 column (what the
+ * converter passes: no copy), else gathered into t. */
+static inline const uint64_t *values64(const hc_column *c, uint64_t i, unsigned cnt,
+                                       uint64_t *t) {
+    if (c->itemsize == 8 && c->stride == 8 && ((uintptr_t)c->data & 7) == 0)
+        return (const uint64_t *)row(c, i);
+    gather64(c, i, cnt, t);
+    return t;
+}
+
 /* Byte planes: byte k of value j goes to dst[k * plane + j]. */
 static void put_scalar(const uint64_t *t, unsigned cnt, unsigned size, uint8_t *dst, uint64_t plane) {
     for (unsigned k = 0; k < size; k++)
@@ -684,15 +694,14 @@ static int encode_backrefs(table_store *st, const hc_column *c[2], colstate *s[2
     int rc = 0, cur = 0;
     for (uint64_t i = 0; i < n && !rc; i += CHUNK, cur ^= 1) {
         unsigned cnt = n - i < CHUNK ? (unsigned)(n - i) : CHUNK;
-        gather64(c[0], i, cnt, v[0]);
-        gather64(c[1], i, cnt, v[1]);
+        const uint64_t *va = values64(c[0], i, cnt, v[0]), *vb = values64(c[1], i, cnt, v[1]);
         if (tb.cap > PREFETCH_CAP)   /* a table beyond the caches: the chunk's misses overlap */
             for (unsigned j = 0; j < cnt; j++) {
-                if (v[0][j]) table_prefetch(&tb, v[0][j]);
-                if (v[1][j]) table_prefetch(&tb, v[1][j]);
+                if (va[j]) table_prefetch(&tb, va[j]);
+                if (vb[j]) table_prefetch(&tb, vb[j]);
             }
         for (unsigned j = 0; j < cnt; j++) {
-            uint64_t r = i + j, a = v[0][j], b = v[1][j], ca = 0, cb = 0;
+            uint64_t r = i + j, a = va[j], b = vb[j], ca = 0, cb = 0;
             if (a) ca = backref_code(table_find(&tb, a), 1, a, r, escs[0], &m[0]);
             if (both && b) cb = backref_code(table_find(&tb, b), 0, b, r, escs[1], &m[1]);
             t[0][cur][j] = ca;

@@ -167,7 +167,8 @@ static void scan_dir(struct drainer *d) {
 static char *map_chunk(struct proc *p, uint64_t off) {
     for (unsigned i = 0; i < p->nmaps; i++)
         if (p->maps[i].off == off) return p->maps[i].ptr;
-    char *m = mmap(NULL, HC_CHUNK_MAX, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, (off_t)off);
+    char *m = mmap(NULL, HC_CHUNK_MAX, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, p->fd,
+                   (off_t)off);
     if (m == MAP_FAILED) return NULL;
     unsigned i;
     if (p->nmaps < MAP_CACHE) {
