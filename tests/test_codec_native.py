@@ -885,6 +885,27 @@ def test_presence_bits_are_stored_as_their_difference_from_the_ops_prediction():
     np.testing.assert_array_equal(decode(payload, n), ev)
 
 
+@pytest.mark.parametrize("strided", [False, True])
+def test_planes_the_last_block_needed_are_a_hint_only(strided):
+    """A column is written with the low planes that its field needed in the last block (the
+    others predicted zero, not written); a block whose values need more is encoded again with
+    every plane: the same bytes whatever came before."""
+    rng = np.random.default_rng(23)
+    n = 5000
+    small = realistic(n, seed=30)
+    small["size"] = rng.integers(0, 200, n)                    # one plane
+    small["loc"] = rng.integers(0, 200, n)
+    small["ts"] = np.arange(n) * 3                               # deltas of one plane
+    big = small.copy()
+    big["size"] = rng.integers(0, 2**63, n, dtype=np.uint64)     # every plane
+    big["loc"] = rng.integers(0, 2**32, n, dtype=np.uint64)
+    big["ts"] = np.cumsum(rng.integers(0, 2**40, n, dtype=np.uint64))
+    big["addr"] = rng.integers(1, 2**63, n, dtype=np.uint64)     # codes of far rows, escapes
+    form = (lambda ev: ev) if strided else as_dict
+    for ev in (small, big, small, small, big, big):
+        assert bytes(encode_events(form(ev))) == reference_encode_events(ev)
+
+
 def test_encoding_then_sparse_columns_in_two_calls_is_the_same():
     """The writer encodes a block (dense) on one thread and makes it sparse on another."""
     ev = realistic(5000, seed=18)

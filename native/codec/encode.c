@@ -21,9 +21,10 @@
  * planes in registers, 16 rows at a time; the rest goes through small buffers (stage, flush).
  *
  * Which planes are zero is known only when a column is complete, so a column is written with
- * all its planes while a bitwise OR of the values it stores is kept (a few instructions per 16
- * rows, on values already in registers): plane k is zero exactly when byte k of the OR is.
- * close_column() then moves the other planes down over the zero ones. One column after the
+ * the low planes its field needed in the previous block ("planes written": again with all of
+ * them in the rare block that needs more) while a bitwise OR of the values it stores is kept (a
+ * few instructions per 16 rows, on values already in registers): plane k is zero exactly when
+ * byte k of the OR is. close_column() then moves the other planes down over the zero ones. One column after the
  * other, each is written where it begins in the output, and little moves: the zero planes are
  * mostly the high bytes. After tiles, every column moves down over the zero planes of those
  * before it, which costs about 2 ns per event (zstd saves 8).
@@ -85,6 +86,8 @@ typedef struct {
     uint64_t escapes;   /* BACKREF: how many */
     uint8_t encoding;   /* the encoding written (NONZERO_DELTA and BACKREF fall back to DELTA) */
     uint8_t wrapped;    /* NONZERO_DELTA met a difference of exactly 2**63, see nonzero_delta */
+    uint8_t planes;     /* the low planes written (BACKREF: of the codes); the others are left
+                           unwritten, predicted zero (see "Planes written" below) */
     unsigned cur;       /* the buffer that the next chunk goes to */
     unsigned nstaged[2];/* buffer b holds rows staged[b] .. staged[b] + nstaged[b] - 1, transformed */
     uint64_t staged[2];
@@ -124,9 +127,10 @@ static inline const uint64_t *values64(const hc_column *c, uint64_t i, unsigned 
     return t;
 }
 
-/* Byte planes: byte k of value j goes to dst[k * plane + j]. */
-static void put_scalar(const uint64_t *t, unsigned cnt, unsigned size, uint8_t *dst, uint64_t plane) {
-    for (unsigned k = 0; k < size; k++)
+/* Byte planes: byte k of value j goes to dst[k * plane + j], for the low `planes` planes. */
+static void put_scalar(const uint64_t *t, unsigned cnt, unsigned size, uint8_t *dst, uint64_t plane,
+                       unsigned planes) {
+    for (unsigned k = 0; k < size && k < planes; k++)
         for (unsigned j = 0; j < cnt; j++)
             dst[k * plane + j] = (uint8_t)(t[j] >> (8 * k));
 }
@@ -141,32 +145,40 @@ static void put_scalar(const uint64_t *t, unsigned cnt, unsigned size, uint8_t *
  * differ in one bit (4, 2, 1, 4): that bit of the register number becomes the low bit of the
  * byte position, and the position's high bit becomes that register bit. After four rounds the
  * byte position is the value index, and register (k&1)<<2 | (k>>2)<<1 | (k>>1&1) holds byte k.
- * Two instructions per value; written out, because -O2 does not unroll loops. */
+ * Two instructions per value; written out, because -O2 does not unroll loops. Only the low
+ * `planes` planes are stored (a branch that goes the same way for a whole column). */
 static inline __attribute__((always_inline)) void
 transpose16x8(__m128i a0, __m128i a1, __m128i a2, __m128i a3, __m128i a4, __m128i a5, __m128i a6,
-              __m128i a7, uint8_t *dst, uint64_t plane) {
+              __m128i a7, uint8_t *dst, uint64_t plane, unsigned planes) {
     __m128i b0, b1, b2, b3, b4, b5, b6, b7;
     ZIP(b0, b4, a0, a4); ZIP(b1, b5, a1, a5); ZIP(b2, b6, a2, a6); ZIP(b3, b7, a3, a7);
     ZIP(a0, a2, b0, b2); ZIP(a1, a3, b1, b3); ZIP(a4, a6, b4, b6); ZIP(a5, a7, b5, b7);
     ZIP(b0, b1, a0, a1); ZIP(b2, b3, a2, a3); ZIP(b4, b5, a4, a5); ZIP(b6, b7, a6, a7);
     ZIP(a0, a4, b0, b4); ZIP(a1, a5, b1, b5); ZIP(a2, a6, b2, b6); ZIP(a3, a7, b3, b7);
-    STORE(dst + 0 * plane, a0); STORE(dst + 1 * plane, a4);
-    STORE(dst + 2 * plane, a1); STORE(dst + 3 * plane, a5);
-    STORE(dst + 4 * plane, a2); STORE(dst + 5 * plane, a6);
-    STORE(dst + 6 * plane, a3); STORE(dst + 7 * plane, a7);
+    STORE(dst + 0 * plane, a0);
+    if (planes > 1) STORE(dst + 1 * plane, a4);
+    if (planes > 2) STORE(dst + 2 * plane, a1);
+    if (planes > 3) STORE(dst + 3 * plane, a5);
+    if (planes > 4) STORE(dst + 4 * plane, a2);
+    if (planes > 5) STORE(dst + 5 * plane, a6);
+    if (planes > 6) STORE(dst + 6 * plane, a3);
+    if (planes > 7) STORE(dst + 7 * plane, a7);
 }
 
 /* 16 u32 values (a0 = values 0..3, ...) -> 16 bytes in each of 4 planes: register r, byte p hold
  * value 4r + p/4, byte p%4; rounds on bits 2, 1, 2, 1 leave byte k of values 0..15 in register k. */
 static inline __attribute__((always_inline)) void
-transpose16x4(__m128i a0, __m128i a1, __m128i a2, __m128i a3, uint8_t *dst, uint64_t plane) {
+transpose16x4(__m128i a0, __m128i a1, __m128i a2, __m128i a3, uint8_t *dst, uint64_t plane,
+              unsigned planes) {
     __m128i b0, b1, b2, b3;
     ZIP(b0, b2, a0, a2); ZIP(b1, b3, a1, a3);
     ZIP(a0, a1, b0, b1); ZIP(a2, a3, b2, b3);
     ZIP(b0, b2, a0, a2); ZIP(b1, b3, a1, a3);
     ZIP(a0, a1, b0, b1); ZIP(a2, a3, b2, b3);
-    STORE(dst + 0 * plane, a0); STORE(dst + 1 * plane, a1);
-    STORE(dst + 2 * plane, a2); STORE(dst + 3 * plane, a3);
+    STORE(dst + 0 * plane, a0);
+    if (planes > 1) STORE(dst + 1 * plane, a1);
+    if (planes > 2) STORE(dst + 2 * plane, a2);
+    if (planes > 3) STORE(dst + 3 * plane, a3);
 }
 
 static inline __m128i load2(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
@@ -233,7 +245,7 @@ static void simd_rows(const hc_column *c, colstate *s, uint64_t lo, uint64_t hi,
             if (st == 4) v0 = load2(p), v1 = load2(p + 16), v2 = load2(p + 32), v3 = load2(p + 48);
             else v0 = LOAD4S(p), v1 = LOAD4S(p + 4 * st), v2 = LOAD4S(p + 8 * st), v3 = LOAD4S(p + 12 * st);
             acc = _mm_or_si128(acc, or4(v0, v1, v2, v3));
-            transpose16x4(v0, v1, v2, v3, out + i, n);
+            transpose16x4(v0, v1, v2, v3, out + i, n, s->planes);
         }
         uint64_t o = or_lanes(acc);
         s->ored |= (o | o >> 32) & 0xffffffffu;
@@ -261,7 +273,7 @@ static void simd_rows(const hc_column *c, colstate *s, uint64_t lo, uint64_t hi,
             }
         }
         acc = _mm_or_si128(acc, _mm_or_si128(or4(v0, v1, v2, v3), or4(v4, v5, v6, v7)));
-        transpose16x8(v0, v1, v2, v3, v4, v5, v6, v7, out + i, n);
+        transpose16x8(v0, v1, v2, v3, v4, v5, v6, v7, out + i, n, s->planes);
     }
     s->ored |= or_lanes(acc);
     uint64_t tail[2];
@@ -269,16 +281,16 @@ static void simd_rows(const hc_column *c, colstate *s, uint64_t lo, uint64_t hi,
     s->prev = tail[1];
 }
 
-/* 16 staged u64 values -> 16 bytes in each of 8 planes. */
-static inline void put16x8(const uint64_t *t, uint8_t *dst, uint64_t plane) {
+/* 16 staged u64 values -> 16 bytes in each of the low `planes` of 8 planes. */
+static inline void put16x8(const uint64_t *t, uint8_t *dst, uint64_t plane, unsigned planes) {
     const uint8_t *p = (const uint8_t *)t;
     transpose16x8(load2(p), load2(p + 16), load2(p + 32), load2(p + 48), load2(p + 64),
-                  load2(p + 80), load2(p + 96), load2(p + 112), dst, plane);
+                  load2(p + 80), load2(p + 96), load2(p + 112), dst, plane, planes);
 }
 
-static inline void put16x4(const uint32_t *t, uint8_t *dst, uint64_t plane) {
+static inline void put16x4(const uint32_t *t, uint8_t *dst, uint64_t plane, unsigned planes) {
     const uint8_t *p = (const uint8_t *)t;
-    transpose16x4(load2(p), load2(p + 16), load2(p + 32), load2(p + 48), dst, plane);
+    transpose16x4(load2(p), load2(p + 16), load2(p + 32), load2(p + 48), dst, plane, planes);
 }
 #else
 static int simd_column(const hc_column *c, const colstate *s) { (void)c; (void)s; return 0; }
@@ -288,21 +300,22 @@ static void simd_rows(const hc_column *c, colstate *s, uint64_t lo, uint64_t hi,
     (void)c; (void)s; (void)lo; (void)hi; (void)out; (void)n;
 }
 
-static inline void put16x8(const uint64_t *t, uint8_t *dst, uint64_t plane) {
-    put_scalar(t, 16, 8, dst, plane);
+static inline void put16x8(const uint64_t *t, uint8_t *dst, uint64_t plane, unsigned planes) {
+    put_scalar(t, 16, 8, dst, plane, planes);
 }
 
-static inline void put16x4(const uint32_t *t, uint8_t *dst, uint64_t plane) {
-    for (unsigned k = 0; k < 4; k++)
+static inline void put16x4(const uint32_t *t, uint8_t *dst, uint64_t plane, unsigned planes) {
+    for (unsigned k = 0; k < 4 && k < planes; k++)
         for (unsigned j = 0; j < 16; j++) dst[k * plane + j] = (uint8_t)(t[j] >> (8 * k));
 }
 #endif
 
-/* cnt (<= CHUNK) staged u64 values as 8 byte planes of length `plane`, starting at dst. */
-static void put64(const uint64_t *t, unsigned cnt, uint8_t *dst, uint64_t plane) {
+/* cnt (<= CHUNK) staged u64 values as the low `planes` of 8 byte planes of length `plane`,
+ * starting at dst. */
+static void put64(const uint64_t *t, unsigned cnt, uint8_t *dst, uint64_t plane, unsigned planes) {
     unsigned j = 0;
-    for (; j + 16 <= cnt; j += 16) put16x8(t + j, dst + j, plane);
-    if (j < cnt) put_scalar(t + j, cnt - j, 8, dst + j, plane);
+    for (; j + 16 <= cnt; j += 16) put16x8(t + j, dst + j, plane, planes);
+    if (j < cnt) put_scalar(t + j, cnt - j, 8, dst + j, plane, planes);
 }
 
 static inline uint64_t or_of(const uint64_t *t, unsigned cnt) {
@@ -370,15 +383,16 @@ static void flush(const hc_column *c, colstate *s, unsigned b, uint8_t *out, uin
     s->nstaged[b] = 0;
     if (!cnt) return;
     if (s->encoding != PLAIN || c->itemsize == 8) {
-        put64(s->buf[b].u64, cnt, dst, n);
+        put64(s->buf[b].u64, cnt, dst, n, s->planes);
     } else if (c->itemsize == 4) {
         const uint32_t *u = s->buf[b].u32;
         unsigned j = 0;
-        for (; j + 16 <= cnt; j += 16) put16x4(u + j, dst + j, n);
+        for (; j + 16 <= cnt; j += 16) put16x4(u + j, dst + j, n, s->planes);
         for (; j < cnt; j++)
-            for (unsigned k = 0; k < 4; k++) dst[k * n + j] = (uint8_t)(u[j] >> (8 * k));
+            for (unsigned k = 0; k < 4 && k < s->planes; k++)
+                dst[k * n + j] = (uint8_t)(u[j] >> (8 * k));
     } else {
-        put_scalar(s->buf[b].u64, cnt, c->itemsize, dst, n);
+        put_scalar(s->buf[b].u64, cnt, c->itemsize, dst, n, s->planes);
     }
 }
 
@@ -430,6 +444,17 @@ static void encode_column(const hc_column *c, colstate *s, uint8_t *out, uint64_
     reset(s);
     encode_rows(c, s, 0, n, out, n);
     finish_column(c, s, out, n);
+}
+
+static int planes_fit(const hc_column *c, const colstate *s);
+static void all_planes(const hc_column *c, colstate *s);
+
+/* Ends a column written with s->planes planes: encoded again, whole, with every plane when its
+ * values needed more (see "planes written"). */
+static void check_planes(const hc_column *c, colstate *s, uint8_t *out, uint64_t n) {
+    if (planes_fit(c, s)) return;
+    all_planes(c, s);
+    encode_column(c, s, out, n);
 }
 
 /* ---- back-references: an open-addressing table from address to the latest row producing it ----
@@ -659,8 +684,8 @@ static void backref_close(const hc_column *c, colstate *s, uint8_t *out, uint64_
         memcpy(t[cur], esc + i, cnt * sizeof *esc);
         prev = nonzero_delta(t[cur], cnt, prev, &wrapped);
         esc_or |= or_of(t[cur], cnt);
-        if (i) put64(t[!cur], CHUNK, out + 8 * n + i - CHUNK, m);
-        if (i + CHUNK >= m) put64(t[cur], cnt, out + 8 * n + i, m);
+        if (i) put64(t[!cur], CHUNK, out + 8 * n + i - CHUNK, m, 8);
+        if (i + CHUNK >= m) put64(t[cur], cnt, out + 8 * n + i, m, 8);
     }
     s->len = 8 * n + 8 * m;
     s->escapes = m;
@@ -712,8 +737,8 @@ static int encode_backrefs(table_store *st, const hc_column *c[2], colstate *s[2
             if (both && a && (rc = table_put(&tb, a, 0, r))) break;
         }
         for (int k = 0; k <= both; k++) {
-            if (i) put64(t[k][!cur], CHUNK, out[k] + i - CHUNK, n);
-            if (i + CHUNK >= n) put64(t[k][cur], cnt, out[k] + i, n);
+            if (i) put64(t[k][!cur], CHUNK, out[k] + i - CHUNK, n, s[k]->planes);
+            if (i + CHUNK >= n) put64(t[k][cur], cnt, out[k] + i, n, s[k]->planes);
         }
     }
     st->last_cap = tb.cap;
@@ -748,6 +773,40 @@ HC_API uint64_t hc_encode_bound(const hc_column *cols, uint32_t ncols, uint64_t 
         total += 8 + width * n;
     }
     return total + SPARSE_ROOM(n);
+}
+
+/* ---- planes written
+ *
+ * Most planes of a column are zero, and the same ones block after block (deltas of 1, sizes
+ * under 2^24, codes of recent rows...). A column is written with only the low planes that its
+ * field needed in the last block this process encoded (planes_seen: a hint that all threads
+ * share; any value of it gives the same bytes), the planes above left unwritten: the encoder
+ * writes ~14 bytes per row instead of 62, and touches fewer fresh pages of its output. A block
+ * whose values need a plane that was not written (the column's OR shows it) has that column
+ * encoded again with every plane. */
+static uint8_t planes_seen[256];   /* by field index; 0: no block seen */
+
+static unsigned width_of(const hc_column *c, const colstate *s) {
+    return s->encoding == PLAIN ? c->itemsize : 8;
+}
+
+static void predict_planes(const hc_column *c, colstate *s) {
+    unsigned w = width_of(c, s), p = __atomic_load_n(&planes_seen[c->field], __ATOMIC_RELAXED);
+    s->planes = (uint8_t)(p && p < w ? p : w);
+}
+
+/* Whether the column's values (their OR) fit the planes written; notes the planes they needed
+ * (at least 1) for the field's next block. */
+static int planes_fit(const hc_column *c, const colstate *s) {
+    unsigned need = s->ored ? (unsigned)(64 - __builtin_clzll(s->ored) + 7) / 8 : 1;
+    __atomic_store_n(&planes_seen[c->field], (uint8_t)need, __ATOMIC_RELAXED);
+    return need <= s->planes;
+}
+
+/* For the encoding again of a column whose values did not fit: every plane. */
+static void all_planes(const hc_column *c, colstate *s) {
+    s->encoding = c->encoding;
+    s->planes = 8;
 }
 
 /* The planes (bit k: plane k of `width`) whose byte of `ored` is zero. */
@@ -830,6 +889,7 @@ static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, cols
     for (int k = 0; k <= two; k++) {
         reset(&st[c + k]);
         st[c + k].encoding = cols[c + k].encoding;
+        predict_planes(&cols[c + k], &st[c + k]);
     }
     st[c].header = off;
     if (cols[c].encoding != BACKREF)
@@ -840,6 +900,14 @@ static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, cols
     colstate *ps[2] = {&st[c], two ? &st[c + 1] : NULL};
     uint8_t *po[2] = {out + off + 8, scratch};
     int rc = two && !scratch ? ERR_NOMEM : encode_backrefs(store, pc, ps, po, n, two);
+    if (!rc) {   /* codes that need a plane not written: the pair again, with every plane */
+        int fit = planes_fit(pc[0], ps[0]);
+        if (two) fit &= planes_fit(pc[1], ps[1]);
+        if (!fit) {
+            for (int k = 0; k <= two; k++) all_planes(pc[k], ps[k]);
+            rc = encode_backrefs(store, pc, ps, po, n, two);
+        }
+    }
     if (!rc && two) {
         if (compact) {
             uint64_t first = close_column(&cols[c], &st[c], out, off, n);
@@ -1174,8 +1242,10 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
                 c += (uint32_t)k;
                 continue;
             }
-            if (cols[c].encoding != BACKREF)
+            if (cols[c].encoding != BACKREF) {
                 encode_column(&cols[c], &st[c], out + off + 8, n);
+                check_planes(&cols[c], &st[c], out + off + 8, n);
+            }
             off += close_column(&cols[c], &st[c], out, off, n);
             c++;
         }
@@ -1196,8 +1266,10 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
                 encode_rows(&cols[c], &st[c], lo, hi, out + st[c].header + 8, n);
     }
     for (uint32_t c = 0; c < ncols; c++)
-        if (cols[c].encoding != BACKREF)
+        if (cols[c].encoding != BACKREF) {
             finish_column(&cols[c], &st[c], out + st[c].header + 8, n);
+            check_planes(&cols[c], &st[c], out + st[c].header + 8, n);
+        }
     off = 0;   /* every column moves down over the zero planes of those before it */
     for (uint32_t c = 0; c < ncols; c++) off += close_column(&cols[c], &st[c], out, off, n);
     return (int64_t)off;
