@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
-from _common import RESULTS_DIR, compile_c, format_table, interleaved, machine_info, median, write_json  # noqa: E402
+from _common import (REPO_ROOT, RESULTS_DIR, compile_c, format_table, interleaved,  # noqa: E402
+                     machine_info, median, write_json)
 
 import heapcast  # noqa: E402
 from heapcast.alloc import AllocError, environment  # noqa: E402
@@ -125,9 +127,15 @@ def learned_policy(program: str, train: Path, tmp: Path, align: int = 16) -> tup
     return str(policy), ""
 
 
-#: The packer's free-page budget, which the lab's `heapcast` footprint counts as held at every
-#: moment (native/alloc/pack_params.h, PACK_DIRTY_BUDGET; HEAPCAST_PACK_DIRTY's default).
-PACK_FREE_BUDGET = 256 * 1024
+def pack_dirty_budget() -> int:
+    """The packer's free-page budget, which the lab's `heapcast` footprint counts as held at
+    every moment: PACK_DIRTY_BUDGET of native/alloc/pack_params.h (HEAPCAST_PACK_DIRTY's
+    default), read from there so that the two cannot differ."""
+    header = REPO_ROOT / "native" / "alloc" / "pack_params.h"
+    m = re.search(r"#define PACK_DIRTY_BUDGET \((\d+) \* (\d+)\)", header.read_text())
+    if not m:
+        raise SystemExit(f"alloc_table: no PACK_DIRTY_BUDGET (N * M) in {header}")
+    return int(m[1]) * int(m[2])
 
 
 def lab_main_process(program: str, align: int) -> dict:
@@ -157,7 +165,7 @@ def memory_split(row: dict, main: dict) -> dict:
     for name, model in (("glibc", "glibc"), ("heapcast none", "heapcast")):
         m = main["policies"][model]
         real = row["allocators"][name]["peak_rss"]
-        budget = PACK_FREE_BUDGET if model == "heapcast" else 0
+        budget = pack_dirty_budget() if model == "heapcast" else 0
         external = m["peak_footprint"] - m["peak_live_at_footprint"] - m["internal_at_peak"] - budget
         out[name] = {"real_peak_rss": real, "live": m["peak_live_at_footprint"],
                      "internal": m["internal_at_peak"], "external": external,

@@ -268,7 +268,8 @@ def test_numpy_loads_without_blas_threads_and_the_program_keeps_its_environment(
     at start-up, taken from the program) and without huge pages for its arrays, unless the user
     chose otherwise; the program's
     environment is the user's, untouched."""
-    probe = ("import os, heapcast.recorder.session as s; s.import_quietly(); "
+    probe = ("import os, heapcast.recorder.session as s; s.OWN_PROCESS = True; "
+             "s.import_quietly(); "
              "import numpy._core.multiarray as m; "
              "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')), "
              "os.environ.get('NUMPY_MADVISE_HUGEPAGE'), int(m._get_madvise_hugepage()))")
@@ -281,6 +282,12 @@ def test_numpy_loads_without_blas_threads_and_the_program_keeps_its_environment(
                           env={**env, "OPENBLAS_NUM_THREADS": "2", "NUMPY_MADVISE_HUGEPAGE": "1"})
     out = done.stdout.split()
     assert out[0] == "2" and out[2:] == ["1", "1"], done.stderr   # the user's choices kept
+    # heapcast.record() called in a user's process: numpy loads with the environment as it is
+    # (another of its threads could read os.environ meanwhile)
+    done = subprocess.run([sys.executable, "-c", probe.replace("s.OWN_PROCESS = True; ", "")],
+                          env=env, capture_output=True, text=True)
+    out = done.stdout.split()
+    assert out[0] == "None" and out[2:] == ["None", "1"], done.stderr
     show = "import os; print(os.environ.get('OPENBLAS_NUM_THREADS'))"
     done = cli("record", "-o", tmp_path / "t", "--", sys.executable, "-c", show, env=env)
     assert done.returncode == 0 and done.stdout.split() == ["None"], done.stderr

@@ -244,7 +244,7 @@ static void pack_alloc(policy *p, u32 id, u64 size, u64 align, u8 cls, u64 clock
             return;
         }
     }
-    unsigned g = k->grouped ? (cls < 6 ? group_of_class[cls] : 0) : 0;
+    unsigned g = k->grouped && cls < sizeof group_of_class ? group_of_class[cls] : 0;
     pclass *pc = &k->cls[g][c];
     u32 h1 = 0;
     for (int l = PACK_NB - 1; l >= 0 && !h1; l--)

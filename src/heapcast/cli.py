@@ -11,8 +11,16 @@ from .stats.plot import PlotError
 from .trace.base import TraceError
 
 
+def _own_process(a) -> None:
+    """The `heapcast` command (not main() called from Python) owns its process's environment."""
+    if a.own_process:
+        from .recorder import session
+        session.OWN_PROCESS = True
+
+
 def _cmd_record(a) -> int:
     from .recorder.session import RecordError, record
+    _own_process(a)
     if not a.command:
         raise UsageError("record needs a command: heapcast record [options] -- CMD ARGS...")
     try:
@@ -30,6 +38,7 @@ def _cmd_record(a) -> int:
 
 def _cmd_finalize(a) -> int:
     from .recorder.session import finalize, import_quietly
+    _own_process(a)
     import_quietly()
     r = finalize(a.trace)
     print(r.summary(), file=sys.stderr)
@@ -176,11 +185,12 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_verb(argv))
     a = parser.parse_args(argv)
+    a.own_process = command
     if a.verb == "record" and a.command and a.command[0] == "--":
         a.command = a.command[1:]
     try:
         code = a.func(a)
-        if command and a.verb == "record":
+        if command and a.verb in ("record", "finalize"):
             _exit_now(code)
         return code
     except BrokenPipeError:  # `heapcast stats ... | head`
@@ -192,7 +202,7 @@ def main(argv=None) -> int:
 
 
 def _exit_now(code: int) -> None:
-    """Ends `heapcast record` once its trace is complete (every file written, closed and renamed;
+    """Ends `heapcast record` or `finalize` once its trace is complete (every file written, closed and renamed;
     every thread joined), without the interpreter's teardown of numpy and the conversion's
     modules: 15-30 ms of a user's wait for nothing."""
     sys.stdout.flush()

@@ -291,15 +291,22 @@ class _Converter:
 QUIET_NUMPY = {"OPENBLAS_NUM_THREADS": "1", "NUMPY_MADVISE_HUGEPAGE": "0"}
 
 
+#: Whether this process is the `heapcast` command's own (set by heapcast.cli): only then may
+#: import_quietly change os.environ for a moment, as no thread of a user's program can be
+#: reading it meanwhile.
+OWN_PROCESS = False
+
+
 def import_quietly() -> None:
     """Imports numpy and the converter with QUIET_NUMPY's settings, unless the user chose them.
     numpy's OpenBLAS starts a thread per CPU at load, and they spin for about 0.1 s of CPU time
     each: taken from the program on a small machine, for linear algebra that the conversion
     never does, so it loads with one thread (none extra); and numpy's arrays go without
     transparent huge pages. os.environ is restored at once (the program's environment was
-    copied before)."""
+    copied before). In a user's process (heapcast.record called from Python, OWN_PROCESS False)
+    numpy loads with the environment as it is: another thread could read it meanwhile."""
     import sys
-    if "numpy" not in sys.modules:
+    if "numpy" not in sys.modules and OWN_PROCESS:
         chosen = {k: v for k, v in QUIET_NUMPY.items() if k not in os.environ}
         os.environ.update(chosen)
         try:
