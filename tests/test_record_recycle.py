@@ -117,6 +117,38 @@ def test_a_paused_drainer_copies_nothing_more_and_still_gives_its_copies(build, 
     _check_exact(proc, own)
 
 
+def test_a_pause_leaves_a_backlog_of_sealed_chunks_in_place(build, own, tmp_path):
+    """A pause stops the drainer between two chunks: the sealed chunks it has not copied yet
+    (up to 64 MiB at a program's exit, copied into fresh page-cache pages for nothing) stay
+    complete in place, and the trace holds every event."""
+    out = tmp_path / "t"
+    out.mkdir()
+    env = {**os.environ, "LD_PRELOAD": str(recorder_library()), "HEAPCAST_DIR": str(out),
+           **DRAIN_ENV}
+    # phase 1 without a drainer: ~73 chunks sealed, the queue full (64); then 1.5 s of sleep
+    threads, phases, pairs = 2, 2, 600_000
+    prog = subprocess.Popen([build("phases"), str(threads), str(phases), str(pairs), "1500000"],
+                            env=env, stdout=subprocess.PIPE)
+    try:
+        prog.stdout.readline()   # its pid: it runs
+        time.sleep(0.7)
+        drainer = Drainer(out).start()
+        copies = []
+        deadline = time.monotonic() + 10
+        while not copies and time.monotonic() < deadline:   # it has begun on the backlog
+            copies += drainer.copies()[0]
+            time.sleep(0.0002)
+        drainer.pause()
+        copies += drainer.copies()[0]
+        drainer.stop()
+    finally:
+        assert prog.wait(timeout=60) == 0
+    assert 1 <= len(copies) < 32, f"{len(copies)} of the 64 queued chunks copied despite the pause"
+    finalize(out)
+    proc, = heapcast.load(out).processes
+    _check_exact(proc, own, threads * phases * pairs)
+
+
 def test_a_copy_the_drainer_did_not_finish_or_mark_is_read_once(build, tmp_path):
     """The drainer killed after writing a copy but before marking the original drained leaves the
     chunk twice; killed while writing it leaves a copy without its magic. Both read as once."""

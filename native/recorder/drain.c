@@ -236,7 +236,10 @@ static void log_copy(struct drainer *d, struct proc *p, uint64_t dst) {
 static unsigned drain(struct drainer *d, struct proc *p) {
     struct hc_queue *sq = &p->h->sealed, *fq = &p->h->free;
     unsigned done = 0;
-    for (;;) {
+    /* hc_drain_pause stops it between two chunks: a backlog of sealed chunks (up to HC_QUEUE
+     * MiB, 17-165 ms of copying into fresh page-cache pages at a program's exit) is complete
+     * in place, where the conversion reads it */
+    while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
         uint64_t head = sq->head;   /* the only consumer */
         uint64_t off = __atomic_load_n(&sq->e[head % HC_QUEUE].off, __ATOMIC_ACQUIRE);
         if (!off) break;            /* empty, or an entry reserved but not yet written */
