@@ -727,3 +727,23 @@ def test_python_frame_ids_become_the_first_id_of_their_line(sparse):
     out = rp.canonical_python_frames(table)
     assert out.flat.tolist() == [TAG | 0, 0x401000, TAG | 1, TAG | 7, TAG | 0, TAG | 1, TAG | 0]
     assert out.offsets.tolist() == table.offsets.tolist()
+
+
+def test_locations_are_numbered_by_first_use_across_blocks():
+    """LocationAssigner: a location's id is the order of its first use in seq order; raw ids of
+    different threads with the same frames share one; definitions no event used come last."""
+    from heapcast.trace.raw import LocationAssigner
+    a = LocationAssigner()
+    a.add_definitions({1: (0x10,), 2: (0x20,), 3: (0x30,), 7: (0x20,), 9: (0x90,)})
+
+    def block(raw_ids):   # the loc column as the decoder gives it: remap[raw id]
+        return {"loc": a.remap[np.array(raw_ids, np.int64)].copy()}
+
+    b1 = block([3, 3, 0, 2, 7, 3, 2])
+    a.number(b1)
+    assert b1["loc"].tolist() == [1, 1, 0, 2, 2, 1, 2]      # 0x30 first, then 0x20 (2 and 7)
+    b2 = block([9, 1, 3, 9])
+    a.number(b2)
+    assert b2["loc"].tolist() == [3, 4, 1, 3]               # new ones continue the numbering
+    a.add_definitions({12: (0x120,)})
+    assert list(a.table().flat) == [0x30, 0x20, 0x90, 0x10, 0x120]   # unused 12 last
