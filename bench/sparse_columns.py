@@ -1,4 +1,4 @@
-"""Sparse EVENTS columns (trace format 3) against the dense layout of format 2, on every trace.
+"""Sparse EVENTS columns (trace format 4) against the dense layout of format 2, on every trace.
 
 The same events, encoded both ways in blocks of 2**20 (native_codec.encode_events with and
 without sparse=False), then compressed by zstd at level 3 as the writer does: bytes per event
@@ -33,7 +33,7 @@ from heapcast.trace.writer import BLOCK_EVENTS  # noqa: E402
 
 
 def compare(trace: Path, repeats: int) -> dict:
-    """Bytes and zstd seconds of the trace's events, dense (format 2) and sparse (format 3)."""
+    """Bytes and zstd seconds of the trace's events, dense (format 2) and sparse (format 4)."""
     zstd = zstandard.ZstdCompressor(level=3)
     out = {"events": 0, "dense_bytes": 0, "sparse_bytes": 0, "dense_s": 0.0, "sparse_s": 0.0}
     for p in heapcast.load(trace).processes:
@@ -54,24 +54,32 @@ def compare(trace: Path, repeats: int) -> dict:
     return out
 
 
+def every_trace(tmp: Path, workloads: bool = True) -> dict:
+    """{name: trace directory} of every corpus trace (bench/corpus.py, its extra programs
+    included, recorded if missing) and, with `workloads`, of ring, threads and py_dicts recorded
+    into tmp (as bench/record_overhead.py runs them)."""
+    every = [p.name for p in corpus.PROGRAMS]   # the extra programs too
+    traces = {f"{prog}-{run}": path
+              for (prog, run), path in corpus.ensure(every, quiet=True).items()}
+    if workloads:
+        for w in build_workloads(["ring", "threads", "py_dicts"], False, tmp):
+            out = tmp / f"trace-{w.name}"   # (the programs are built in tmp too)
+            r = heapcast.record(w.cmd, output=out, env=w.env, progress=False)
+            if r.exit_code != 0:
+                raise SystemExit(f"{w.name} exited with {r.exit_code}")
+            traces[w.name] = out
+    return dict(sorted(traces.items()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-workloads", action="store_true", help="the corpus only")
     ap.add_argument("--repeats", type=int, default=3, help="zstd runs per block (the fastest)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "sparse_columns.json")
     a = ap.parse_args(argv)
-    every = [p.name for p in corpus.PROGRAMS]   # the extra programs too
-    traces = {f"{prog}-{run}": path
-              for (prog, run), path in corpus.ensure(every, quiet=True).items()}
     with tempfile.TemporaryDirectory(prefix="heapcast-sparse-") as tmp:
-        if not a.no_workloads:
-            for w in build_workloads(["ring", "threads", "py_dicts"], False, Path(tmp)):
-                out = Path(tmp) / f"trace-{w.name}"   # (the programs are built in tmp too)
-                r = heapcast.record(w.cmd, output=out, env=w.env, progress=False)
-                if r.exit_code != 0:
-                    raise SystemExit(f"sparse_columns: {w.name} exited with {r.exit_code}")
-                traces[w.name] = out
-        results = {name: compare(path, a.repeats) for name, path in sorted(traces.items())}
+        traces = every_trace(Path(tmp), not a.no_workloads)
+        results = {name: compare(path, a.repeats) for name, path in traces.items()}
     rows = []
     for name, r in results.items():
         n = r["events"]

@@ -331,7 +331,7 @@ def test_address_columns_encode_the_same_alone_or_as_a_pair(order, strided):
                             a.itemsize, 0, partner)
     lib = nc.library()
     out = np.zeros(lib.hc_encode_bound(cols, len(order), len(ev)), np.uint8)
-    n = lib.hc_encode_events(cols, len(order), len(ev), out.ctypes.data, len(out))
+    n = lib.hc_encode_events(cols, len(order), len(ev), out.ctypes.data, len(out), None)
     assert n > 0
     # encode_events does both; no op column here, so no op prediction (masks 0)
     n = lib.hc_sparsify(out.ctypes.data, n, len(ev), len(out), nc.OP_FIELD)
@@ -887,9 +887,9 @@ def test_presence_bits_are_stored_as_their_difference_from_the_ops_prediction():
 
 @pytest.mark.parametrize("strided", [False, True])
 def test_planes_the_last_block_needed_are_a_hint_only(strided):
-    """A column is written with the low planes that its field needed in the last block (the
-    others predicted zero, not written); a block whose values need more is encoded again with
-    every plane: the same bytes whatever came before."""
+    """With a hint kept from block to block of a stream, a column is written with the low planes
+    that it needed in the last block (the others predicted zero, not written); a block whose
+    values need more is encoded again with every plane: the same bytes whatever came before."""
     rng = np.random.default_rng(23)
     n = 5000
     small = realistic(n, seed=30)
@@ -902,8 +902,13 @@ def test_planes_the_last_block_needed_are_a_hint_only(strided):
     big["ts"] = np.cumsum(rng.integers(0, 2**40, n, dtype=np.uint64))
     big["addr"] = rng.integers(1, 2**63, n, dtype=np.uint64)     # codes of far rows, escapes
     form = (lambda ev: ev) if strided else as_dict
-    for ev in (small, big, small, small, big, big):
-        assert bytes(encode_events(form(ev))) == reference_encode_events(ev)
+    hint = native_codec.planes_hint()
+    size = FIELDS.index("size")
+    for i, ev in enumerate((small, big, small, small, big, big)):
+        assert bytes(encode_events(form(ev), hint=hint)) == reference_encode_events(ev)
+        assert hint[size] == (1 if i == 0 else 8)   # the most planes needed so far
+    with pytest.raises(ValueError, match="hint must be a writable array of 11 uint8"):
+        encode_events(small, hint=np.zeros(3, np.uint8))
 
 
 def test_encoding_then_sparse_columns_in_two_calls_is_the_same():

@@ -21,10 +21,11 @@
  * planes in registers, 16 rows at a time; the rest goes through small buffers (stage, flush).
  *
  * Which planes are zero is known only when a column is complete, so a column is written with
- * the low planes its field needed in the previous block ("planes written": again with all of
- * them in the rare block that needs more) while a bitwise OR of the values it stores is kept (a
- * few instructions per 16 rows, on values already in registers): plane k is zero exactly when
- * byte k of the OR is. close_column() then moves the other planes down over the zero ones. One column after the
+ * the low planes it needed in the stream's previous block ("planes written": again with all of
+ * them in the rare block that needs more; every plane without the caller's hint) while a
+ * bitwise OR of the values it stores is kept (a few instructions per 16 rows, on values already
+ * in registers): plane k is zero exactly when byte k of the OR is. close_column() then moves the
+ * other planes down over the zero ones. One column after the
  * other, each is written where it begins in the output, and little moves: the zero planes are
  * mostly the high bytes. After tiles, every column moves down over the zero planes of those
  * before it, which costs about 2 ns per event (zstd saves 8).
@@ -52,8 +53,9 @@
 #endif
 
 #define HC_API __attribute__((visibility("default")))
-#define HC_ABI_VERSION 5     /* 3: planes left out (TRACE_VERSION 2); 4: sparse columns (3);
-                                5: their presence bits predicted from the ops (4) */
+#define HC_ABI_VERSION 6     /* 3: planes left out (TRACE_VERSION 2); 4: sparse columns (3);
+                                5: their presence bits predicted from the ops (4); 6: the
+                                encoder's hint of planes written */
 #define MAX_COLUMNS 16      /* the format stores 11 */
 #define CHUNK 64            /* rows staged together (a multiple of 16: one transposed group) */
 #define TILE 4096           /* rows encoded column by column (a multiple of CHUNK) */
@@ -87,7 +89,9 @@ typedef struct {
     uint8_t encoding;   /* the encoding written (NONZERO_DELTA and BACKREF fall back to DELTA) */
     uint8_t wrapped;    /* NONZERO_DELTA met a difference of exactly 2**63, see nonzero_delta */
     uint8_t planes;     /* the low planes written (BACKREF: of the codes); the others are left
-                           unwritten, predicted zero (see "Planes written" below) */
+                           unwritten, predicted zero (see "planes written" below) */
+    uint8_t *seen;      /* the caller's hint for this column (planes its previous block needed;
+                           0: none), updated; NULL: no hint, every plane written */
     unsigned cur;       /* the buffer that the next chunk goes to */
     unsigned nstaged[2];/* buffer b holds rows staged[b] .. staged[b] + nstaged[b] - 1, transformed */
     uint64_t staged[2];
@@ -777,29 +781,36 @@ HC_API uint64_t hc_encode_bound(const hc_column *cols, uint32_t ncols, uint64_t 
 
 /* ---- planes written
  *
- * Most planes of a column are zero, and the same ones block after block (deltas of 1, sizes
- * under 2^24, codes of recent rows...). A column is written with only the low planes that its
- * field needed in the last block this process encoded (planes_seen: a hint that all threads
- * share; any value of it gives the same bytes), the planes above left unwritten: the encoder
- * writes ~14 bytes per row instead of 62, and touches fewer fresh pages of its output. A block
- * whose values need a plane that was not written (the column's OR shows it) has that column
- * encoded again with every plane. */
-static uint8_t planes_seen[256];   /* by field index; 0: no block seen */
+ * Most planes of a column are zero, and the same ones block after block of one stream of
+ * events (deltas of 1, sizes under 2^24, codes of recent rows...). With a hint from the caller
+ * (hc_encode_events' `hint`: per column, the most planes a block of the same stream needed so
+ * far; any value gives the same bytes), a column is written with only those low planes, the
+ * planes above left unwritten: the encoder writes ~14 bytes per row instead of 62, and touches
+ * fewer fresh pages of its output. A block whose values need a plane that was not written (the
+ * column's OR shows it) has that column encoded again with every plane. The hint belongs to
+ * the stream (a trace writer's process file): one process-wide hint had each process's first
+ * blocks mispredicted by the process before (1.15-1.25x the encoding time of every plane on
+ * g++, gcc-b and sqlite3, the corpus encoded in one process). */
 
 static unsigned width_of(const hc_column *c, const colstate *s) {
     return s->encoding == PLAIN ? c->itemsize : 8;
 }
 
 static void predict_planes(const hc_column *c, colstate *s) {
-    unsigned w = width_of(c, s), p = __atomic_load_n(&planes_seen[c->field], __ATOMIC_RELAXED);
+    unsigned w = width_of(c, s), p = s->seen ? *s->seen : 0;
     s->planes = (uint8_t)(p && p < w ? p : w);
 }
 
-/* Whether the column's values (their OR) fit the planes written; notes the planes they needed
- * (at least 1) for the field's next block. */
+/* Whether the column's values (their OR) fit the planes written; raises the hint to the planes
+ * they needed (at least 1), for the stream's next blocks. The hint only grows: a block that
+ * needs fewer planes than an earlier one is written with a few zero planes (cheap), where
+ * following each block's need made the address codes of py_dicts (1 to 3 planes from block to
+ * block) redo their back-reference pass every few blocks: 1.10x its encoding time. So a
+ * column is encoded twice at most width - 1 times per stream. */
 static int planes_fit(const hc_column *c, const colstate *s) {
+    (void)c;
     unsigned need = s->ored ? (unsigned)(64 - __builtin_clzll(s->ored) + 7) / 8 : 1;
-    __atomic_store_n(&planes_seen[c->field], (uint8_t)need, __ATOMIC_RELAXED);
+    if (s->seen && need > *s->seen) *s->seen = (uint8_t)need;
     return need <= s->planes;
 }
 
@@ -883,12 +894,14 @@ static int pair_at(const hc_column *cols, uint32_t ncols, uint32_t c) {
  * after the first, where the caller's final compaction finds it. Returns the number of columns
  * started (1 or 2), or an error of encode_backrefs. */
 static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, colstate *st,
-                         uint8_t *out, uint64_t off, uint64_t n, int compact, uint64_t *closed) {
+                         uint8_t *out, uint64_t off, uint64_t n, int compact, uint64_t *closed,
+                         uint8_t *hint) {
     int two = pair_at(cols, ncols, c);
     *closed = 0;
     for (int k = 0; k <= two; k++) {
         reset(&st[c + k]);
         st[c + k].encoding = cols[c + k].encoding;
+        st[c + k].seen = hint ? &hint[c + k] : NULL;
         predict_planes(&cols[c + k], &st[c + k]);
     }
     st[c].header = off;
@@ -1221,10 +1234,12 @@ static int64_t sparsify(uint8_t *out, uint64_t total, uint64_t n, int op_field) 
 }
 
 /* Encodes n rows of the columns (in the order given) into out (cap bytes, at least
- * hc_encode_bound). Returns the bytes written, or ERR_ARGS (invalid columns), ERR_SPACE (out too
- * small), ERR_NOMEM, ERR_TOO_LONG (a column over the u32 length of its header). */
+ * hc_encode_bound). `hint`: NULL, or ncols bytes kept by the caller from one block of a stream to
+ * the next (zeros at first), read and updated (see "planes written"). Returns the bytes
+ * written, or ERR_ARGS (invalid columns), ERR_SPACE (out too small), ERR_NOMEM, ERR_TOO_LONG (a
+ * column over the u32 length of its header). */
 HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t n, uint8_t *out,
-                                uint64_t cap) {
+                                uint64_t cap, uint8_t *hint) {
     if (!valid(cols, ncols) || (!out && cap)) return ERR_ARGS;
     if (n > UINT32_MAX / 16) return ERR_TOO_LONG;   /* 16n bytes must fit the u32 length */
     if (hc_encode_bound(cols, ncols, n) > cap) return ERR_SPACE;
@@ -1235,7 +1250,7 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
          * planes out moves only the planes after a zero one, which are few (the zero planes are
          * mostly the high bytes). Tiles would read no less memory here. */
         for (uint32_t c = 0; c < ncols;) {
-            int k = begin_columns(cols, ncols, c, st, out, off, n, 1, &closed);
+            int k = begin_columns(cols, ncols, c, st, out, off, n, 1, &closed, hint);
             if (k < 0) return k;
             if (closed) {   /* a pair, closed already */
                 off += closed;
@@ -1252,7 +1267,7 @@ HC_API int64_t hc_encode_events(const hc_column *cols, uint32_t ncols, uint64_t 
         return (int64_t)off;
     }
     for (uint32_t c = 0; c < ncols;) {   /* where each column goes; BACKREF ones encoded */
-        int k = begin_columns(cols, ncols, c, st, out, off, n, 0, &closed);
+        int k = begin_columns(cols, ncols, c, st, out, off, n, 0, &closed, hint);
         if (k < 0) return k;
         if (cols[c].encoding != BACKREF)
             st[c].len = n * (st[c].encoding == PLAIN ? cols[c].itemsize : 8);

@@ -18,8 +18,8 @@ from .base import LoadedOnce, NativeError  # noqa: F401  (re-exported)
 from .format import EVENT_DTYPE
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_codec.so"
-ABI_VERSION = 5   # 3: zero byte planes left out (TRACE_VERSION 2); 4: sparse columns (3); 5: their
-                  # presence bits predicted from the ops (4)
+ABI_VERSION = 6   # 3: zero byte planes left out (TRACE_VERSION 2); 4: sparse columns (3); 5: their
+                  # presence bits predicted from the ops (4); 6: the hint of planes written
 
 #: The field index of the op column: sparse columns' presence bits are predicted from it.
 OP_FIELD = EVENT_DTYPE.names.index("op")
@@ -47,7 +47,7 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.hc_encode_bound.argtypes = [cols, ctypes.c_uint32, ctypes.c_uint64]
     lib.hc_encode_events.restype = ctypes.c_int64
     lib.hc_encode_events.argtypes = [cols, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
-                                     ctypes.c_uint64]
+                                     ctypes.c_uint64, ctypes.c_void_p]
     i64 = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
     u64 = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS,WRITEABLE")
     lib.hc_sparsify.restype = ctypes.c_int64
@@ -95,15 +95,23 @@ def _column_array(block, name: str) -> np.ndarray:
     return a
 
 
+def planes_hint() -> np.ndarray:
+    """A hint for encode_events' `hint`: one per stream of blocks (a process's trace file)."""
+    return np.zeros(len(codec.STORED_FIELDS), np.uint8)
+
+
 def encode_events(block, out: np.ndarray | None = None, lib: ctypes.CDLL | None = None,
-                  sparse: bool = True) -> memoryview:
+                  sparse: bool = True, hint: np.ndarray | None = None) -> memoryview:
     """The uncompressed payload of one EVENTS section (block: EVENT_DTYPE array or column dict).
 
     Returns a memoryview of `out` (a uint8 array; a new one when it is None or too small: the
     result's .obj). The encodings are codec.COLUMN_ENCODING's, except that a NONZERO_DELTA or
     BACKREF column whose values cannot be stored that way (two non-zero values exactly 2**63
     apart) is stored as DELTA. `lib`: another build of the library (tests). `sparse=False`:
-    the columns left dense (version 2's layout), for sparsify() to finish."""
+    the columns left dense (version 2's layout), for sparsify() to finish. `hint`: a
+    planes_hint() kept from one block of a stream to the next: the encoder writes only the byte
+    planes each column needed in the previous block (the same bytes, faster; encode.c, "planes
+    written"); without it every plane."""
     lib = lib or library()
     n = len(block["seq"])
     arrays = [_column_array(block, name) for name in codec.STORED_FIELDS]
@@ -122,7 +130,12 @@ def encode_events(block, out: np.ndarray | None = None, lib: ctypes.CDLL | None 
     if out is None or len(out) < need:
         # room for a block a little longer than this one: the next block takes this buffer
         out = stream_buffer(need + need // 8)
-    written = lib.hc_encode_events(cols, len(arrays), n, out.ctypes.data, len(out))
+    if hint is not None and not (isinstance(hint, np.ndarray) and hint.dtype == np.uint8
+                                 and hint.shape == (len(arrays),) and hint.flags.c_contiguous
+                                 and hint.flags.writeable):
+        raise ValueError(f"hint must be a writable array of {len(arrays)} uint8 (planes_hint())")
+    written = lib.hc_encode_events(cols, len(arrays), n, out.ctypes.data, len(out),
+                                   None if hint is None else hint.ctypes.data)
     if written < 0:
         if written == -3:
             raise MemoryError("encoding an EVENTS block")

@@ -50,6 +50,7 @@ class _SectionWriter:
         self.workers = max(1, min(2, len(os.sched_getaffinity(0))))
         self.pool = ThreadPoolExecutor(self.workers, initializer=lower_priority, initargs=(nice,))
         self.pending = deque()
+        self.hint = native_codec.planes_hint()   # this file's blocks are one stream
 
     def _section(self, kind: int, raw: bytes, count: int, compress: bool, zstd) -> bytes:
         stored = zstd.compress(raw) if compress and raw else raw
@@ -63,7 +64,8 @@ class _SectionWriter:
 
     def write_events(self, block) -> None:
         count = _length(block)
-        dense = native_codec.encode_events(block, _SCRATCH.take_buffer(), sparse=False)
+        dense = native_codec.encode_events(block, _SCRATCH.take_buffer(), sparse=False,
+                                           hint=self.hint)
 
         def work():
             # sparse columns here, beside the next block's encoding: it balances the two threads
