@@ -168,15 +168,10 @@ def _with_zero_planes(data, mask, width, count):
     return planes.tobytes()
 
 
-def sparse_bits(data, count, ops, version=4):
-    """(presence, bytes they take) of a sparse column's data; ops: the block's op values."""
-    head = 2 if version >= 4 else 0
-    nbits = (count + 7) // 8
-    present = np.unpackbits(np.frombuffer(data[head:head + nbits], np.uint8),
-                            bitorder="little")[:count].astype(bool)
-    if head:
-        present ^= predicted(struct.unpack_from("<H", data)[0], ops)
-    return present, head + nbits
+def sparse_bits(data, count, ops):
+    """(presence, bytes they take) of a version 4 sparse column's data; ops: the block's op
+    values (the reader's codec.Sparse, which the round trips of this file check)."""
+    return codec.Sparse(True, ops).present(data, count)
 
 
 def dense(enc, mask, data, count, ops):

@@ -450,13 +450,13 @@ static void encode_column(const hc_column *c, colstate *s, uint8_t *out, uint64_
     finish_column(c, s, out, n);
 }
 
-static int planes_fit(const hc_column *c, const colstate *s);
+static int planes_fit(const colstate *s);
 static void all_planes(const hc_column *c, colstate *s);
 
 /* Ends a column written with s->planes planes: encoded again, whole, with every plane when its
  * values needed more (see "planes written"). */
 static void check_planes(const hc_column *c, colstate *s, uint8_t *out, uint64_t n) {
-    if (planes_fit(c, s)) return;
+    if (planes_fit(s)) return;
     all_planes(c, s);
     encode_column(c, s, out, n);
 }
@@ -807,8 +807,7 @@ static void predict_planes(const hc_column *c, colstate *s) {
  * following each block's need made the address codes of py_dicts (1 to 3 planes from block to
  * block) redo their back-reference pass every few blocks: 1.10x its encoding time. So a
  * column is encoded twice at most width - 1 times per stream. */
-static int planes_fit(const hc_column *c, const colstate *s) {
-    (void)c;
+static int planes_fit(const colstate *s) {
     unsigned need = s->ored ? (unsigned)(64 - __builtin_clzll(s->ored) + 7) / 8 : 1;
     if (s->seen && need > *s->seen) *s->seen = (uint8_t)need;
     return need <= s->planes;
@@ -914,8 +913,8 @@ static int begin_columns(const hc_column *cols, uint32_t ncols, uint32_t c, cols
     uint8_t *po[2] = {out + off + 8, scratch};
     int rc = two && !scratch ? ERR_NOMEM : encode_backrefs(store, pc, ps, po, n, two);
     if (!rc) {   /* codes that need a plane not written: the pair again, with every plane */
-        int fit = planes_fit(pc[0], ps[0]);
-        if (two) fit &= planes_fit(pc[1], ps[1]);
+        int fit = planes_fit(ps[0]);
+        if (two) fit &= planes_fit(ps[1]);
         if (!fit) {
             for (int k = 0; k <= two; k++) all_planes(pc[k], ps[k]);
             rc = encode_backrefs(store, pc, ps, po, n, two);

@@ -202,9 +202,9 @@ def main(argv=None) -> int:
 
 
 def _exit_now(code: int) -> None:
-    """Ends `heapcast record` or `finalize` once its trace is complete (every file written, closed and renamed;
-    every thread joined), without the interpreter's teardown of numpy and the conversion's
-    modules: 15-30 ms of a user's wait for nothing."""
+    """Ends `heapcast record` or `finalize` once its trace is complete (every file written,
+    closed and renamed; every thread joined), without the interpreter's teardown of numpy and
+    the conversion's modules: 15-30 ms of a user's wait for nothing."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code & 0xFF if code >= 0 else 1)
