@@ -3,6 +3,7 @@ is identical, event for event, to the same raw files converted after the exit; k
 program or `heapcast record` at any point of it loses nothing; a wrong guess is caught."""
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 import heapcast
 from heapcast.recorder import session as recording
 from heapcast.recorder.session import finalize, record
-from heapcast.recorder import live
+from heapcast.recorder import checkpoint, live
 
 
 @pytest.fixture
@@ -29,14 +30,40 @@ def small_windows(monkeypatch):
 
 
 @pytest.fixture
-def keep_raw(monkeypatch, tmp_path):
+def punches(monkeypatch):
+    """Every copy that the converter punches out of a raw file once converted, saved first:
+    raw file name -> [(offset, bytes)]."""
+    real, saved = checkpoint.punch, {}
+
+    def punch(fd, offset, size):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        with open(path, "rb") as f:
+            f.seek(offset)
+            saved.setdefault(Path(path).name, []).append((offset, f.read(size)))
+        return real(fd, offset, size)
+
+    monkeypatch.setattr(checkpoint, "punch", punch)
+    return saved
+
+
+@pytest.fixture
+def keep_raw(monkeypatch, tmp_path, punches):
     """Copies the trace directory (raw files complete, converter stopped) just before record's
-    finalize; returns the list of (copy, live processes) it made."""
+    finalize, as the recorder alone would have left it: the copies that the converter punched
+    out are put back, and its converted part and checkpoints left out, so that the copy converts
+    after the exit on its own. Returns the list of (copy, live processes) it made."""
     real, kept = recording.finalize, []
 
     def spy(path, result=None, sampler=None, progress=None, live=None, **options):
         copy = tmp_path / f"raw-copy-{len(kept)}"
         shutil.copytree(path, copy)
+        for name, regions in punches.items():
+            with open(copy / name, "r+b") as f:
+                for offset, data in regions:
+                    f.seek(offset)
+                    f.write(data)
+        for done in (*copy.glob("*.hct.tmp"), *copy.glob("*.hct.ckpt")):
+            done.unlink()
         kept.append((copy, live))
         return real(path, result, sampler, progress, live, **options)
 
@@ -67,7 +94,6 @@ def test_live_conversion_equals_conversion_after_exit(build, small_windows, keep
     assert r.live_events > 0, "nothing was converted while the program ran"
     (copy, lives), = keep_raw
     assert any(lp.emitted for lp in lives.values())
-    assert list(copy.glob("*.hct.tmp")), "the copy holds the part converted while running"
     again = finalize(copy, progress=False)          # the same raw files, converted after exit
     assert again.live_events == 0 and again.events == r.events
     assert not list(copy.glob("*.raw")) and not list(copy.glob("*.tmp"))
@@ -185,11 +211,107 @@ def test_program_killed_while_converting(build, small_windows, keep_raw, tmp_pat
     assert r.events >= 200000
 
 
-@pytest.mark.parametrize("when", ["clock", "converting", "late"])
+def _seqs_complete(ev) -> bool:
+    """Every seq from the first event's to the last's is an event, or the seq that a realloc
+    takes before its call (phases.c and libc's start make no other gaps)."""
+    seq = ev["seq"].astype(np.int64)
+    reallocs = int(np.isin(ev["op"], (2, 3)).sum())
+    return (np.diff(seq) > 0).all() and int(seq[-1] - seq[0]) + 1 == len(seq) + reallocs
+
+
+def test_converted_copies_are_freed_and_the_trace_is_the_same(build, small_windows, keep_raw,
+                                                               punches, tmp_path):
+    """The copies whose events are converted and checkpointed are punched out of the raw file
+    while the program runs; the trace equals the conversion after the exit of the whole file."""
+    out = tmp_path / "t"
+    r = record([build("phases"), "1", "60", "3000", "20000"], output=out, progress=False)
+    assert r.exit_code == 0 and not r.problems
+    assert punches, "no converted copy was freed while the program ran"
+    assert not list(out.glob("*.ckpt")) and not list(out.glob("*.tmp"))
+    (copy, lives), = keep_raw
+    lp, = lives.values()
+    assert lp.punched and lp.log.last is not None
+    assert all(lp.copies[off].seq_max < lp.log.last.next_lo for off in lp.punched)
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+    p, = heapcast.load(out).processes
+    assert _seqs_complete(p.events)
+
+
+def test_a_failed_check_goes_on_from_the_last_checkpoint(build, small_windows, keep_raw,
+                                                         punches, tmp_path, monkeypatch):
+    """A check that fails after copies were freed cannot convert the whole file again: the
+    conversion goes on from the last checkpoint, and the trace is still the whole file's."""
+    monkeypatch.setattr(live.LiveProcess, "check", lambda self, rp, skipped: False)
+    out = tmp_path / "t"
+    r = record([build("phases"), "1", "60", "3000", "20000"], output=out, progress=False)
+    assert punches
+    assert any("converted again from its last checkpoint" in p for p in r.problems), r.problems
+    assert 0 < r.live_events < r.events
+    assert not list(out.glob("*.ckpt")) and not list(out.glob("*.tmp"))
+    (copy, _), = keep_raw
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+
+
+def test_a_full_disk_while_going_on_from_a_checkpoint_keeps_its_part(build, small_windows,
+                                                                      keep_raw, punches,
+                                                                      tmp_path, monkeypatch):
+    """The disk fills while the conversion goes on from a checkpoint: the trace is written in
+    the temporary directory first, from the checkpointed part (which the raw file no longer
+    holds) on, then moved into place; nothing is lost."""
+    import errno
+
+    from heapcast.trace.writer import ProcessFileWriter
+    armed = []
+
+    def check(self, rp, skipped):
+        armed.append("check")
+        return False
+
+    real_add = ProcessFileWriter.add
+
+    def add(self, events):
+        if armed == ["check"]:       # the first block written after the check
+            armed.append("full")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_add(self, events)
+
+    monkeypatch.setattr(live.LiveProcess, "check", check)
+    monkeypatch.setattr(ProcessFileWriter, "add", add)
+    out = tmp_path / "t"
+    r = record([build("phases"), "1", "60", "3000", "20000"], output=out, progress=False)
+    assert punches and armed == ["check", "full"]
+    assert any("from its last checkpoint" in p for p in r.problems), r.problems
+    assert not list(out.glob("*.ckpt")) and not list(out.glob("*.tmp"))
+    (copy, _), = keep_raw
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+
+
+def test_events_written_out_of_order_are_checkpointed_right(build, small_windows, keep_raw,
+                                                            punches, tmp_path):
+    """signal.c's handler allocates while the code it interrupted holds a seq it has not
+    written: the handler's events, with larger seqs, are written first. The idle guess can
+    then convert a window without the late event; a window is checkpointed only once all its
+    seqs are accounted for, so the trace is still the whole file's."""
+    out = tmp_path / "t"
+    r = record([build("signal")], output=out, progress=False)
+    assert r.exit_code == 0
+    (copy, lives), = keep_raw
+    lp, = lives.values()
+    assert lp.sure is not None and lp.sure > 0, "no window was accounted for"
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+    p, = heapcast.load(out).processes
+    assert _seqs_complete(p.events)
+
+
+@pytest.mark.parametrize("when", ["clock", "converting", "late", "freed"])
 def test_record_killed_while_converting_loses_nothing(build, tmp_path, when):
-    """`heapcast record` SIGKILLed at three points of the conversion while the program runs: the
-    program runs on, and `heapcast finalize` then gives every event; the converted part left
-    behind (*.hct.tmp) is replaced."""
+    """`heapcast record` SIGKILLed at four points of the conversion while the program runs: the
+    program runs on, and `heapcast finalize` then gives every event: the converted part left
+    behind (*.hct.tmp) is replaced, or, once copies were freed, gone on from its checkpoint."""
     out = tmp_path / "t"
     prog = build("phases")
     pairs, phases_n = 3000, 40
@@ -211,19 +333,39 @@ def test_record_killed_while_converting_loses_nothing(build, tmp_path, when):
             break
         if when == "late" and tmp and tmp[0].stat().st_size > 8192:
             break
+        # a checkpoint is written only just before copies are freed
+        if when == "freed" and any(c.stat().st_size for c in out.glob("*.ckpt")):
+            break
         time.sleep(0.002)
     rec.kill()
     rec.wait()
     _wait_for_exit(pid)
     assert list(out.glob("*.raw")), "the raw files are kept"
     assert not list(out.glob("*.hct")), "nothing may look complete"
+    if when == "freed":
+        assert list(out.glob("*.ckpt")), "no copy was freed before the deadline"
+        again = tmp_path / "again"   # the same state, for a finalize killed after its rename
+        shutil.copytree(out, again)
     r = finalize(out, progress=False)
     assert not list(out.glob("*.tmp")) and not list(out.glob("*.raw"))
+    assert not list(out.glob("*.ckpt"))
     p, = heapcast.load(out).processes
     ev = p.events
     assert r.events == len(ev) and (np.diff(ev["seq"].astype(np.int64)) > 0).all()
     own = (ev["op"] == 0) & (ev["size"] >= 16) & (ev["size"] < 80)   # phases.c's mallocs
     assert own.sum() >= phases_n * pairs
+    assert _seqs_complete(ev)
+    if when == "freed":
+        # finalize killed after it renamed the trace into place, before it removed the raw
+        # file: the raw file lacks the checkpointed part, so the trace must be kept as it is
+        hct, = out.glob("*.hct")
+        (again / hct.name).write_bytes(hct.read_bytes())
+        for tmp in again.glob("*.hct.tmp"):
+            tmp.unlink()
+        r2 = finalize(again, progress=False)
+        assert r2.events == r.events and not r2.problems
+        assert not list(again.glob("*.raw")) and not list(again.glob("*.ckpt"))
+        assert_same_trace(out, again)
 
 
 def _clock_set(raw: Path) -> bool:

@@ -17,7 +17,8 @@
  * Any failure (no fallocate, disk full) stops recycling for that file: its chunks stay in place.
  *
  * Every completed copy is logged (file inode, offset) for hc_drain_copies: `heapcast record`'s
- * converter (heapcast.trace.live) reads copies, which never change, while the program runs. */
+ * converter (heapcast.recorder.live) reads copies, which never change, while the program runs,
+ * and punches out those it has converted and checkpointed (heapcast.recorder.checkpoint). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>

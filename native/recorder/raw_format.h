@@ -27,7 +27,10 @@
  * Every record stays in the file at every moment, so SIGKILL (of the program or the drainer)
  * loses nothing: a copy is written with magic 0 and given its magic only when complete, and a
  * chunk whose copy completed but that was not yet marked drained is the same chunk twice (same
- * tid, tsc and mono_ns): readers keep one.
+ * tid, tsc and mono_ns): readers keep one. A copy whose records `heapcast record`'s converter
+ * has converted and checkpointed (src/heapcast/recorder/checkpoint.py) is punched out of the file
+ * (a hole, which readers skip): its records are then in "<pid>.hct.tmp", which a later
+ * conversion goes on from, and the file's pages go back to the kernel for the next copies.
  *
  * Keep in sync with src/heapcast/trace/raw.py. */
 #ifndef HEAPCAST_RAW_FORMAT_H

@@ -19,6 +19,14 @@ any error, the converted part is dropped and the whole file converted after the 
 without this module. The converter never waits for the program nor the program for it: a
 program faster than the conversion leaves the rest to after its exit.
 
+Space: a window is certain once every one of its seq numbers is accounted for by a converted
+event (its own seq, or the one a realloc took before its call): no event can come later into
+it, whatever the guess that converted it. Once the certain windows below a seq are in
+`<pid>.hct.tmp`, the converter appends a checkpoint and punches the copies below it out of the
+raw file, so that the file stays bounded and its pages are reused rather than fresh
+(heapcast.recorder.checkpoint); a conversion that cannot go on from the converter's state (a
+failed check, `heapcast record` killed) goes on from the last checkpoint.
+
 Times: the conversion of TSC ticks to ns is fitted over the clock pairs seen in the first 100 ms
 and written into the raw file's header (raw_format.h, clock_set), so that any later conversion
 of the file (`heapcast finalize`, or after a failed check) gives the same times.
@@ -29,16 +37,18 @@ import mmap
 import os
 import struct
 import threading
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 
 from ..trace import native_raw
 from ..trace.base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
-from ..trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC,
-                  SLOT, SLOT_DTYPE, Chunk, LocationAssigner, RawProcess, _CHUNK,
-                  _COUNTERS, _HEADER, fit_clock, location_definitions)
+from ..trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET,
+                         FLAG_DORMANT, FLAG_TSC, SLOT, SLOT_DTYPE, Chunk, LocationAssigner,
+                         RawProcess, _CHUNK, _COUNTERS, _HEADER, fit_clock, location_definitions)
 from ..trace.writer import ProcessFileWriter, lower_priority
+from . import checkpoint
 
 WINDOW = 1 << 20                 # seq numbers per converted window, as RawProcess.iter_events
 FREEZE_NS = 100_000_000          # clock pairs must span this long before the clock is fixed
@@ -80,6 +90,16 @@ class LiveProcess:
         self.dormant = False
         self.skipped = frozenset()             # set by finalize: done_copies()
         self.checked = False                   # set by finalize: the check passed
+        self.kept = 0                          # set by finalize: events converted here, kept
+        self.log = checkpoint.CheckpointLog(self.path.with_suffix(TRACE_SUFFIX))
+        self.marks: deque = deque()            # after each window: (next_lo, emitted, ids,
+                                               # prev_seq, last_ts), not yet checkpointed
+        self.ends: dict[int, int] = {}         # events in .hct.tmp -> its size then
+        self.punched: set = set()              # offsets of copies freed
+        self.wfd = -1                          # the raw file, to punch copies (-2: cannot)
+        self.grid = None                       # the first window's lo
+        self.accounted: dict[int, int] = {}    # window (from grid) -> its seqs known used
+        self.sure = 0                          # windows below it: every seq accounted for
 
     # ------------------------------------------------------------------ reading
 
@@ -228,7 +248,8 @@ class LiveProcess:
         if self.next_lo is None:
             if int(mins.min()) >= bound:
                 return
-            self.next_lo = int(mins.min())     # the window grid starts at the first event
+            # the window grid starts at the first event
+            self.next_lo = self.grid = int(mins.min())
         table = None
         while self.next_lo + WINDOW <= bound and not stop.is_set():
             lo, hi = self.next_lo, self.next_lo + WINDOW
@@ -247,6 +268,7 @@ class LiveProcess:
             block = native_raw.decode_window(address, length, table[ks], self.clock, lo, hi,
                                              self.assigner.remap, self.buffers)
             if len(block["seq"]):
+                self._account(block, lo)
                 self.assigner.number(block)
                 if self.writer is None:
                     self.writer = ProcessFileWriter(self.path.with_suffix(TRACE_SUFFIX), nice=NICE)
@@ -254,6 +276,69 @@ class LiveProcess:
                 self.emitted += len(block["seq"])
             del block
             self.next_lo = hi
+            if self.writer is not None:
+                self.marks.append((hi, self.emitted, len(self.assigner.ids),
+                                   self.writer.prev_seq, self.writer.last_ts))
+        self._checkpoint()
+
+    def _account(self, block, lo: int) -> None:
+        """Counts the seqs that the block (the window at lo) used, in the windows they fall in:
+        each event's own, and the seq a realloc (or mremap) took before its call (seq -
+        free_lag). A window whose every seq is accounted for was converted whole, whatever the
+        guess that converted it: no event can come later with a seq in it. `sure` moves past
+        such windows. A seq never accounted for (a lost event's) stops it for good."""
+        if self.sure is None:
+            return
+        w0 = (lo - self.grid) // WINDOW
+        self.accounted[w0] = self.accounted.get(w0, 0) + len(block["seq"])
+        lag = block["free_lag"]
+        moved = np.flatnonzero(lag)
+        if len(moved):
+            seq, lag = block["seq"][moved], lag[moved]
+            if (lag == 0xFFFFFFFF).any() or (lag > seq).any():
+                self.sure = None    # a saturated lag: its seq is unknown
+                return
+            before = seq - lag
+            before = before[before >= self.grid]
+            windows, counts = np.unique((before - np.uint64(self.grid)) // np.uint64(WINDOW),
+                                        return_counts=True)
+            for w, n in zip(windows.tolist(), counts.tolist()):
+                self.accounted[w] = self.accounted.get(w, 0) + n
+        while self.sure is not None and self.accounted.get(self.sure, 0) >= WINDOW:
+            if self.accounted.pop(self.sure) > WINDOW:
+                self.sure = None   # a seq counted twice: trust no window from here on
+                break
+            self.sure += 1
+
+    def _checkpoint(self) -> None:
+        """Checkpoints the latest window below `sure` whose blocks are in .hct.tmp, then frees
+        the copies whose events all lie below it (heapcast.recorder.checkpoint)."""
+        if self.writer is None or self.wfd == -2 or self.sure is None:
+            self.marks.clear()   # (no checkpoint will come)
+            return
+        sure = self.grid + self.sure * WINDOW
+        for events, end in self.writer.written():
+            self.ends[events] = end
+        best = None
+        while self.marks and self.marks[0][0] <= sure and self.marks[0][1] in self.ends:
+            best = self.marks.popleft()
+        if best is None:
+            return
+        lo, emitted, ids, prev_seq, last_ts = best
+        self.ends = {e: b for e, b in self.ends.items() if e >= emitted}
+        gone = [off for off, c in self.copies.items()
+                if off not in self.punched and (not c.events or c.seq_max < lo)]
+        if not gone:
+            return
+        self.log.append(lo, emitted, self.ends[emitted], prev_seq, last_ts, self.assigner, ids)
+        if self.wfd == -1:
+            self.wfd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        for off in gone:
+            if not checkpoint.punch(self.wfd, off, CHUNK_MAX):
+                os.close(self.wfd)
+                self.wfd = -2    # this file system cannot: the copies stay
+                return
+            self.punched.add(off)
 
     # ------------------------------------------------------------------ after the exit
 
@@ -290,10 +375,20 @@ class LiveProcess:
                 count += len(block["seq"])
         return count == self.emitted
 
-    def close(self, keep_writer: bool = False) -> None:
-        if self.writer is not None and not keep_writer:
-            self.writer.abort()
+    def abandon(self) -> None:
+        """Stops converting: the converted part is dropped, but kept for finalize where a
+        checkpoint needs it."""
+        if self.writer is not None:
+            self.writer.abort(remove=self.log.last is None)
             self.writer = None
+
+    def close(self, keep_writer: bool = False) -> None:
+        if not keep_writer:
+            self.abandon()
+        self.log.close()
+        if self.wfd >= 0:
+            os.close(self.wfd)
+            self.wfd = -1
         if self.mm is not None:
             self.mm.close()
             self.mm = None
@@ -353,6 +448,4 @@ class LiveConverter:
                 lp.step(self._waiting.pop(lp.ino, []), self.stop)
             except Exception as e:   # never disturb the recording: convert after the exit
                 lp.failed = f"{type(e).__name__}: {e}"
-                if lp.writer is not None:
-                    lp.writer.abort()
-                    lp.writer = None
+                lp.abandon()

@@ -383,22 +383,35 @@ class RecordError(Exception):
     """The program could not be started."""
 
 
-def _convert(raw: Path, rp, sampler, bar, live=None):
+def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = None):
     """Writes one raw file's .hct and removes the raw files; returns its Process.
 
     `live`: the file's LiveProcess, whose converted part is checked and completed (rp was scanned
-    without the copies it converted); when the check fails, the whole file is converted again.
+    without the copies it converted); when the check fails, the conversion goes on from the
+    converter's last checkpoint, or, without one, the whole file is converted again. Without
+    `live`, a checkpoint left by a `heapcast record` that was killed is gone on from likewise
+    (heapcast.recorder.checkpoint: the copies below it are no longer in the raw file).
     On a full disk the .hct is written to the temporary directory first, then moved into place
     once the raw file (which holds the space) is gone."""
+    from . import checkpoint
     from . import live as live_windows   # the same windows as the conversion while running
-    from ..trace.raw import LocationAssigner, RawProcess
+    from ..trace.raw import RawProcess
     from ..trace.writer import ProcessFileWriter, open_private
+    problems = problems if problems is not None else []
     proc = rp.process()
     if sampler is not None:
         proc.rss = sampler.rss(raw.name)
     out = raw.with_suffix(TRACE_SUFFIX)
+    tmp = out.with_name(out.name + ".tmp")
+    ck = checkpoint.load(out)
+    if ck is not None and out.exists() and not tmp.exists():
+        # a conversion that ended but was killed before it removed the raw file
+        rp.close()
+        _remove_raw(raw, out)
+        return _read_header(out, proc)
 
     def write(target, rp, writer=None, assigner=None, start=None):
+        from ..trace.raw import LocationAssigner
         assigner = assigner or LocationAssigner()
         assigner.add_definitions(rp.locs)
         writer = writer or ProcessFileWriter(target)
@@ -410,13 +423,31 @@ def _convert(raw: Path, rp, sampler, bar, live=None):
             proc.locations = rp.canonical_python_frames(assigner.table())
             writer.finish(proc)
         except BaseException:
-            writer.abort()
+            writer.abort(remove=ck is None)   # a checkpoint needs the part it points into
             raise
+
+    def resume(target, rp):
+        """Goes on from the checkpoint, or converts the whole file where its part is missing."""
+        nonlocal ck
+        try:
+            writer = ProcessFileWriter(target, resume=ck.resume())
+        except (OSError, ValueError) as e:
+            checkpoint.remove(out)
+            lost, ck = ck, None
+            problems.append(f"{raw.name}: the part converted while the program ran is lost ({e}); "
+                            f"its events below seq {lost.next_lo} are missing")
+            proc.truncated = True
+            write(target, rp)
+            return
+        write(target, rp, writer, ck.assigner(), ck.next_lo)
+        if live is not None:
+            live.kept = ck.emitted
 
     try:
         try:
             if live is not None and live.check(rp, live.skipped):
                 live.checked = True
+                live.kept = live.emitted
                 writer, live.writer = live.writer, None
                 writer.full_priority()
                 write(out, rp, writer, live.assigner, live.next_lo)
@@ -426,7 +457,10 @@ def _convert(raw: Path, rp, sampler, bar, live=None):
                     if live.skipped or live.known_copies():   # scanned without: scan all
                         rp.close()
                         rp = RawProcess(raw)
-                write(out, rp)
+                if ck is not None:
+                    resume(out, rp)
+                else:
+                    write(out, rp)
             staged = None
         finally:
             if live is not None:
@@ -434,17 +468,21 @@ def _convert(raw: Path, rp, sampler, bar, live=None):
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
-        out.with_name(out.name + ".tmp").unlink(missing_ok=True)
         staged = Path(tempfile.mkdtemp(prefix="heapcast-")) / out.name
+        if ck is not None:   # the converted part moves along (the raw file lacks it)
+            _copy_prefix(tmp, staged.with_name(staged.name + ".tmp"), ck.hct_bytes)
+        tmp.unlink(missing_ok=True)
         bar.reset()
         rp.close()
         rp = RawProcess(raw)
-        write(staged, rp)
+        if ck is not None:
+            resume(staged, rp)
+        else:
+            write(staged, rp)
     rp.close()  # the raw file's mapping holds its disk space until it is closed
-    raw.unlink()
-    raw.with_suffix(".mods").unlink(missing_ok=True)
     if staged is not None:
-        tmp = out.with_name(out.name + ".tmp")
+        raw.unlink()   # (first: it holds the space the trace needs)
+        raw.with_suffix(".mods").unlink(missing_ok=True)
         try:
             with open(staged, "rb") as src, open_private(tmp) as dst:
                 shutil.copyfileobj(src, dst)
@@ -454,7 +492,39 @@ def _convert(raw: Path, rp, sampler, bar, live=None):
             raise OSError(e.errno, f"{e.strerror}; the converted trace is kept at {staged}") from e
         staged.unlink()
         staged.parent.rmdir()
+    _remove_raw(raw, out)
     return proc
+
+
+def _remove_raw(raw: Path, out: Path) -> None:
+    """Removes a converted raw file, its .mods, then the checkpoint log (last: while the raw file
+    is there, the log says that its converted part is in the .hct)."""
+    from . import checkpoint
+    raw.unlink(missing_ok=True)
+    raw.with_suffix(".mods").unlink(missing_ok=True)
+    checkpoint.remove(out)
+
+
+def _read_header(out: Path, proc):
+    """The Process of a finished .hct, with what the raw file said (`proc`) for the rest."""
+    from ..trace.reader import read_process
+    done = read_process(out)
+    proc.event_count, proc.locations = done.event_count, done.locations
+    proc.end_ns = done.end_ns
+    return proc
+
+
+def _copy_prefix(src: Path, dst: Path, size: int) -> None:
+    """Copies the first `size` bytes of src into a new private file dst."""
+    from ..trace.writer import open_private
+    with open(src, "rb") as f, open_private(dst) as g:
+        left = size
+        while left:
+            data = f.read(min(left, 1 << 20))
+            if not data:
+                raise OSError(errno.EIO, f"{src}: shorter than its checkpoint's {size} bytes")
+            g.write(data)
+            left -= len(data)
 
 
 class _NoBar:
@@ -482,8 +552,10 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
 
     `heapcast record` calls it when the program has ended, with what its converter did while the
     program ran (`live`: LiveProcess by raw file); run it by hand (`heapcast finalize`) on a
-    directory whose recording session was itself interrupted: the raw files hold every event,
-    and what an interrupted conversion left (`*.hct.tmp`) is replaced. `pymalloc`: the recording
+    directory whose recording session was itself interrupted: the raw files hold every event
+    that the converter's checkpoints (`*.hct.ckpt`) do not, and the conversion goes on from the
+    last checkpoint's part of `*.hct.tmp` (what an interrupted conversion left beyond it, or
+    without a checkpoint all of it, is replaced). `pymalloc`: the recording
     asked for pymalloc's allocations (record --pymalloc); a warning when no process wrapped them.
     """
     from ..trace.raw import RawProcess, raw_files
@@ -523,7 +595,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     pids, threads, wrapped = set(), 0, 0
     for raw, rp, lp in scanned:
         try:
-            proc = _convert(raw, rp, sampler, bar, lp)
+            proc = _convert(raw, rp, sampler, bar, lp, result.problems)
         except OSError as e:
             result.truncated = True
             result.problems.append(f"could not write the trace of {raw.name}: {e.strerror}; its "
@@ -531,11 +603,12 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
             continue
         finally:
             rp.close()
-        if lp is not None and lp.checked:
-            result.live_events += lp.emitted
-        elif lp is not None and lp.emitted:
+        if lp is not None:
+            result.live_events += lp.kept
+        if lp is not None and not lp.checked and lp.emitted:
+            again = "from its last checkpoint" if lp.kept else "after its exit"
             result.problems.append(f"{raw.name}: the conversion while the program ran missed "
-                                   "events; converted again after its exit")
+                                   f"events; converted again {again}")
         result.events += proc.event_count
         result.lost_events += proc.lost_events
         result.truncated |= proc.truncated

@@ -7,6 +7,7 @@ The slots are read by native code (native/codec/raw_decode.c, through heapcast.t
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -114,8 +115,11 @@ class RawProcess:
         while off + SLOT <= self.limit:
             magic, tid, size, _os_tid, tsc, mono = _CHUNK.unpack_from(self._mm, off)
             if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
-                off += 4096   # a chunk claimed by a thread killed before it wrote the header,
-                continue      # or a drainer's copy that it did not finish
+                # a chunk claimed by a thread killed before it wrote the header, a drainer's
+                # copy that it did not finish, or a copy freed once converted (a hole: on to
+                # the file's next data at once, rather than 256 zero pages per copy)
+                off = self._next_data(off)
+                continue
             if size < 4096 or size % 4096 or size > 64 * CHUNK_MAX or off + size > self.limit:
                 raise TraceError(self.path, off, f"chunk size {size} is not a multiple of 4096 "
                                  f"that fits in the file ({self.limit} bytes)")
@@ -145,6 +149,16 @@ class RawProcess:
         if self.end_mono:
             pairs.append((self.end_tsc, self.end_mono))
         self._fit_clock(pairs)
+
+    def _next_data(self, off: int) -> int:
+        """The next 4 KiB boundary after off that may hold a chunk: past a hole, its end."""
+        if any(self._mm[off:off + 4]):
+            return off + 4096
+        try:
+            data = os.lseek(self._file.fileno(), off, os.SEEK_DATA)
+        except OSError as e:   # ENXIO: no data after off; else no SEEK_DATA here
+            data = self.limit if e.errno == errno.ENXIO else off
+        return max(off + 4096, data & ~4095)
 
     def _fit_clock(self, pairs: list) -> None:
         """Ticks -> CLOCK_MONOTONIC ns: the conversion frozen in the header by a conversion

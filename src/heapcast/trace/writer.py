@@ -49,8 +49,10 @@ class _SectionWriter:
         self.zstd = zstandard.ZstdCompressor(level=level)
         self.workers = max(1, min(2, len(os.sched_getaffinity(0))))
         self.pool = ThreadPoolExecutor(self.workers, initializer=lower_priority, initargs=(nice,))
-        self.pending = deque()
+        self.pending = deque()                   # (future section, its event count)
         self.hint = native_codec.planes_hint()   # this file's blocks are one stream
+        self.events_written = 0                  # events of the EVENTS sections in the file
+        self.ends: deque = deque()               # (events_written, file offset) after each
 
     def _section(self, kind: int, raw: bytes, count: int, compress: bool, zstd) -> bytes:
         stored = zstd.compress(raw) if compress and raw else raw
@@ -76,13 +78,19 @@ class _SectionWriter:
             section = self._section(EVENTS, raw, count, True, zstd)
             _SCRATCH.give(self.level, zstd, raw.obj)
             return section
-        self.pending.append(self.pool.submit(work))
+        self.pending.append((self.pool.submit(work), count))
         while len(self.pending) > self.workers:
-            self.f.write(self.pending.popleft().result())
+            self._write_next()
+
+    def _write_next(self) -> None:
+        fut, count = self.pending.popleft()
+        self.f.write(fut.result())
+        self.events_written += count
+        self.ends.append((self.events_written, self.f.tell()))
 
     def drain(self) -> None:
         while self.pending:
-            self.f.write(self.pending.popleft().result())
+            self._write_next()
 
     def full_priority(self) -> None:
         """Goes on with workers of normal priority (a thread cannot raise its own back)."""
@@ -91,7 +99,7 @@ class _SectionWriter:
         self.pool = ThreadPoolExecutor(self.workers)
 
     def close(self) -> None:
-        for fut in self.pending:
+        for fut, _ in self.pending:
             fut.cancel()
         self.pool.shutdown(wait=True)
 
@@ -176,15 +184,23 @@ class ProcessFileWriter:
     are only known at the end (locations, modules, RSS, metadata). Written to `<name>.tmp` and
     renamed by finish(), so a .hct file is either complete or absent; abort() removes it."""
 
-    def __init__(self, path, level: int = 3, nice: int = 0):
+    def __init__(self, path, level: int = 3, nice: int = 0, resume: tuple | None = None):
+        """`resume`: (size, count, prev_seq, last_ts) to go on writing an unfinished `<name>.tmp`
+        from its first `size` bytes, which hold `count` events up to seq `prev_seq` (a
+        checkpoint of the conversion while the program ran: heapcast.recorder.checkpoint)."""
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + ".tmp")
         self.count = 0
         self.last_ts = 0
         self._prev_seq = -1
-        self._f = open_private(self.tmp)
+        if resume is not None:
+            self._f = _reopen(self.tmp, resume[0])
+            self.count, self._prev_seq, self.last_ts = resume[1:]
+        else:
+            self._f = open_private(self.tmp)
         try:
-            self._f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
+            if resume is None:
+                self._f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
             self._w = _SectionWriter(self._f, level, nice)
         except BaseException:
             self.abort()
@@ -207,6 +223,19 @@ class ProcessFileWriter:
     def full_priority(self) -> None:
         """From now on encodes and compresses at normal priority (after a start with `nice`)."""
         self._w.full_priority()
+
+    @property
+    def prev_seq(self) -> int:
+        """The seq of the last event added (-1 before the first)."""
+        return self._prev_seq
+
+    def written(self) -> list:
+        """Flushes what the file holds so far and returns, for each EVENTS section written
+        since the last call, (events in the file up to it, the file's size after it)."""
+        self._f.flush()
+        ends = list(self._w.ends)
+        self._w.ends.clear()
+        return ends
 
     def finish(self, process: Process) -> Path:
         """Writes the process's sections and renames the file into place. Sets
@@ -234,13 +263,37 @@ class ProcessFileWriter:
         os.replace(self.tmp, self.path)
         return self.path
 
-    def abort(self) -> None:
-        """Stops writing and removes the unfinished file."""
+    def abort(self, remove: bool = True) -> None:
+        """Stops writing and removes the unfinished file (or, with `remove` False, leaves it for
+        a later resume)."""
         w = getattr(self, "_w", None)
         if w is not None:
             w.close()
         self._f.close()
-        self.tmp.unlink(missing_ok=True)
+        if remove:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _reopen(tmp: Path, size: int):
+    """An unfinished trace file opened to go on writing after its first `size` bytes."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+    f = os.fdopen(fd, "wb")
+    try:
+        have = os.fstat(fd).st_size
+        if have < size or size < FILE_HEADER.size:
+            raise ValueError(f"{tmp}: {have} bytes, expected at least the {size} bytes that its "
+                             "checkpoint says were written")
+        with open(tmp, "rb") as r:
+            magic = r.read(8)
+        if magic != TRACE_MAGIC:
+            raise ValueError(f"{tmp}: expected trace magic {TRACE_MAGIC!r} at offset 0, found "
+                             f"{magic!r}")
+        os.ftruncate(fd, size)
+        f.seek(size)
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def write_process_file(path, process: Process, events, level: int = 3) -> Path:
