@@ -91,6 +91,29 @@ def test_drainer_recycles_chunks_and_every_event_is_kept(build, own, tmp_path):
     _check_exact(proc, own)
 
 
+def test_times_run_on_across_chunk_switches(build, tmp_path):
+    """The recorder reads an event's clock before it takes its seq and claims its slot; a claim
+    that opens a new chunk starts that chunk's time base later than the event's clock, so an
+    HC_TIME slot moves the base back. Per thread, times never go back, across every chunk."""
+    out = tmp_path / "t"
+    _run_drained(build("phases"), out)
+    raw, = raw_files(out)
+    rp = RawProcess(raw)
+    try:
+        switches = len([c for c in rp.chunks if c.events])
+        blocks = list(rp.iter_events())
+    finally:
+        rp.close()
+    assert switches >= 2 * 10
+    ts = np.concatenate([b["ts"] for b in blocks]).astype(np.int64)
+    tid = np.concatenate([b["tid"] for b in blocks])
+    for t in np.unique(tid):
+        assert (np.diff(ts[tid == t]) >= 0).all(), f"thread {t}: a time went back"
+    finalize(out)
+    proc, = heapcast.load(out).processes
+    assert proc.start_ns <= int(ts.min()) and int(ts.max()) <= proc.end_ns
+
+
 def test_a_paused_drainer_copies_nothing_more_and_still_gives_its_copies(build, own, tmp_path):
     """record pauses the drainer when the program has exited: no more copies (a chunk still
     sealed is complete in place), while the copies made stay available to the converter; the

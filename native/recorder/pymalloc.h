@@ -49,8 +49,8 @@ static void *pym_malloc(void *ctx, size_t n) {
     void *p = o->malloc(o->ctx, n);
     t->own--;
     int e = errno;
-    uint64_t seq = next_seq();
-    emit(t, HC_MALLOC, seq, p, n, CALLSITE);
+    uint64_t now = now_ticks(), seq = next_seq();
+    emit(t, HC_MALLOC, seq, now, p, n, CALLSITE);
     errno = e;
     return p;
 }
@@ -63,8 +63,8 @@ static void *pym_calloc(void *ctx, size_t nelem, size_t elsize) {
     void *p = o->calloc(o->ctx, nelem, elsize);
     t->own--;
     int e = errno;
-    uint64_t seq = next_seq();
-    emit_ext(t, HC_CALLOC, seq, p, mul_sat(nelem, elsize), NULL, nelem, 0, CALLSITE);
+    uint64_t now = now_ticks(), seq = next_seq();
+    emit_ext(t, HC_CALLOC, seq, now, p, mul_sat(nelem, elsize), NULL, nelem, 0, CALLSITE);
     errno = e;
     return p;
 }
@@ -78,8 +78,8 @@ static void *pym_realloc(void *ctx, void *p, size_t n) {
     void *q = o->realloc(o->ctx, p, n);
     t->own--;
     int e = errno;
-    uint64_t seq = next_seq();
-    emit_ext(t, HC_REALLOC, seq, q, n, p, 0, seq - before, CALLSITE);
+    uint64_t now = now_ticks(), seq = next_seq();
+    emit_ext(t, HC_REALLOC, seq, now, q, n, p, 0, seq - before, CALLSITE);
     errno = e;
     return q;
 }
@@ -88,8 +88,8 @@ static void pym_free(void *ctx, void *p) {
     const pym_allocator *o = ctx;
     struct tstate *t = &T;
     if (UNLIKELY(!thread_ready(t))) { o->free(o->ctx, p); return; }
-    uint64_t seq = next_seq();   /* before the release, as free() takes it */
-    emit(t, HC_FREE, seq, p, 0, CALLSITE);
+    uint64_t now = now_ticks(), seq = next_seq();   /* before the release, as free() takes it */
+    emit(t, HC_FREE, seq, now, p, 0, CALLSITE);
     t->own++;
     o->free(o->ctx, p);
     t->own--;
