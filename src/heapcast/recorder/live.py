@@ -382,9 +382,9 @@ class LiveProcess:
             self.writer.abort(remove=self.log.last is None)
             self.writer = None
 
-    def close(self, keep_writer: bool = False) -> None:
-        if not keep_writer:
-            self.abandon()
+    def close(self) -> None:
+        """Closes the files; a writer not taken by finalize is abandoned."""
+        self.abandon()
         self.log.close()
         if self.wfd >= 0:
             os.close(self.wfd)
