@@ -90,7 +90,6 @@ class LiveProcess:
         self.dormant = False
         self.skipped = frozenset()             # set by finalize: done_copies()
         self.checked = False                   # set by finalize: the check passed
-        self.kept = 0                          # set by finalize: events converted here, kept
         self.log = checkpoint.CheckpointLog(self.path.with_suffix(TRACE_SUFFIX))
         self.marks: deque = deque()            # after each window: (next_lo, emitted, ids,
                                                # prev_seq, last_ts), not yet checkpointed

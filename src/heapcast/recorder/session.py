@@ -384,7 +384,8 @@ class RecordError(Exception):
 
 
 def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = None):
-    """Writes one raw file's .hct and removes the raw files; returns its Process.
+    """Writes one raw file's .hct and removes the raw files; returns its Process and how many of
+    its events were taken as converted while the program ran.
 
     `live`: the file's LiveProcess, whose converted part is checked and completed (rp was scanned
     without the copies it converted); when the check fails, the conversion goes on from the
@@ -398,6 +399,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
     from ..trace.raw import RawProcess
     from ..trace.writer import ProcessFileWriter, open_private
     problems = problems if problems is not None else []
+    kept = 0
     proc = rp.process()
     if sampler is not None:
         proc.rss = sampler.rss(raw.name)
@@ -408,7 +410,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
         # a conversion that ended but was killed before it removed the raw file
         rp.close()
         _remove_raw(raw, out)
-        return _read_header(out, proc)
+        return _read_header(out, proc), ck.emitted
 
     def write(target, rp, writer=None, assigner=None, start=None):
         from ..trace.raw import LocationAssigner
@@ -428,7 +430,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
 
     def resume(target, rp):
         """Goes on from the checkpoint, or converts the whole file where its part is missing."""
-        nonlocal ck
+        nonlocal ck, kept
         try:
             writer = ProcessFileWriter(target, resume=ck.resume())
         except (OSError, ValueError) as e:
@@ -440,14 +442,13 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
             write(target, rp)
             return
         write(target, rp, writer, ck.assigner(), ck.next_lo)
-        if live is not None:
-            live.kept = ck.emitted
+        kept = ck.emitted
 
     try:
         try:
             if live is not None and live.check(rp, live.skipped):
                 live.checked = True
-                live.kept = live.emitted
+                kept = live.emitted
                 writer, live.writer = live.writer, None
                 writer.full_priority()
                 write(out, rp, writer, live.assigner, live.next_lo)
@@ -469,6 +470,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
         staged = Path(tempfile.mkdtemp(prefix="heapcast-")) / out.name
+        kept = 0
         if ck is not None:   # the converted part moves along (the raw file lacks it)
             _copy_prefix(tmp, staged.with_name(staged.name + ".tmp"), ck.hct_bytes)
         tmp.unlink(missing_ok=True)
@@ -493,7 +495,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
         staged.unlink()
         staged.parent.rmdir()
     _remove_raw(raw, out)
-    return proc
+    return proc, kept
 
 
 def _remove_raw(raw: Path, out: Path) -> None:
@@ -595,7 +597,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     pids, threads, wrapped = set(), 0, 0
     for raw, rp, lp in scanned:
         try:
-            proc = _convert(raw, rp, sampler, bar, lp, result.problems)
+            proc, kept = _convert(raw, rp, sampler, bar, lp, result.problems)
         except OSError as e:
             result.truncated = True
             result.problems.append(f"could not write the trace of {raw.name}: {e.strerror}; its "
@@ -603,10 +605,9 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
             continue
         finally:
             rp.close()
-        if lp is not None:
-            result.live_events += lp.kept
+        result.live_events += kept
         if lp is not None and not lp.checked and lp.emitted:
-            again = "from its last checkpoint" if lp.kept else "after its exit"
+            again = "from its last checkpoint" if kept else "after its exit"
             result.problems.append(f"{raw.name}: the conversion while the program ran missed "
                                    f"events; converted again {again}")
         result.events += proc.event_count
