@@ -203,7 +203,7 @@ class ProcessFileWriter:
                 self._f.write(FILE_HEADER.pack(TRACE_MAGIC, TRACE_VERSION, 0, 0))
             self._w = _SectionWriter(self._f, level, nice)
         except BaseException:
-            self.abort()
+            self.abort(remove=resume is None)   # a resumed file keeps its checkpointed part
             raise
 
     def add(self, events) -> None:
