@@ -289,6 +289,40 @@ def test_a_full_disk_while_going_on_from_a_checkpoint_keeps_its_part(build, smal
     assert_same_trace(out, copy)
 
 
+#: A Python program with 200 call sites in as many functions, called in turn from two callers
+#: (400 stacks), in phases: Python frames, whose location numbering a checkpoint must keep.
+MANY_STACKS = """
+import time
+src = "\\n".join(f"def f{i}(n):\\n    return [bytearray(16 + {i}) for _ in range(n)]"
+                  for i in range(200))
+space = {}
+exec(compile(src, "generated.py", "exec"), space)
+fs = [space[f"f{i}"] for i in range(200)]
+def one(f): return f(20)
+def two(f): return one(f) + f(10)
+for phase in range(30):
+    kept = [(one if i % 2 else two)(f) for i, f in enumerate(fs * 4)]
+    time.sleep(0.01)
+"""
+
+
+def test_python_locations_go_on_from_a_checkpoint(small_windows, keep_raw, punches, tmp_path,
+                                                   monkeypatch):
+    """A Python program's hundreds of stacks: going on from a checkpoint (a failed check forces
+    it) numbers the locations as the whole file's conversion does."""
+    monkeypatch.setattr(live.LiveProcess, "check", lambda self, rp, skipped: False)
+    out = tmp_path / "t"
+    r = record([sys.executable, "-c", MANY_STACKS], output=out, progress=False,
+               env={"PYTHONMALLOC": "malloc"})
+    assert r.exit_code == 0 and punches
+    assert any("from its last checkpoint" in p for p in r.problems), r.problems
+    (copy, _), = keep_raw
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+    p, = heapcast.load(out).processes
+    assert len(p.python_frames) >= 200 and len(p.locations) >= 400
+
+
 def test_events_written_out_of_order_are_checkpointed_right(build, small_windows, keep_raw,
                                                             punches, tmp_path):
     """signal.c's handler allocates while the code it interrupted holds a seq it has not
