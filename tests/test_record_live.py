@@ -231,7 +231,8 @@ def test_converted_copies_are_freed_and_the_trace_is_the_same(build, small_windo
     (copy, lives), = keep_raw
     lp, = lives.values()
     assert lp.punched and lp.log.last is not None
-    assert all(lp.copies[off].seq_max < lp.log.last.next_lo for off in lp.punched)
+    assert all(seq_max < lp.log.last.next_lo for seq_max in lp.punched.values())
+    assert set(lp.punched) <= lp.retired and not set(lp.punched) & set(lp.copies)
     finalize(copy, progress=False)
     assert_same_trace(out, copy)
     p, = heapcast.load(out).processes

@@ -33,6 +33,7 @@ of the file (`heapcast finalize`, or after a failed check) gives the same times.
 """
 from __future__ import annotations
 
+import heapq
 import mmap
 import os
 import struct
@@ -71,7 +72,13 @@ class LiveProcess:
             raise ValueError(f"{self.path}: header not written yet")
         h = _HEADER.unpack_from(head, 0)
         self.start_tsc, self.start_mono = h[12], h[10]
-        self.copies: dict[int, Chunk] = {}     # offset -> a drainer's copy, read
+        self.copies: dict[int, Chunk] = {}     # offset -> a drainer's copy, read, not retired
+        # Copies whose events are all converted are retired: kept as counts only, so that the
+        # work of a poll follows what is not converted yet, not the length of the recording.
+        self.retired: set = set()              # their offsets
+        self.retired_events = 0
+        self.retired_tid: dict[int, list] = {}  # tid -> [copies, slots, max seq, max tsc]
+        self.to_punch: list = []               # heap of (seq_max, offset): retired, not freed
         self.copy_ids: set = set()             # (tid, tsc) of the copies
         self.small: dict[int, Chunk] = {}      # offset -> a never-recycled chunk, read so far
         self.final: set = set()                # offsets of small chunks that no longer change
@@ -94,7 +101,9 @@ class LiveProcess:
         self.marks: deque = deque()            # after each window: (next_lo, emitted, ids,
                                                # prev_seq, last_ts), not yet checkpointed
         self.ends: dict[int, int] = {}         # events in .hct.tmp -> its size then
-        self.punched: set = set()              # offsets of copies freed
+        self.punched: dict[int, int] = {}      # offset -> seq_max of the copies freed
+        self.frontier = RAW_HEADER_SIZE        # every chunk below it was seen: a copy, or in
+        self.inplace: dict[int, int] = {}      # here (offset -> size) while it may change
         self.wfd = -1                          # the raw file, to punch copies (-2: cannot)
         self.grid = None                       # the first window's lo
         self.accounted: dict[int, int] = {}    # window (from grid) -> its seqs known used
@@ -138,42 +147,69 @@ class LiveProcess:
                 raise ValueError(f"{self.path}: no complete chunk copy at {off}")
             self.copies[off] = self._read(off, size, tid, tsc)
             self.copy_ids.add((tid, tsc))
-            self.pairs.append((tsc, mono))
+            if self.clock is None:
+                self.pairs.append((tsc, mono))
 
     def _walk(self, file_end: int) -> None:
         """Reads the chunks in place that are never recycled (smaller than 1 MiB), and notes per
-        thread the oldest 1 MiB chunk in place, which the drainer may zero at any moment."""
+        thread the oldest 1 MiB chunk in place, which the drainer may zero at any moment. Only
+        the chunks in place seen so far and the file past the frontier are looked at: a poll's
+        work does not grow with the copies behind it."""
         self.blocked = {}
-        off, limit = RAW_HEADER_SIZE, min(file_end, len(self.mm))
+        limit = min(file_end, len(self.mm))
+        for off in list(self.inplace):
+            if off in self.copies or off in self.retired:   # a copy seen before its log
+                del self.inplace[off]
+            elif self._visit(off, limit) is None:
+                del self.inplace[off]   # (cannot happen: a chunk's header stays)
+        off, frontier = self.frontier, None
         while off + SLOT <= limit:
-            if off in self.copies:
+            if off in self.copies or off in self.retired:
                 off += CHUNK_MAX
                 continue
-            magic, tid, size, _, tsc, mono = _CHUNK.unpack_from(self.mm, off)
-            if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
-                off += 4096   # being claimed: its header is not written yet
+            if off in self.inplace:   # visited above
+                off += self.inplace[off]
                 continue
-            if size < 4096 or size % 4096 or size > CHUNK_MAX:
-                raise ValueError(f"{self.path}: chunk size {size} at {off}")
-            if off + size > limit:
+            size = self._visit(off, limit)
+            if size is None:   # being claimed: its header is not written yet
+                frontier = off if frontier is None else frontier
+                off += 4096
+                continue
+            if size < 0:
                 break   # the file grew past the mapping (or the counters) since: next poll
-            if magic == CHUNK_DRAINED:
-                pass
-            elif size == CHUNK_MAX:
-                if (tid, tsc) not in self.copy_ids:
-                    self.blocked[tid] = min(self.blocked.get(tid, tsc), tsc)
-            elif off not in self.final:
-                if off not in self.small:
-                    self.pairs.append((tsc, mono))
-                self.small[off] = self._read(off, size, tid, tsc)
+            self.inplace[off] = size
             off += size
+        self.frontier = off if frontier is None else frontier
         # A small chunk no longer changes once its thread has a later one (it was unmapped).
-        newest: dict[int, int] = {}
+        newest = {tid: r[3] for tid, r in self.retired_tid.items()}
         for c in (*self.small.values(), *self.copies.values()):
             newest[c.tid] = max(newest.get(c.tid, 0), c.tsc)
         for tid, tsc in self.blocked.items():
             newest[tid] = max(newest.get(tid, 0), tsc)
         self.final.update(off for off, c in self.small.items() if c.tsc < newest[c.tid])
+        for off in [off for off in self.inplace if off in self.final]:
+            del self.inplace[off]   # no longer changes: below the frontier for good
+
+    def _visit(self, off: int, limit: int) -> int | None:
+        """Looks at the chunk at off: its size, None without a header, -1 past the mapping."""
+        magic, tid, size, _, tsc, mono = _CHUNK.unpack_from(self.mm, off)
+        if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
+            return None
+        if size < 4096 or size % 4096 or size > CHUNK_MAX:
+            raise ValueError(f"{self.path}: chunk size {size} at {off}")
+        if off + size > limit:
+            return -1
+        if magic == CHUNK_DRAINED:
+            pass
+        elif size == CHUNK_MAX:
+            if (tid, tsc) not in self.copy_ids:
+                self.blocked[tid] = min(self.blocked.get(tid, tsc), tsc)
+        elif off not in self.final:
+            if off not in self.small and self.clock is None:
+                self.pairs.append((tsc, mono))
+            self.small[off] = self._read(off, size, tid, tsc)
+        return size
+
 
     def _bound(self, threads: int, counter: int) -> int:
         """A seq below which every event is in a chunk read (see the module's docstring)."""
@@ -184,15 +220,17 @@ class LiveProcess:
         idle = {}
         for tid in range(threads):
             cs = sources.get(tid, [])
+            # its retired copies: older than its chunks in place (not than its small chunks)
+            copies, slots, retired_max, retired_tsc = self.retired_tid.get(tid, (0, 0, -1, -1))
             if tid in self.blocked:   # its events from that chunk on are unknown
                 before = [c.seq_max for c in cs if c.events and c.tsc < self.blocked[tid]]
-                bound = min(bound, max(before, default=-1) + 1)
+                bound = min(bound, max(before + [retired_max]) + 1)
                 continue
             top = max(cs, key=lambda c: c.tsc, default=None)
-            last = max((c.seq_max for c in cs if c.events), default=-1) + 1
-            state = (len(cs), sum(c.n for c in cs))
+            last = max([c.seq_max for c in cs if c.events] + [retired_max]) + 1
+            state = (len(cs) + copies, sum(c.n for c in cs) + slots)
             # Idle: unchanged since the last poll, in a chunk with room (not in a chunk switch).
-            room = top is not None and top.size < CHUNK_MAX and \
+            room = top is not None and top.tsc > retired_tsc and top.size < CHUNK_MAX and \
                 top.n + 2 + NESTED_RESERVE < top.size // SLOT
             if room and self.idle.get(tid) == state:
                 lb = max(last, self.counter)
@@ -278,7 +316,32 @@ class LiveProcess:
             if self.writer is not None:
                 self.marks.append((hi, self.emitted, len(self.assigner.ids),
                                    self.writer.prev_seq, self.writer.last_ts))
+        self._retire()
         self._checkpoint()
+
+    def _retire(self) -> None:
+        """Retires the copies, and the small chunks that no longer change, whose events are all
+        below next_lo (converted): their thread keeps their counts."""
+        if self.next_lo is None:
+            return
+        done = lambda c: not c.events or c.seq_max < self.next_lo  # noqa: E731
+        for off in [off for off, c in self.copies.items() if done(c)]:
+            c = self.copies.pop(off)
+            self.retired.add(off)
+            self.retired_events += c.events
+            self._count_retired(c)
+            heapq.heappush(self.to_punch, (c.seq_max if c.events else -1, off))
+        for off in [off for off, c in self.small.items() if off in self.final and done(c)]:
+            self._count_retired(self.small.pop(off))
+            self.locs_done.pop(off, None)
+
+    def _count_retired(self, c: Chunk) -> None:
+        r = self.retired_tid.setdefault(c.tid, [0, 0, -1, -1])
+        r[0] += 1
+        r[1] += c.n
+        if c.events:
+            r[2] = max(r[2], c.seq_max)
+        r[3] = max(r[3], c.tsc)
 
     def _account(self, block, lo: int) -> None:
         """Counts the seqs that the block (the window at lo) used, in the windows they fall in:
@@ -325,19 +388,19 @@ class LiveProcess:
             return
         lo, emitted, ids, prev_seq, last_ts = best
         self.ends = {e: b for e, b in self.ends.items() if e >= emitted}
-        gone = [off for off, c in self.copies.items()
-                if off not in self.punched and (not c.events or c.seq_max < lo)]
-        if not gone:
+        if not self.to_punch or self.to_punch[0][0] >= lo:
             return
         self.log.append(lo, emitted, self.ends[emitted], prev_seq, last_ts, self.assigner, ids)
         if self.wfd == -1:
             self.wfd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
-        for off in gone:
+        while self.to_punch and self.to_punch[0][0] < lo:
+            seq_max, off = self.to_punch[0]
             if not checkpoint.punch(self.wfd, off, CHUNK_MAX):
                 os.close(self.wfd)
                 self.wfd = -2    # this file system cannot: the copies stay
                 return
-            self.punched.add(off)
+            heapq.heappop(self.to_punch)
+            self.punched[off] = seq_max
 
     # ------------------------------------------------------------------ after the exit
 
@@ -345,8 +408,8 @@ class LiveProcess:
         """Offsets of the copies whose every event is converted: the final scan skips them."""
         if self.next_lo is None:
             return frozenset()
-        return frozenset(off for off, c in self.copies.items()
-                         if not c.events or c.seq_max < self.next_lo)
+        return frozenset(self.retired).union(
+            off for off, c in self.copies.items() if not c.events or c.seq_max < self.next_lo)
 
     def known_copies(self) -> dict:
         """The copies read but not (wholly) converted, by offset, for the final scan to take as
@@ -360,7 +423,8 @@ class LiveProcess:
         events converted."""
         if self.next_lo is None:
             return self.emitted == 0
-        count = sum(self.copies[off].events for off in skipped)
+        count = self.retired_events + sum(self.copies[off].events for off in skipped
+                                          if off in self.copies)
         lo = self.next_lo
         for c in rp.chunks:
             if c.seq_max < lo:
