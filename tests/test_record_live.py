@@ -233,6 +233,11 @@ def test_converted_copies_are_freed_and_the_trace_is_the_same(build, small_windo
     assert lp.punched and lp.log.last is not None
     assert all(seq_max < lp.log.last.next_lo for seq_max in lp.punched.values())
     assert set(lp.punched) <= lp.retired and not set(lp.punched) & set(lp.copies)
+    # what a poll looks at is what is not converted yet: the copies converted are retired, the
+    # small chunks that no longer change too, and the walk starts past them
+    assert len(lp.copies) < len(lp.retired) and len(lp.small) < len(lp.final)
+    assert not set(lp.inplace) & (lp.retired | set(lp.copies) | lp.final)
+    assert lp.frontier > max(lp.retired)
     finalize(copy, progress=False)
     assert_same_trace(out, copy)
     p, = heapcast.load(out).processes
