@@ -15,8 +15,8 @@ far, some of them only in the copies about to go, and the ids given). A conversi
 go on from where the converter stopped (a failed check at the end, `heapcast record` killed,
 a full disk) goes on from the last checkpoint instead of from the raw file's start
 (heapcast.recorder.session). Only windows that are certain are checkpointed: the converter's
-guess about idle threads (heapcast.recorder.live) can be wrong, the windows below the bound
-computed without it cannot.
+guess about idle threads (heapcast.recorder.live) can be wrong, but a window whose every seq
+number is accounted for by a converted event cannot have missed one.
 
 The file is a log of records, each a header (magic, payload length, CRC-32 of the payload) and
 a payload holding what changed since the record before: a u32 length and a JSON object (the

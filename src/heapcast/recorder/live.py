@@ -15,9 +15,10 @@ order). A thread whose chunk has not changed for a poll is taken to be idle: its
 takes a seq above the counter of that poll. That is a guess (a thread could have taken a seq and
 been descheduled before writing it), so the conversion is checked at the end: the events below
 the converted windows, counted in the final file, must be the events converted; if not, or on
-any error, the converted part is dropped and the whole file converted after the exit, as
-without this module. The converter never waits for the program nor the program for it: a
-program faster than the conversion leaves the rest to after its exit.
+any error, the conversion goes on from the last checkpoint (below), or without one the whole
+file is converted after the exit, as without this module. The converter never waits for the
+program nor the program for it: a program faster than the conversion leaves the rest to after
+its exit.
 
 Space: a window is certain once every one of its seq numbers is accounted for by a converted
 event (its own seq, or the one a realloc took before its call): no event can come later into
@@ -209,7 +210,6 @@ class LiveProcess:
                 self.pairs.append((tsc, mono))
             self.small[off] = self._read(off, size, tid, tsc)
         return size
-
 
     def _bound(self, threads: int, counter: int) -> int:
         """A seq below which every event is in a chunk read (see the module's docstring)."""

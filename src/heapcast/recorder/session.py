@@ -396,8 +396,8 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
     once the raw file (which holds the space) is gone."""
     from . import checkpoint
     from . import live as live_windows   # the same windows as the conversion while running
-    from ..trace.raw import RawProcess
-    from ..trace.writer import ProcessFileWriter, open_private
+    from ..trace.raw import LocationAssigner, RawProcess
+    from ..trace.writer import ProcessFileWriter
     problems = problems if problems is not None else []
     kept = 0
     proc = rp.process()
@@ -410,10 +410,9 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
         # a conversion that ended but was killed before it removed the raw file
         rp.close()
         _remove_raw(raw, out)
-        return _read_header(out, proc), ck.emitted
+        return _finished_process(out, proc), ck.emitted
 
     def write(target, rp, writer=None, assigner=None, start=None):
-        from ..trace.raw import LocationAssigner
         assigner = assigner or LocationAssigner()
         assigner.add_definitions(rp.locs)
         writer = writer or ProcessFileWriter(target)
@@ -471,8 +470,9 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
             raise
         staged = Path(tempfile.mkdtemp(prefix="heapcast-")) / out.name
         kept = 0
-        if ck is not None:   # the converted part moves along (the raw file lacks it)
-            _copy_prefix(tmp, staged.with_name(staged.name + ".tmp"), ck.hct_bytes)
+        # the converted part moves along (the raw file lacks it); resume truncates the copy
+        if ck is not None and tmp.exists():
+            _copy_private(tmp, staged.with_name(staged.name + ".tmp"))
         tmp.unlink(missing_ok=True)
         bar.reset()
         rp.close()
@@ -486,8 +486,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
         raw.unlink()   # (first: it holds the space the trace needs)
         raw.with_suffix(".mods").unlink(missing_ok=True)
         try:
-            with open(staged, "rb") as src, open_private(tmp) as dst:
-                shutil.copyfileobj(src, dst)
+            _copy_private(staged, tmp)
             os.replace(tmp, out)
         except OSError as e:
             tmp.unlink(missing_ok=True)
@@ -507,7 +506,7 @@ def _remove_raw(raw: Path, out: Path) -> None:
     checkpoint.remove(out)
 
 
-def _read_header(out: Path, proc):
+def _finished_process(out: Path, proc):
     """The Process of a finished .hct, with what the raw file said (`proc`) for the rest."""
     from ..trace.reader import read_process
     done = read_process(out)
@@ -516,17 +515,11 @@ def _read_header(out: Path, proc):
     return proc
 
 
-def _copy_prefix(src: Path, dst: Path, size: int) -> None:
-    """Copies the first `size` bytes of src into a new private file dst."""
+def _copy_private(src: Path, dst: Path) -> None:
+    """Copies src into a new file dst readable by its owner only."""
     from ..trace.writer import open_private
     with open(src, "rb") as f, open_private(dst) as g:
-        left = size
-        while left:
-            data = f.read(min(left, 1 << 20))
-            if not data:
-                raise OSError(errno.EIO, f"{src}: shorter than its checkpoint's {size} bytes")
-            g.write(data)
-            left -= len(data)
+        shutil.copyfileobj(f, g)
 
 
 class _NoBar:
