@@ -244,6 +244,83 @@ def test_converted_copies_are_freed_and_the_trace_is_the_same(build, small_windo
     assert _seqs_complete(p.events)
 
 
+def _full_chunks(raw: Path) -> list:
+    """(offset, kept) of every 1 MiB chunk header in a raw file (copies included)."""
+    from heapcast.trace.raw import CHUNK_KEPT, CHUNK_MAGIC, CHUNK_MAX, _CHUNK
+    data = raw.read_bytes()
+    out = []
+    for off in range(4096, len(data) - 32, 4096):
+        magic, _tid, size, os_tid, _tsc, _mono = _CHUNK.unpack_from(data, off)
+        if magic == CHUNK_MAGIC and size == CHUNK_MAX:
+            out.append((off, bool(os_tid & CHUNK_KEPT)))
+    return out
+
+
+def test_chunks_left_in_place_are_converted_while_the_program_runs(build, small_windows,
+                                                                   keep_raw, tmp_path,
+                                                                   monkeypatch):
+    """Without a drainer, a thread leaves each full chunk where it is and marks it kept: the
+    converter reads it as a copy (before, the first one stopped the conversion until the exit),
+    and frees it once converted; the trace equals the whole file's conversion after the exit."""
+    def no_drainer(self):
+        raise OSError("no drainer in this test")
+
+    monkeypatch.setattr(recording.Drainer, "start", no_drainer)
+    out = tmp_path / "t"
+    r = record([build("phases"), "1", "60", "3000", "20000"], output=out, progress=False)
+    assert r.exit_code == 0 and not r.problems
+    (copy, lives), = keep_raw
+    lp, = lives.values()
+    # all but the last window or so converted while it ran (1.2 s of pauses for 360,000 events)
+    assert r.live_events > r.events // 2, (r.live_events, r.events)
+    assert lp.punched, "no kept chunk was freed once converted"
+    raw, = copy.glob("*.raw")
+    full = _full_chunks(raw)
+    assert len(full) >= 8 and all(kept for _, kept in full[:-1])
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+    p, = heapcast.load(out).processes
+    assert _seqs_complete(p.events)
+
+
+def test_ended_threads_do_not_stop_the_conversion(build, small_windows, keep_raw, tmp_path):
+    """Threads that end one after another, each with its last 1 MiB chunk in place: the
+    recorder reaps them (recorder.c, threads' mappings) and marks those chunks kept, so the
+    conversion goes on past them (before, the first one stopped it until the exit)."""
+    out = tmp_path / "t"
+    r = record([build("thread_churn"), "10", "100000", "150000"], output=out, progress=False)
+    assert r.exit_code == 0 and not r.problems
+    assert r.live_events > r.events // 2, (r.live_events, r.events)
+    (copy, _), = keep_raw
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+
+
+def test_a_full_drain_queue_leaves_chunks_kept_in_place(build, small_windows, keep_raw, tmp_path,
+                                                        monkeypatch):
+    """A drainer that stops copying: its queue takes 64 sealed chunks (not kept: it may still
+    copy and zero them), then every full chunk stays in place marked kept."""
+    from heapcast.recorder.drain import Drainer
+    real_start = Drainer.start
+
+    def paused(self):
+        real_start(self)
+        self.pause()
+        return self
+
+    monkeypatch.setattr(recording.Drainer, "start", paused)
+    out = tmp_path / "t"
+    r = record([build("phases"), "1", "8", "600000", "0"], output=out, progress=False)
+    assert r.exit_code == 0 and not r.problems
+    (copy, _), = keep_raw
+    raw, = copy.glob("*.raw")
+    kept = [k for _, k in _full_chunks(raw)]
+    assert len(kept) > 64 + 8
+    assert not any(kept[:64]) and all(kept[64:-1]), kept
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+
+
 def test_a_failed_check_goes_on_from_the_last_checkpoint(build, small_windows, keep_raw,
                                                          punches, tmp_path, monkeypatch):
     """A check that fails after copies were freed cannot convert the whole file again: the

@@ -72,6 +72,44 @@ def test_sigkill_from_outside_while_threads_allocate(build, own, cli_argv, tmp_p
     _replays_cleanly(proc)
 
 
+def test_threads_started_and_ended_by_thousands_leave_no_mappings(build, untraced, tmp_path,
+                                                                    capfd):
+    """Each ended thread's chunk and location table are given back: before, 40,000 threads
+    reached the kernel's limit on mappings (65,530), after which events were lost and the
+    program's own mmap calls failed."""
+    prog = build("thread_churn")
+    plain = int(untraced([prog, "200", "1"]).stdout.split()[1])
+    result = heapcast.record([prog, "3000", "2"], output=tmp_path / "t", progress=False)
+    assert result.exit_code == 0
+    maps = int(capfd.readouterr().out.split()[1])
+    # at most the entries of two reapings' worth of ended threads (64 each: recorder.c), two
+    # mappings each; without reaping, 6,000
+    assert maps < plain + 300, (maps, plain)
+    proc, = heapcast.load(tmp_path / "t").processes
+    assert proc.lost_events == 0 and proc.threads == 3001
+    ev = proc.events
+    assert int(np.count_nonzero((ev["op"] == OP["malloc"]) & (ev["size"] == 777))) == 6000
+    _replays_cleanly(proc)
+
+
+def test_a_fork_child_gives_back_the_other_threads_mappings(build, tmp_path, capfd):
+    """A child forked beside eight threads has their chunk and location table mappings (a
+    copy of the address space) but not the threads: they are unmapped in the child."""
+    result = heapcast.record([build("fork_threads_maps"), "8"], output=tmp_path / "t",
+                             progress=False)
+    assert result.exit_code == 0
+    out = dict(line.split() for line in capfd.readouterr().out.splitlines())
+    parent, child = int(out["parent"]), int(out["child"])
+    # 16 mappings given back (fewer areas: a location table may merge with its neighbours);
+    # the child's own raw file header and chunks are new ones. Without it: parent + 2 or more.
+    assert child <= parent - 8, (parent, child)
+    trace = heapcast.load(tmp_path / "t")
+    assert len(trace.processes) == 2
+    for proc in trace.processes:
+        assert proc.lost_events == 0
+        _replays_cleanly(proc)
+
+
 def test_signal_handler_allocations_are_recorded_or_counted(build, own, tmp_path, capfd):
     prog = build("signal")
     result = heapcast.record([prog], output=tmp_path / "t")

@@ -24,6 +24,11 @@
  * it to the drainer through the header's `sealed` queue and keeps it mapped; the drainer copies
  * it to the end of the file, marks the original HC_CHUNK_DRAINED, zeroes its slots and hands it
  * back through the `free` queue, and a thread reuses it (and its mapped pages) as a new chunk.
+ * When the sealed queue is full (the drainer is behind), the thread leaves the chunk where it is
+ * and sets HC_CHUNK_KEPT in its header: readers while the program runs may then take it as they
+ * take a copy, since nothing will zero it. The last chunk of a thread that has ended is marked
+ * likewise, with HC_CHUNK_ENDED, by the thread that finds it ended (recorder.c, "threads'
+ * mappings"): that thread has no more events.
  * Every record stays in the file at every moment, so SIGKILL (of the program or the drainer)
  * loses nothing: a copy is written with magic 0 and given its magic only when complete, and a
  * chunk whose copy completed but that was not yet marked drained is the same chunk twice (same
@@ -46,6 +51,10 @@
 #define HC_QUEUE 64                  /* entries of the sealed and the free queue */
 #define HC_CHUNK_MIN (4u << 10)
 #define HC_CHUNK_MAX (1u << 20)
+#define HC_CHUNK_KEPT 0x80000000u     /* os_tid bit: the thread left this chunk in place without
+                                         handing it to the drainer; it never changes again */
+#define HC_CHUNK_ENDED 0x40000000u    /* os_tid bit, with HC_CHUNK_KEPT: the thread had ended when
+                                         it was set; its events are all written */
 
 /* Operation codes (the low byte of a record's head). */
 enum hc_op {
@@ -114,7 +123,9 @@ struct hc_header {                 /* page 0 of a raw file */
 
 struct hc_chunk {                  /* 32 bytes at the start of every chunk */
     uint32_t magic, tid;
-    uint32_t size, os_tid;         /* chunk bytes (header included); kernel thread id */
+    uint32_t size, os_tid;         /* chunk bytes (header included); kernel thread id, with
+                                      HC_CHUNK_KEPT once the thread has left the chunk in place
+                                      (and HC_CHUNK_ENDED on the last one of an ended thread) */
     uint64_t tsc, mono_ns;         /* a clock pair taken when the chunk was claimed; tsc is also
                                       the chunk's first time base */
 };

@@ -154,6 +154,7 @@ struct tstate {
     uintptr_t self;                  /* pthread_self(), to recognise this thread's Python state */
     int boot;                        /* looking for CPython: what dlsym allocates comes from the
                                         boot arena, never from the program's heap */
+    struct thread_maps *maps;        /* its entry in g_maps (threads' mappings), or NULL */
 };
 static TLS struct tstate T;
 
@@ -376,6 +377,136 @@ static void write_process_meta(void) {
     tb_flush(&tb);
 }
 
+/* ---------------------------------------------------------------- threads' mappings */
+
+/* A thread's chunk and location table are mappings of its own, and a thread that ends leaves
+ * them behind: glibc frees the thread's last blocks after every exit hook a library can set (key
+ * destructors, thread_local destructors), and each free may need them again. Left there, a
+ * program that starts and ends threads by the tens of thousands reached the kernel's limit on
+ * mappings (vm.max_map_count), and its own mmap calls then failed. So every recording thread has
+ * an entry here, and a thread that starts recording reaps the entries of the threads that have
+ * ended (tgkill answers ESRCH: the thread runs no more code), once the table has doubled since
+ * the last reaping (a system call per thread start, amortized): it marks the chunk kept for the
+ * conversion while the program runs (raw_format.h) and unmaps both. */
+struct thread_maps {
+    volatile int32_t os_tid;         /* 0: a free entry */
+    uint32_t gen;                    /* g_gen when rec was mapped: rec is in this process's file */
+    uint32_t bytes;                  /* rec's size */
+    uint32_t next_free;              /* a free entry: the next free one's index + 1 (0: none) */
+    struct hc_record *rec;           /* the thread's chunk, or NULL */
+    uint64_t *loc_table;
+};
+#define THREAD_MAPS (1u << 17)       /* entries (4 MiB, MAP_NORESERVE: pages as they are used) */
+static struct thread_maps *g_maps;
+static uint32_t g_maps_top;          /* entries ever handed out (the others are zero) */
+static uint32_t g_maps_free;         /* the first free entry's index + 1 (0: none) */
+static uint32_t g_maps_used, g_maps_reaped;  /* entries in use; in use after the last reaping */
+static uint64_t g_maps_reap_ns;      /* when the last reaping was */
+#define REAP_NS 100000000ull         /* a thread's new chunk reaps if the last one is older */
+static volatile int g_maps_lock;
+
+static void maps_init(void) {
+    void *m = sys_mmap(NULL, THREAD_MAPS * sizeof *g_maps, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    g_maps = m == MAP_FAILED ? NULL : m;
+}
+
+static void maps_lock(void) {
+    while (__atomic_exchange_n(&g_maps_lock, 1, __ATOMIC_ACQUIRE)) sched_yield();
+}
+static int maps_trylock(void) { return !__atomic_exchange_n(&g_maps_lock, 1, __ATOMIC_ACQUIRE); }
+static void maps_unlock(void) { __atomic_store_n(&g_maps_lock, 0, __ATOMIC_RELEASE); }
+
+static void maps_release(struct thread_maps *e) {   /* under the lock */
+    e->os_tid = 0;
+    e->rec = NULL;
+    e->loc_table = NULL;
+    e->next_free = g_maps_free;
+    g_maps_free = (uint32_t)(e - g_maps) + 1;
+    g_maps_used--;
+}
+
+/* Gives back the mappings of the threads that have ended (under the lock). */
+static void maps_reap(void) {
+    g_maps_reap_ns = mono_ns();
+    pid_t pid = getpid();
+    for (uint32_t i = 0; i < g_maps_top; i++) {
+        struct thread_maps *e = &g_maps[i];
+        if (!e->os_tid || syscall(SYS_tgkill, pid, e->os_tid, 0) == 0 || errno != ESRCH)
+            continue;
+        if (e->rec) {
+            if (e->gen == __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE) && H) {
+                struct hc_chunk *c = (struct hc_chunk *)e->rec;
+                __atomic_store_n(&c->os_tid, c->os_tid | HC_CHUNK_KEPT | HC_CHUNK_ENDED,
+                                 __ATOMIC_RELEASE);
+            }
+            sys_munmap(e->rec, e->bytes);
+        }
+        if (e->loc_table) sys_munmap(e->loc_table, LOC_TABLE_SLOTS * 16);
+        maps_release(e);
+    }
+    g_maps_reaped = g_maps_used;
+}
+
+/* Reaps from a thread's new chunk (`now`: mono_ns) when the last reaping is REAP_NS old, so
+ * that an ended thread's chunk is soon marked kept even when no thread starts; never waits. */
+static void maps_reap_now_and_then(uint64_t now) {
+    if (!g_maps || now - __atomic_load_n(&g_maps_reap_ns, __ATOMIC_RELAXED) < REAP_NS ||
+        !maps_trylock())
+        return;
+    int saved = errno;
+    maps_reap();
+    maps_unlock();
+    errno = saved;
+}
+
+/* An entry for the calling thread (NULL: none left; its mappings then stay when it ends), after
+ * reaping the ended threads' when the table has doubled since the last time. */
+static struct thread_maps *maps_register(void) {
+    if (!g_maps) return NULL;
+    int saved = errno;
+    maps_lock();
+    if (g_maps_used >= 64 && g_maps_used >= 2 * g_maps_reaped) maps_reap();
+    struct thread_maps *e = NULL;
+    if (g_maps_free) {
+        e = &g_maps[g_maps_free - 1];
+        g_maps_free = e->next_free;
+    } else if (g_maps_top < THREAD_MAPS) {
+        e = &g_maps[g_maps_top++];
+    }
+    if (e) {
+        e->os_tid = (int32_t)syscall(SYS_gettid);
+        e->rec = NULL;
+        e->loc_table = NULL;
+        g_maps_used++;
+    }
+    maps_unlock();
+    errno = saved;
+    return e;
+}
+
+/* In a fork child: the other threads' mappings came along, and those threads are not here. */
+static void maps_after_fork(struct thread_maps *mine) {
+    g_maps_lock = 0;   /* (another thread may have held it at the fork: the list is rebuilt) */
+    if (!g_maps) return;
+    g_maps_free = 0;
+    g_maps_used = g_maps_top;
+    for (uint32_t i = g_maps_top; i-- > 0;) {
+        struct thread_maps *e = &g_maps[i];
+        if (e == mine) continue;
+        if (e->os_tid) {
+            if (e->rec) sys_munmap(e->rec, e->bytes);   /* the parent's file: left as it is */
+            if (e->loc_table) sys_munmap(e->loc_table, LOC_TABLE_SLOTS * 16);
+        }
+        maps_release(e);
+    }
+    if (mine) {
+        mine->os_tid = (int32_t)syscall(SYS_gettid);
+        mine->rec = NULL;
+    }
+    g_maps_reaped = g_maps_used;
+}
+
 /* ---------------------------------------------------------------- files */
 
 static void path_join(char *out, size_t cap, const char *name) {
@@ -574,6 +705,7 @@ static void init_process(void) {
                 backtrace(warm, 4);  /* loads libgcc_s now, not inside a later hook */
             }
             pthread_atfork(NULL, NULL, atfork_child);
+            maps_init();
             state = ST_ACTIVE;
             hc_hook_init(getenv("HEAPCAST_POLICY"), g_dir, env_int("HEAPCAST_POLICY_EVERY", 1),
                          env_int("HEAPCAST_POLICY_FEATURES", 0) == 1);
@@ -593,6 +725,7 @@ static void atfork_child(void) {
     if (T.rec) sys_munmap(T.rec, chunk_bytes(&T));
     T.rec = NULL;
     T.pos = T.cap = 0;
+    maps_after_fork(T.maps);
     sys_munmap(old, HC_HEADER_SIZE);
     close(g_fd);
     if (g_mods_fd >= 0) close(g_mods_fd);
@@ -664,10 +797,18 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     if (t->next_size < HC_CHUNK_MAX) t->next_size = size * 2;
     if (t->rec) {
         size_t bytes = chunk_bytes(t);
-        if (!(g_recycle && bytes == HC_CHUNK_MAX && seal_chunk(t->off, t->rec)))
+        if (!(g_recycle && bytes == HC_CHUNK_MAX && seal_chunk(t->off, t->rec))) {
+            /* Left in place for good (the drainer's queue is full, or no drainer): say so, so
+             * that the conversion while the program runs can read it rather than wait for the
+             * exit (raw_format.h). Every slot of it was written before: a signal handler's event
+             * in this slow path is lost and counted. */
+            struct hc_chunk *c = (struct hc_chunk *)t->rec;
+            __atomic_store_n(&c->os_tid, c->os_tid | HC_CHUNK_KEPT, __ATOMIC_RELEASE);
             sys_munmap(t->rec, bytes);
+        }
         t->rec = NULL;
         t->cap = 0;
+        if (t->maps) t->maps->rec = NULL;
     }
     uint64_t off = 0;
     struct hc_record *m = g_recycle && size == HC_CHUNK_MAX ? reuse_chunk(&off) : NULL;
@@ -688,11 +829,17 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     c->tsc = now_ticks();
     c->mono_ns = mono_ns();
     t->tbase = c->tsc;
+    maps_reap_now_and_then(c->mono_ns);
     __atomic_store_n(&c->magic, HC_CHUNK_MAGIC, __ATOMIC_RELEASE);
     t->rec = m;
     t->off = off;
     t->cap = size / HC_RECORD_SIZE - NESTED_RESERVE;
     t->pos = 1;
+    if (t->maps) {
+        t->maps->gen = __atomic_load_n(&g_gen, __ATOMIC_RELAXED);
+        t->maps->bytes = size;
+        t->maps->rec = m;
+    }
     snapshot_modules(0);
     return 1;
 }
@@ -726,6 +873,8 @@ static int thread_ready_slow(struct tstate *t) {
     } else {
         memset(t->loc_table, 0, LOC_TABLE_SLOTS * 16);  /* its ids belong to the parent's file */
     }
+    if (!t->maps) t->maps = maps_register();   /* (after a fork, the forking thread has one) */
+    if (t->maps) t->maps->loc_table = t->loc_table;
     t->gen = gen;
     t->busy--;
     return 1;

@@ -2,7 +2,9 @@
 
 The recorder's threads hand every full 1 MiB chunk to the drainer, which copies it to the end of
 the raw file (heapcast.recorder.drain): a copy never changes again, and the drainer logs it. A thread's
-first chunks (4 KiB to 512 KiB) are never recycled, so their written slots never change either.
+first chunks (4 KiB to 512 KiB) are never recycled, so their written slots never change either;
+nor does a full chunk that its thread left in place because the drainer's queue was full
+(marked CHUNK_KEPT): it is read as a copy.
 A converter thread reads exactly those, and writes the windows of seq numbers that they complete
 (decoded, numbered, encoded and compressed as after the exit, on the core the program leaves
 free) into `<pid>.hct.tmp`. When the program has ended, `finish` checks that every event below
@@ -46,7 +48,7 @@ import numpy as np
 
 from ..trace import native_raw
 from ..trace.base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
-from ..trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET,
+from ..trace.raw import (CHUNK_DRAINED, CHUNK_ENDED, CHUNK_KEPT, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET,
                          FLAG_DORMANT, FLAG_TSC, SLOT, SLOT_DTYPE, Chunk, LocationAssigner,
                          RawProcess, _CHUNK, _COUNTERS, _HEADER, fit_clock, location_definitions)
 from ..trace.writer import ProcessFileWriter, lower_priority
@@ -84,6 +86,8 @@ class LiveProcess:
         self.small: dict[int, Chunk] = {}      # offset -> a never-recycled chunk, read so far
         self.final: set = set()                # offsets of small chunks that no longer change
         self.blocked: dict[int, int] = {}      # tid -> tsc of its oldest chunk we may not read
+        self.ended: set = set()                # tids whose last chunk says they have ended
+        self.walked = False                    # the last walk saw every chunk of the file
         self.locs_done: dict[int, int] = {}      # chunk offset -> slot where parsing stopped
         self.pairs = [(self.start_tsc, self.start_mono)]
         self.assigner = LocationAssigner()
@@ -143,13 +147,18 @@ class LiveProcess:
         """Reads the drainer's completed copies at these offsets."""
         self._map()
         for off in offsets:
-            magic, tid, size, _, tsc, mono = _CHUNK.unpack_from(self.mm, off)
-            if magic != CHUNK_MAGIC or size != CHUNK_MAX or off + size > len(self.mm):
-                raise ValueError(f"{self.path}: no complete chunk copy at {off}")
-            self.copies[off] = self._read(off, size, tid, tsc)
-            self.copy_ids.add((tid, tsc))
-            if self.clock is None:
-                self.pairs.append((tsc, mono))
+            self._add_copy(off)
+
+    def _add_copy(self, off: int) -> None:
+        """Reads a full chunk that never changes again: a drainer's copy, or a chunk its thread
+        left in place (CHUNK_KEPT)."""
+        magic, tid, size, _, tsc, mono = _CHUNK.unpack_from(self.mm, off)
+        if magic != CHUNK_MAGIC or size != CHUNK_MAX or off + size > len(self.mm):
+            raise ValueError(f"{self.path}: no complete chunk copy at {off}")
+        self.copies[off] = self._read(off, size, tid, tsc)
+        self.copy_ids.add((tid, tsc))
+        if self.clock is None:
+            self.pairs.append((tsc, mono))
 
     def _walk(self, file_end: int) -> None:
         """Reads the chunks in place that are never recycled (smaller than 1 MiB), and notes per
@@ -164,6 +173,7 @@ class LiveProcess:
             elif self._visit(off, limit) is None:
                 del self.inplace[off]   # (cannot happen: a chunk's header stays)
         off, frontier = self.frontier, None
+        self.walked = limit >= file_end   # every chunk of the file seen (but being claimed)
         while off + SLOT <= limit:
             if off in self.copies or off in self.retired:
                 off += CHUNK_MAX
@@ -177,6 +187,7 @@ class LiveProcess:
                 off += 4096
                 continue
             if size < 0:
+                self.walked = False
                 break   # the file grew past the mapping (or the counters) since: next poll
             self.inplace[off] = size
             off += size
@@ -193,9 +204,11 @@ class LiveProcess:
 
     def _visit(self, off: int, limit: int) -> int | None:
         """Looks at the chunk at off: its size, None without a header, -1 past the mapping."""
-        magic, tid, size, _, tsc, mono = _CHUNK.unpack_from(self.mm, off)
+        magic, tid, size, os_tid, tsc, mono = _CHUNK.unpack_from(self.mm, off)
         if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
             return None
+        if magic == CHUNK_MAGIC and os_tid & CHUNK_ENDED:
+            self.ended.add(tid)
         if size < 4096 or size % 4096 or size > CHUNK_MAX:
             raise ValueError(f"{self.path}: chunk size {size} at {off}")
         if off + size > limit:
@@ -203,12 +216,16 @@ class LiveProcess:
         if magic == CHUNK_DRAINED:
             pass
         elif size == CHUNK_MAX:
-            if (tid, tsc) not in self.copy_ids:
+            if os_tid & CHUNK_KEPT:   # full, left in place (the drainer was behind): a copy
+                self._add_copy(off)
+            elif (tid, tsc) not in self.copy_ids:
                 self.blocked[tid] = min(self.blocked.get(tid, tsc), tsc)
         elif off not in self.final:
             if off not in self.small and self.clock is None:
                 self.pairs.append((tsc, mono))
             self.small[off] = self._read(off, size, tid, tsc)
+            if os_tid & CHUNK_KEPT:   # its thread has ended: read whole, as it stays
+                self.final.add(off)
         return size
 
     def _bound(self, threads: int, counter: int) -> int:
@@ -225,6 +242,8 @@ class LiveProcess:
             if tid in self.blocked:   # its events from that chunk on are unknown
                 before = [c.seq_max for c in cs if c.events and c.tsc < self.blocked[tid]]
                 bound = min(bound, max(before + [retired_max]) + 1)
+                continue
+            if tid in self.ended and self.walked:   # its events are all in chunks read
                 continue
             top = max(cs, key=lambda c: c.tsc, default=None)
             last = max([c.seq_max for c in cs if c.events] + [retired_max]) + 1
