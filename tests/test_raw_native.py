@@ -677,10 +677,14 @@ def test_finalize_writes_the_events_the_reference_decodes(build, tmp_path):
             np.testing.assert_array_equal(got[name], col, err_msg=name)
 
 
-def test_location_definitions_read_at_once_and_stop_at_one_cut_short():
+@pytest.mark.parametrize("few", [16, 0])
+def test_location_definitions_read_at_once_and_stop_at_one_cut_short(few, monkeypatch):
     """raw.location_definitions, against the one-slot-at-a-time reference: every definition
-    before the one that is cut short, where a later read (start=) resumes."""
+    before the one that is cut short, where a later read (start=) resumes; both ways (one by
+    one for a few definitions, vectorized for more)."""
+    from heapcast.trace import raw
     from heapcast.trace.raw import location_definitions
+    monkeypatch.setattr(raw, "FEW_DEFINITIONS", few)
     slots = np.zeros(9, SLOT_DTYPE)
 
     def head(i, loc_id, count, a, b):

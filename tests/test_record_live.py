@@ -296,6 +296,31 @@ def test_ended_threads_do_not_stop_the_conversion(build, small_windows, keep_raw
     assert_same_trace(out, copy)
 
 
+def test_chunks_read_while_nothing_was_converted_are_not_scanned_again(build, keep_raw,
+                                                                       tmp_path, monkeypatch):
+    """3,000 threads, each with one small chunk, and fewer events than a window: nothing is
+    converted while the program runs, but the final scan takes the chunks that the converter
+    read and that no longer change as they were read (before: all scanned again, 20 us each);
+    the trace is the same as the whole file's conversion after the exit."""
+    from heapcast.trace import raw as raw_module
+    monkeypatch.setattr(live, "FREEZE_NS", 5_000_000)
+    monkeypatch.setattr(live, "POLL_S", 0.005)
+    real_init, given = raw_module.RawProcess.__init__, []
+
+    def init(self, path, skip=frozenset(), known=None):
+        given.append(len(known or {}))
+        real_init(self, path, skip, known)
+
+    monkeypatch.setattr(raw_module.RawProcess, "__init__", init)
+    out = tmp_path / "t"
+    r = record([build("thread_churn"), "3000", "2", "20"], output=out, progress=False)
+    assert r.exit_code == 0 and not r.problems and r.live_events == 0
+    assert given and given[0] > 1000, given
+    (copy, _), = keep_raw
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+
+
 def test_a_full_drain_queue_leaves_chunks_kept_in_place(build, small_windows, keep_raw, tmp_path,
                                                         monkeypatch):
     """A drainer that stops copying: its queue takes 64 sealed chunks (not kept: it may still

@@ -80,6 +80,8 @@ class LiveProcess:
         # work of a poll follows what is not converted yet, not the length of the recording.
         self.retired: set = set()              # their offsets
         self.retired_events = 0
+        self.retired_small: set = set()        # offsets of small chunks retired likewise
+        self.retired_small_events = 0
         self.retired_tid: dict[int, list] = {}  # tid -> [copies, slots, max seq, max tsc]
         self.to_punch: list = []               # heap of (seq_max, offset): retired, not freed
         self.copy_ids: set = set()             # (tid, tsc) of the copies
@@ -100,7 +102,7 @@ class LiveProcess:
         self.counter = 0                       # the seq counter at the last poll
         self.failed = None
         self.dormant = False
-        self.skipped = frozenset()             # set by finalize: done_copies()
+        self.skipped = frozenset()             # set by finalize: done_chunks()
         self.checked = False                   # set by finalize: the check passed
         self.log = checkpoint.CheckpointLog(self.path.with_suffix(TRACE_SUFFIX))
         self.marks: deque = deque()            # after each window: (next_lo, emitted, ids,
@@ -198,7 +200,12 @@ class LiveProcess:
             newest[c.tid] = max(newest.get(c.tid, 0), c.tsc)
         for tid, tsc in self.blocked.items():
             newest[tid] = max(newest.get(tid, 0), tsc)
-        self.final.update(off for off, c in self.small.items() if c.tsc < newest[c.tid])
+        newly = [off for off, c in self.small.items()
+                 if off not in self.final and c.tsc < newest[c.tid]]
+        for off in newly:   # read before its thread's last writes to it, maybe: once more
+            c = self.small[off]
+            self.small[off] = self._read(off, c.size, c.tid, c.tsc)
+        self.final.update(newly)
         for off in [off for off in self.inplace if off in self.final]:
             del self.inplace[off]   # no longer changes: below the frontier for good
 
@@ -351,7 +358,10 @@ class LiveProcess:
             self._count_retired(c)
             heapq.heappush(self.to_punch, (c.seq_max if c.events else -1, off))
         for off in [off for off, c in self.small.items() if off in self.final and done(c)]:
-            self._count_retired(self.small.pop(off))
+            c = self.small.pop(off)
+            self._count_retired(c)
+            self.retired_small.add(off)
+            self.retired_small_events += c.events
             self.locs_done.pop(off, None)
 
     def _count_retired(self, c: Chunk) -> None:
@@ -423,27 +433,35 @@ class LiveProcess:
 
     # ------------------------------------------------------------------ after the exit
 
-    def done_copies(self) -> frozenset:
-        """Offsets of the copies whose every event is converted: the final scan skips them."""
+    def done_chunks(self) -> frozenset:
+        """Offsets of the chunks that no longer change (copies, kept chunks, small chunks whose
+        thread moved on) and whose every event is converted: the final scan skips them."""
         if self.next_lo is None:
             return frozenset()
+        done = lambda c: not c.events or c.seq_max < self.next_lo  # noqa: E731
         return frozenset(self.retired).union(
-            off for off, c in self.copies.items() if not c.events or c.seq_max < self.next_lo)
+            self.retired_small, (off for off, c in self.copies.items() if done(c)),
+            (off for off, c in self.small.items() if off in self.final and done(c)))
 
-    def known_copies(self) -> dict:
-        """The copies read but not (wholly) converted, by offset, for the final scan to take as
-        they are (RawProcess's `known`): none while the clock is not frozen in the header."""
+    def known_chunks(self) -> dict:
+        """The chunks read that no longer change but are not (wholly) converted, by offset, for
+        the final scan to take as they are (RawProcess's `known`): none while the clock is not
+        frozen in the header."""
         if self.clock is None:
             return {}
-        return {off: c for off, c in self.copies.items() if off not in self.skipped}
+        known = {off: c for off, c in self.copies.items() if off not in self.skipped}
+        known.update((off, c) for off, c in self.small.items()
+                     if off in self.final and off not in self.skipped)
+        return known
 
     def check(self, rp: RawProcess, skipped: frozenset) -> bool:
         """Whether the final file (rp, scanned without `skipped`) holds below next_lo exactly the
         events converted."""
         if self.next_lo is None:
             return self.emitted == 0
-        count = self.retired_events + sum(self.copies[off].events for off in skipped
-                                          if off in self.copies)
+        count = self.retired_events + self.retired_small_events + sum(
+            (self.copies.get(off) or self.small[off]).events for off in skipped
+            if off in self.copies or off in self.small)
         lo = self.next_lo
         for c in rp.chunks:
             if c.seq_max < lo:

@@ -449,12 +449,13 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
                 live.checked = True
                 kept = live.emitted
                 writer, live.writer = live.writer, None
-                writer.full_priority()
+                if writer is not None:
+                    writer.full_priority()
                 write(out, rp, writer, live.assigner, live.next_lo)
             else:
                 if live is not None:   # converted wrongly (a guess failed) or not at all
                     live.close()
-                    if live.skipped or live.known_copies():   # scanned without: scan all
+                    if live.skipped or live.known_chunks():   # scanned without: scan all
                         rp.close()
                         rp = RawProcess(raw)
                 if ck is not None:
@@ -571,14 +572,15 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     live = live or {}
     for raw in raws:
         lp = live.get(raw)
-        if lp is not None and (lp.failed or lp.writer is None):
+        # one that converted nothing still saves the final scan the chunks it read
+        if lp is not None and (lp.failed or lp.clock is None):
             lp.close()
             lp = None
         try:
             if lp is not None:
-                lp.skipped = lp.done_copies()
+                lp.skipped = lp.done_chunks()
             rp = RawProcess(raw, skip=lp.skipped if lp is not None else frozenset(),
-                            known=lp.known_copies() if lp is not None else None)
+                            known=lp.known_chunks() if lp is not None else None)
         except Exception as e:  # a raw file we cannot read must not hide the others
             if lp is not None:
                 lp.close()

@@ -96,10 +96,9 @@ def _check(rc: int, what: str) -> int:
 def scan_chunk(address: int, length: int, offset: int, size: int) -> tuple:
     """(n, events, seq_min, seq_max, loc slots, first bad slot or None) of the chunk at offset in
     the raw file's bytes (address, length: its mapping, which must stay mapped meanwhile)."""
-    out = np.zeros(6, np.uint64)
-    _check(library().hc_raw_scan_chunk(address, length, offset, size, out.ctypes.data),
-           "hc_raw_scan_chunk")
-    n, events, lo, hi, locs, bad = (int(v) for v in out)
+    out = (ctypes.c_uint64 * 6)()   # (a ctypes array: a chunk's scan takes a few us)
+    _check(library().hc_raw_scan_chunk(address, length, offset, size, out), "hc_raw_scan_chunk")
+    n, events, lo, hi, locs, bad = out
     return n, events, lo, hi, locs, None if bad == 2**64 - 1 else bad
 
 

@@ -57,10 +57,10 @@ class Chunk:
 class RawProcess:
     """One raw file (and its .mods companion), scanned and ready to yield events in seq order.
 
-    `skip`: offsets of chunks not to scan (copies that heapcast.recorder.live converted already:
+    `skip`: offsets of chunks not to scan (chunks that heapcast.recorder.live converted already:
     their events, location definitions and clock pairs are not read again). `known`: offset ->
-    Chunk of chunks that never change and were scanned before (drainer copies that
-    heapcast.recorder.live read but did not convert): taken as they are, their location
+    Chunk of chunks that never change and were scanned before (chunks that
+    heapcast.recorder.live read but did not wholly convert): taken as they are, their location
     definitions not read again (the caller has them) nor their clock pairs (give `known` only
     for a file whose clock is frozen in its header)."""
 
@@ -422,10 +422,11 @@ def location_definitions(path, slots: np.ndarray, off: int, start: int = 0) -> t
     frames takes 6 slots, and a Python program defines thousands of them."""
     n = len(slots)
     head = slots["head"]
-    heads = np.flatnonzero((head & 0xFF) == OP_LOC)
-    heads = heads[heads >= start]
+    heads = np.flatnonzero((head[start:] & 0xFF) == OP_LOC) + start
     if not len(heads):
         return {}, n
+    if len(heads) <= FEW_DEFINITIONS:
+        return _few_definitions(path, slots, off, heads.tolist())
     count = slots["ts"][heads].astype(np.int64)
     extra = (np.maximum(count - 2, 0) + 2) // 3            # HC_LOCX slots after each head
     cut = np.flatnonzero(heads + extra >= n)
@@ -459,6 +460,32 @@ def location_definitions(path, slots: np.ndarray, off: int, start: int = 0) -> t
     for k, (b, c) in enumerate(zip(starts.tolist(), count.tolist())):
         out[ids[k]] = tuple(flat[b:b + c])
     return out, stop
+
+
+#: Up to this many definitions in a chunk, location_definitions reads them one by one: the
+#: vectorized way costs some 40 us of array calls whatever their number (a program that starts
+#: and ends threads by the thousand has a chunk of one or two definitions per thread).
+FEW_DEFINITIONS = 16
+
+
+def _few_definitions(path, slots: np.ndarray, off: int, heads: list) -> tuple[dict, int]:
+    """location_definitions of the HC_LOC slots at `heads`, one at a time."""
+    n = len(slots)
+    out = {}
+    for i in heads:
+        h, count, _, a, b = slots[i].item()
+        extra = (max(count - 2, 0) + 2) // 3
+        if i + extra >= n:
+            return out, i
+        frames = [a, b]
+        for j in range(i + 1, i + 1 + extra):
+            xh, x0, x1, xa, xb = slots[j].item()
+            if xh & 0xFF != OP_LOCX:
+                raise TraceError(path, off + SLOT * (j + 1), "expected the frames of a "
+                                 "location definition (marker 0xFC)")
+            frames += (x0 | (x1 << 32), xa, xb)
+        out[h >> 8] = tuple(frames[:count])
+    return out, n
 
 
 def _unhex(s: str) -> str:
