@@ -321,6 +321,57 @@ def test_chunks_read_while_nothing_was_converted_are_not_scanned_again(build, ke
     assert_same_trace(out, copy)
 
 
+def test_a_drainer_asked_to_keep_chunks_leaves_them_in_place(build, small_windows, keep_raw,
+                                                             tmp_path, monkeypatch, capfd):
+    """A drainer in keep mode marks each sealed chunk kept instead of copying it, and hands it
+    back for its thread to unmap (HC_FREE_UNMAP): no copy in the file, no mapping left behind,
+    the conversion while the program runs reads the kept chunks, and the trace is the same."""
+    from heapcast.recorder.drain import Drainer
+    real_start = Drainer.start
+
+    def keeping(self):
+        real_start(self)
+        self.keep(True)
+        return self
+
+    monkeypatch.setattr(recording.Drainer, "start", keeping)
+    out = tmp_path / "t"
+    r = record([build("thread_churn"), "1", "2000000"], output=out, progress=False)
+    assert r.exit_code == 0 and not r.problems
+    maps = int(capfd.readouterr().out.split()[1])
+    assert maps < 80, maps   # (about 30 untraced; 120 chunk mappings if they stayed)
+    assert r.live_events > 0
+    (copy, _), = keep_raw
+    raw, = copy.glob("*.raw")
+    kept = [k for _, k in _full_chunks(raw)]
+    assert len(kept) > 100 and all(kept[:-1]), kept
+    from heapcast.trace.raw import CHUNK_DRAINED
+    data = raw.read_bytes()
+    assert not any(int.from_bytes(data[o:o + 4], "little") == CHUNK_DRAINED
+                   for o in range(4096, len(data), 4096)), "a chunk was copied (marked drained)"
+    finalize(copy, progress=False)
+    assert_same_trace(out, copy)
+    p, = heapcast.load(out).processes
+    ev = p.events
+    assert int(np.count_nonzero((ev["op"] == 0) & (ev["size"] == 777))) == 2000000
+
+
+def test_the_drainer_keeps_chunks_while_the_conversion_is_far_behind():
+    """LiveConverter._pace: keep mode above KEEP_ABOVE chunks behind, copies again below
+    COPY_BELOW, nothing asked in between (hysteresis)."""
+    asked = []
+
+    class FakeDrainer:
+        def keep(self, on):
+            asked.append(on)
+
+    conv = live.LiveConverter("/nonexistent", FakeDrainer())
+    for backlog in (10, live.KEEP_ABOVE, live.KEEP_ABOVE + 1, 1000, live.COPY_BELOW,
+                    live.COPY_BELOW - 1, 10, live.KEEP_ABOVE + 1):
+        conv._pace(backlog)
+    assert asked == [True, False, True]
+
+
 def test_a_full_drain_queue_leaves_chunks_kept_in_place(build, small_windows, keep_raw, tmp_path,
                                                         monkeypatch):
     """A drainer that stops copying: its queue takes 64 sealed chunks (not kept: it may still

@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,11 +62,14 @@ struct drainer {
     struct timespec mtime;           /* of the directory when it was last read */
     struct proc *procs;
     size_t nprocs, cap;
-    uint64_t chunks, failures;       /* chunks recycled; files whose recycling stopped */
+    uint64_t chunks, failures;       /* chunks handed back (copied or kept); files whose
+                                        recycling stopped */
     pthread_mutex_t log_lock;        /* copies completed, not yet taken by hc_drain_copies */
     uint64_t *log;                   /* (inode, offset) pairs */
     size_t nlog, caplog;
     uint64_t log_lost;               /* copies not logged (no memory): the converter waits */
+    volatile int keep;               /* hc_drain_keep: keep sealed chunks in place, not copy */
+    uint64_t kept;                   /* chunks kept so */
 };
 
 static uint64_t mono_ns(void) {
@@ -217,6 +221,18 @@ static int copy_chunk(struct proc *p, char *m, uint64_t *copied_at) {
     return 1;
 }
 
+/* Keeps the sealed chunk at `off` where it is, marked kept (raw_format.h): its header read and
+ * written through the file, so that it need not be mapped here. */
+static int keep_chunk(struct proc *p, uint64_t off) {
+    struct hc_chunk hdr;
+    if (pread(p->fd, &hdr, sizeof hdr, (off_t)off) != (ssize_t)sizeof hdr ||
+        hdr.magic != HC_CHUNK_MAGIC || hdr.size != HC_CHUNK_MAX)
+        return 0;
+    uint32_t os_tid = hdr.os_tid | HC_CHUNK_KEPT;
+    return pwrite(p->fd, &os_tid, sizeof os_tid,
+                  (off_t)(off + offsetof(struct hc_chunk, os_tid))) == (ssize_t)sizeof os_tid;
+}
+
 /* Logs a completed copy for hc_drain_copies. Without memory it is counted instead: the converter
  * then leaves that chunk's events to the conversion after the program's exit. */
 static void log_copy(struct drainer *d, struct proc *p, uint64_t dst) {
@@ -249,15 +265,19 @@ static unsigned drain(struct drainer *d, struct proc *p) {
         uint64_t addr = sq->e[head % HC_QUEUE].addr;
         __atomic_store_n(&sq->e[head % HC_QUEUE].off, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&sq->head, head + 1, __ATOMIC_RELEASE);
-        char *m = map_chunk(p, off);
+        int keep = __atomic_load_n(&d->keep, __ATOMIC_ACQUIRE);
+        char *m = keep ? NULL : map_chunk(p, off);
         uint64_t copied_at;
-        if (!m || !copy_chunk(p, m, &copied_at)) {  /* the chunk keeps its records in place */
-            d->failures++;
+        if (keep ? !keep_chunk(p, off) : !m || !copy_chunk(p, m, &copied_at)) {
+            d->failures++;   /* the chunk keeps its records in place */
             release(p);
             break;
         }
-        log_copy(d, p, copied_at);
-        fq->e[tail % HC_QUEUE].off = off;
+        if (keep)
+            d->kept++;
+        else
+            log_copy(d, p, copied_at);
+        fq->e[tail % HC_QUEUE].off = off | (keep ? HC_FREE_UNMAP : 0);
         fq->e[tail % HC_QUEUE].addr = addr;
         __atomic_store_n(&fq->tail, tail + 1, __ATOMIC_RELEASE);
         done++;
@@ -328,6 +348,13 @@ HC_API void hc_drain_stop(void *handle, uint64_t out[2]) {
     free(d->log);
     pthread_mutex_destroy(&d->log_lock);
     free(d);
+}
+
+/* Keeps (on != 0) or copies (0) the chunks sealed from now on: a converter far behind the
+ * program asks to keep them (raw_format.h, "Recycling"). */
+HC_API void hc_drain_keep(void *handle, int on) {
+    struct drainer *d = handle;
+    __atomic_store_n(&d->keep, on != 0, __ATOMIC_RELEASE);
 }
 
 /* Takes up to `max` logged copies, oldest first: out[2k] = the raw file's inode, out[2k + 1] =

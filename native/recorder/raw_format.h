@@ -24,6 +24,9 @@
  * it to the drainer through the header's `sealed` queue and keeps it mapped; the drainer copies
  * it to the end of the file, marks the original HC_CHUNK_DRAINED, zeroes its slots and hands it
  * back through the `free` queue, and a thread reuses it (and its mapped pages) as a new chunk.
+ * A drainer that falls far behind the conversion keeps chunks instead of copying them (it marks
+ * them HC_CHUNK_KEPT and hands them back with HC_FREE_UNMAP): copies then cost the converter's
+ * core and double the dirty pages that the kernel writes back for nothing.
  * When the sealed queue is full (the drainer is behind), the thread leaves the chunk where it is
  * and sets HC_CHUNK_KEPT in its header: readers while the program runs may then take it as they
  * take a copy, since nothing will zero it. The last chunk of a thread that has ended is marked
@@ -49,6 +52,8 @@
 #define HC_CHUNK_MAGIC 0x4b434348u   /* "HCCK" little-endian */
 #define HC_CHUNK_DRAINED 0x44434348u /* "HCCD": copied elsewhere in the file; skip (size valid) */
 #define HC_QUEUE 64                  /* entries of the sealed and the free queue */
+#define HC_FREE_UNMAP 1u              /* in a free queue entry's offset: the chunk was kept in
+                                         place, not recycled; the thread that takes it unmaps it */
 #define HC_CHUNK_MIN (4u << 10)
 #define HC_CHUNK_MAX (1u << 20)
 #define HC_CHUNK_KEPT 0x80000000u     /* os_tid bit: the thread left this chunk in place without

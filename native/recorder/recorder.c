@@ -782,6 +782,11 @@ static struct hc_record *reuse_chunk(uint64_t *off) {
         uint64_t o = q->e[h % HC_QUEUE].off, a = q->e[h % HC_QUEUE].addr;
         if (__atomic_compare_exchange_n(&q->head, &h, h + 1, 1, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE)) {
+            if (o & HC_FREE_UNMAP) {   /* kept in place by the drainer: not ours to reuse */
+                sys_munmap((void *)(uintptr_t)a, HC_CHUNK_MAX);
+                h = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE);
+                continue;
+            }
             *off = o;
             return (struct hc_record *)(uintptr_t)a;
         }

@@ -34,6 +34,8 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.hc_drain_start.argtypes = [ctypes.c_char_p, ctypes.c_uint]
     lib.hc_drain_pause.restype = None
     lib.hc_drain_pause.argtypes = [ctypes.c_void_p]
+    lib.hc_drain_keep.restype = None
+    lib.hc_drain_keep.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.hc_drain_stop.restype = None
     lib.hc_drain_stop.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
     lib.hc_drain_copies.restype = ctypes.c_size_t
@@ -76,6 +78,13 @@ class Drainer:
         lost = ctypes.c_uint64()
         n = library().hc_drain_copies(self._handle, out, max_copies, ctypes.byref(lost))
         return [(out[2 * k], out[2 * k + 1]) for k in range(n)], int(lost.value)
+
+    def keep(self, on: bool) -> None:
+        """Keeps the chunks sealed from now on in place (marked kept) instead of copying them
+        (True), or copies them again (False): for a converter far behind the program, copies
+        cost its core and double the pages that the kernel writes back."""
+        if self._handle is not None:
+            library().hc_drain_keep(self._handle, int(on))
 
     def pause(self) -> None:
         """Stops recycling once the program has exited (a sealed chunk is complete in place:

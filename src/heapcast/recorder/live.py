@@ -59,6 +59,7 @@ FREEZE_NS = 100_000_000          # clock pairs must span this long before the cl
 POLL_S = 0.02
 NICE = 10                        # the converter takes only CPU time that nothing else wants
 NESTED_RESERVE = 32              # recorder.c: slots kept at a chunk's end for signal handlers
+KEEP_ABOVE, COPY_BELOW = 512, 128   # chunks behind (MiB): the drainer keeps them / copies again
 
 
 class LiveProcess:
@@ -515,6 +516,7 @@ class LiveConverter:
         self.stop = stop or threading.Event()
         self.processes: dict[Path, LiveProcess] = {}
         self._waiting: dict[int, list] = {}      # copies of files not opened yet, by inode
+        self.keeping = False                     # the drainer keeps chunks in place (_pace)
 
     def run(self) -> None:
         """Polls every POLL_S seconds until `stop` is set, at a low priority (NICE): on a busy
@@ -523,11 +525,28 @@ class LiveConverter:
         while not self.stop.wait(POLL_S):
             self.poll()
 
+    def _pace(self, backlog: int) -> None:
+        """Far behind the program (`backlog` full chunks read but not converted), asks the
+        drainer to keep the chunks sealed from now on in place rather than copy them; back
+        near, to copy them again. A copy spares the program fresh pages, but it costs the core
+        that the conversion needs, and a recording longer than the conversion can follow then
+        doubles the dirty pages that the kernel writes back to disk for nothing (ring.c ten
+        times as long: 18 s with copies, 12 s without; bench/record_ab.py --workloads ring_long)."""
+        if self.drainer is None:
+            return
+        if not self.keeping and backlog > KEEP_ABOVE:
+            self.keeping = True
+            self.drainer.keep(True)
+        elif self.keeping and backlog < COPY_BELOW:
+            self.keeping = False
+            self.drainer.keep(False)
+
     def poll(self) -> None:
         """Opens new raw files, hands each its new copies, converts what is complete."""
         copies, lost = self.drainer.copies() if self.drainer is not None else ([], 0)
         for ino, off in copies:
             self._waiting.setdefault(ino, []).append(off)
+        self._pace(sum(len(lp.copies) for lp in self.processes.values()) + len(copies))
         try:
             entries = [e for e in os.scandir(self.directory) if e.name.endswith(".raw")]
         except OSError:
