@@ -40,6 +40,10 @@ int main(int argc, char **argv) {
     pid_t pid = fork();
     if (pid == 0) {
         long child = count_maps();
+        char *p = malloc(123);   /* an event of the child's own */
+        if (!p) _exit(4);
+        p[0] = 1;
+        free(p);
         printf("parent %ld\nchild %ld\n", parent, child);
         fflush(stdout);
         _exit(0);
