@@ -16,6 +16,11 @@
  * Between 1 and 2: the chunk is in the file twice, identical; readers keep one.
  * Any failure (no fallocate, disk full) stops recycling for that file: its chunks stay in place.
  *
+ * Keep mode (hc_drain_keep, asked by a converter far behind the program): a sealed chunk is not
+ * copied but marked HC_CHUNK_KEPT where it is, and handed back with HC_FREE_UNMAP for the thread
+ * that takes it to unmap; the thread then takes fresh space. Nothing zeroes it: readers take it
+ * as they take a copy.
+ *
  * Every completed copy is logged (file inode, offset) for hc_drain_copies: `heapcast record`'s
  * converter (heapcast.recorder.live) reads copies, which never change, while the program runs,
  * and punches out those it has converted and checkpointed (heapcast.recorder.checkpoint). */

@@ -30,6 +30,10 @@ raw file, so that the file stays bounded and its pages are reused rather than fr
 (heapcast.recorder.checkpoint); a conversion that cannot go on from the converter's state (a
 failed check, `heapcast record` killed) goes on from the last checkpoint.
 
+Pace: a copy spares the program fresh pages but costs the core the conversion needs; more than
+KEEP_ABOVE MiB behind, the converter asks the drainer to keep chunks in place instead, and to
+copy again below COPY_BELOW (LiveConverter._pace).
+
 Times: the conversion of TSC ticks to ns is fitted over the clock pairs seen in the first 100 ms
 and written into the raw file's header (raw_format.h, clock_set), so that any later conversion
 of the file (`heapcast finalize`, or after a failed check) gives the same times.
