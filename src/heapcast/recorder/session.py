@@ -405,7 +405,8 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
         proc.rss = sampler.rss(raw.name)
     out = raw.with_suffix(TRACE_SUFFIX)
     tmp = out.with_name(out.name + ".tmp")
-    ck = checkpoint.load(out)
+    # (with `live`, its own log says whether there is one: loaded only where it is gone on from)
+    ck = checkpoint.load(out) if live is None else None
     if ck is not None and out.exists() and not tmp.exists():
         # a conversion that ended but was killed before it removed the raw file
         rp.close()
@@ -424,7 +425,8 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
             proc.locations = rp.canonical_python_frames(assigner.table())
             writer.finish(proc)
         except BaseException:
-            writer.abort(remove=ck is None)   # a checkpoint needs the part it points into
+            # a checkpoint needs the part it points into
+            writer.abort(remove=ck is None and (live is None or live.log.last is None))
             raise
 
     def resume(target, rp):
@@ -458,6 +460,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
                     if live.skipped or live.known_chunks():   # scanned without: scan all
                         rp.close()
                         rp = RawProcess(raw)
+                    ck = checkpoint.load(out)
                 if ck is not None:
                     resume(out, rp)
                 else:
@@ -469,6 +472,8 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
+        if ck is None and live is not None:
+            ck = checkpoint.load(out)
         staged = Path(tempfile.mkdtemp(prefix="heapcast-")) / out.name
         kept = 0
         # the converted part moves along (the raw file lacks it); resume truncates the copy
