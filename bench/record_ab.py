@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("b", type=Path, help="checkout B (the change)")
     ap.add_argument("--workloads", default="ring,py_dicts",
                     help="comma-separated: ring, threads, py_dicts, py_calls, ring_long (ring ten times as "
-                         "long: the drainer falls behind), or true "
+                         "long: the drainer falls behind), churn (20,000 short threads), or true "
                          "(/bin/true: what starting and ending `record` costs)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--pause", type=float, default=0.0,

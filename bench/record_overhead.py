@@ -118,6 +118,12 @@ def build_workloads(names: list[str], quick: bool, build_dir: Path,
         # ten times ring: a recording long enough that the drainer falls behind the program
         "ring_long": lambda: Workload("ring_long", [str(compile_c(
             workload("ring.c"), build_dir / "ring")), str(10 * int(ring_args[0])), ring_args[1]]),
+        # 20,000 short threads, one after another (tests/programs/thread_churn.c): each
+        # thread's start, mappings and chunk, not its events, is what recording costs here
+        "churn": lambda: Workload("churn", [str(compile_c(
+            Path(__file__).resolve().parent.parent / "tests" / "programs" / "thread_churn.c",
+            build_dir / "thread_churn", ("-O2", "-pthread", "-fno-builtin"))),
+            "2000" if quick else "20000", "2"]),
         "threads": lambda: Workload("threads", [str(compile_c(
             workload("threads.c"), build_dir / "threads", ("-O2", "-pthread"))), *threads_args]),
         "py_dicts": lambda: Workload(
@@ -522,8 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tracer (default 3)")
     parser.add_argument("--workloads", default="ring,threads,py_dicts",
                         help="comma-separated: ring, threads, py_dicts, py_calls (a call-heavy "
-                             "Python loop, for --python), ring_long (ring ten times as long) "
-                             "(default: the first three)")
+                             "Python loop, for --python), ring_long (ring ten times as long), "
+                             "churn (20,000 short threads) (default: the first three)")
     parser.add_argument("--tracers", default=None,
                         help="comma-separated subset of: heapcast, 'heapcast --stacks 16', "
                              "'article tracer', heaptrack (untraced always runs)")
