@@ -403,6 +403,8 @@ static uint32_t g_maps_free;         /* the first free entry's index + 1 (0: non
 static uint32_t g_maps_used, g_maps_reaped;  /* entries in use; in use after the last reaping */
 static uint64_t g_maps_reap_ns;      /* when the last reaping was */
 #define REAP_NS 100000000ull         /* a thread's new chunk reaps if the last one is older */
+#define REAP_MOST 256                /* entries it looks at */
+static uint32_t g_maps_cursor;       /* where the next reaping starts */
 static volatile int g_maps_lock;
 
 static void maps_init(void) {
@@ -426,12 +428,15 @@ static void maps_release(struct thread_maps *e) {   /* under the lock */
     g_maps_used--;
 }
 
-/* Gives back the mappings of the threads that have ended (under the lock). */
-static void maps_reap(void) {
+/* Gives back the mappings of the threads that have ended among `most` entries from the cursor
+ * on (all of them when most >= g_maps_top), under the lock. */
+static void maps_reap(uint32_t most) {
     g_maps_reap_ns = mono_ns();
     pid_t pid = getpid();
-    for (uint32_t i = 0; i < g_maps_top; i++) {
-        struct thread_maps *e = &g_maps[i];
+    if (most > g_maps_top) most = g_maps_top;
+    for (uint32_t k = 0; k < most; k++) {
+        if (g_maps_cursor >= g_maps_top) g_maps_cursor = 0;
+        struct thread_maps *e = &g_maps[g_maps_cursor++];
         if (!e->os_tid || syscall(SYS_tgkill, pid, e->os_tid, 0) == 0 || errno != ESRCH)
             continue;
         if (e->rec) {
@@ -445,17 +450,18 @@ static void maps_reap(void) {
         if (e->loc_table) sys_munmap(e->loc_table, LOC_TABLE_SLOTS * 16);
         maps_release(e);
     }
-    g_maps_reaped = g_maps_used;
+    if (most == g_maps_top) g_maps_reaped = g_maps_used;
 }
 
 /* Reaps from a thread's new chunk (`now`: mono_ns) when the last reaping is REAP_NS old, so
- * that an ended thread's chunk is soon marked kept even when no thread starts; never waits. */
+ * that an ended thread's chunk is soon marked kept even when no thread starts; never waits, and
+ * looks at REAP_MOST entries at most, in turn (10,000 live threads would be 3 ms of tgkill). */
 static void maps_reap_now_and_then(uint64_t now) {
     if (!g_maps || now - __atomic_load_n(&g_maps_reap_ns, __ATOMIC_RELAXED) < REAP_NS ||
         !maps_trylock())
         return;
     int saved = errno;
-    maps_reap();
+    maps_reap(REAP_MOST);
     maps_unlock();
     errno = saved;
 }
@@ -466,7 +472,7 @@ static struct thread_maps *maps_register(void) {
     if (!g_maps) return NULL;
     int saved = errno;
     maps_lock();
-    if (g_maps_used >= 64 && g_maps_used >= 2 * g_maps_reaped) maps_reap();
+    if (g_maps_used >= 64 && g_maps_used >= 2 * g_maps_reaped) maps_reap(THREAD_MAPS);
     struct thread_maps *e = NULL;
     if (g_maps_free) {
         e = &g_maps[g_maps_free - 1];
