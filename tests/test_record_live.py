@@ -500,17 +500,19 @@ def test_events_written_out_of_order_are_checkpointed_right(build, small_windows
     assert _seqs_complete(p.events)
 
 
-@pytest.mark.parametrize("when", ["clock", "converting", "late", "freed"])
+@pytest.mark.parametrize("when", ["clock", "converting", "late", "freed", "keeping"])
 def test_record_killed_while_converting_loses_nothing(build, tmp_path, when):
-    """`heapcast record` SIGKILLed at four points of the conversion while the program runs: the
+    """`heapcast record` SIGKILLed at five points of the conversion while the program runs: the
     program runs on, and `heapcast finalize` then gives every event: the converted part left
-    behind (*.hct.tmp) is replaced, or, once copies were freed, gone on from its checkpoint."""
+    behind (*.hct.tmp) is replaced, or, once copies were freed, gone on from its checkpoint.
+    "keeping": the drainer keeps chunks in place from the start (killed once some were freed)."""
     out = tmp_path / "t"
     prog = build("phases")
     pairs, phases_n = 3000, 40
     # `heapcast record` with small_windows's settings
+    keep = "live.KEEP_ABOVE = -1; live.COPY_BELOW = -1; " if when == "keeping" else ""
     code = ("import sys; from heapcast.recorder import live; live.WINDOW = 4096; "
-            "live.FREEZE_NS = 5_000_000; live.POLL_S = 0.005; "
+            f"live.FREEZE_NS = 5_000_000; live.POLL_S = 0.005; {keep}"
             "from heapcast.cli import main; sys.exit(main())")
     rec = subprocess.Popen([sys.executable, "-c", code, "record", "-o", str(out), "--", str(prog),
                             "1", str(phases_n), str(pairs), "20000"],
@@ -527,7 +529,7 @@ def test_record_killed_while_converting_loses_nothing(build, tmp_path, when):
         if when == "late" and tmp and tmp[0].stat().st_size > 8192:
             break
         # a checkpoint is written only just before copies are freed
-        if when == "freed" and any(c.stat().st_size for c in out.glob("*.ckpt")):
+        if when in ("freed", "keeping") and any(c.stat().st_size for c in out.glob("*.ckpt")):
             break
         time.sleep(0.002)
     rec.kill()
@@ -536,7 +538,10 @@ def test_record_killed_while_converting_loses_nothing(build, tmp_path, when):
     assert list(out.glob("*.raw")), "the raw files are kept"
     assert not list(out.glob("*.hct")), "nothing may look complete"
     checkpointed = any(c.stat().st_size for c in out.glob("*.ckpt"))
-    if when == "freed":
+    if when == "keeping":
+        raw, = out.glob("*.raw")
+        assert any(kept for _, kept in _full_chunks(raw)), "no chunk was kept in place"
+    if when in ("freed", "keeping"):
         assert checkpointed, "no copy was freed before the deadline"
         again = tmp_path / "again"   # the same state, for a finalize killed after its rename
         shutil.copytree(out, again)
