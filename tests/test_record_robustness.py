@@ -110,6 +110,33 @@ def test_a_fork_child_gives_back_the_other_threads_mappings(build, tmp_path, cap
         _replays_cleanly(proc)
 
 
+def test_vfork_children_that_allocate_leave_the_parent_whole(build, tmp_path, capfd):
+    """A vfork child shares its parent's memory, the recorder's state included, under a pid of
+    its own: to it the parent's thread looks ended. It must not reap it (the first version
+    unmapped the parent's chunk there, and the child crashed: shells vfork, and `sh -c 'for
+    ...'` died with SIGSEGV). Its events are the parent's file's, as before."""
+    result = heapcast.record([build("vfork_alloc"), "4"], output=tmp_path / "t", progress=False)
+    assert result.exit_code == 0 and capfd.readouterr().out.strip() == "ok"
+    proc, = heapcast.load(tmp_path / "t").processes
+    ev = proc.events
+    assert proc.lost_events == 0
+    for size in (32, 48):   # the children's mallocs, then the parent's
+        assert int(np.count_nonzero((ev["op"] == OP["malloc"]) & (ev["size"] == size))) == 160000
+    _replays_cleanly(proc)
+
+
+def test_a_shell_loop_of_short_programs_runs_whole(cli, tmp_path):
+    """`sh -c 'for ...'` of 150 short programs, followed: every one is traced and the shell
+    ends well (dash vforks before each one)."""
+    if shutil.which("sh") is None:
+        pytest.skip("no sh")
+    done = cli("record", "--follow-children", "-o", tmp_path / "t", "--", "sh", "-c",
+               "for i in $(seq 150); do /bin/true; done")
+    assert done.returncode == 0, done.stderr
+    trace = heapcast.load(tmp_path / "t")
+    assert len(trace.processes) >= 151 and all(p.lost_events == 0 for p in trace.processes)
+
+
 def test_signal_handler_allocations_are_recorded_or_counted(build, own, tmp_path, capfd):
     prog = build("signal")
     result = heapcast.record([prog], output=tmp_path / "t")

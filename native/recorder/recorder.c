@@ -378,6 +378,7 @@ static void write_process_meta(void) {
 }
 
 /* ---------------------------------------------------------------- threads' mappings */
+/* (A vfork child shares all of this with its parent: see maps_reap.) */
 
 /* A thread's chunk and location table are mappings of its own, and a thread that ends leaves
  * them behind: glibc frees the thread's last blocks after every exit hook a library can set (key
@@ -433,6 +434,10 @@ static void maps_release(struct thread_maps *e) {   /* under the lock */
 static void maps_reap(uint32_t most) {
     g_maps_reap_ns = mono_ns();
     pid_t pid = getpid();
+    /* A vfork child (or posix_spawn's) runs in its parent's memory, recorder state included,
+     * under a pid of its own: to it every thread of the parent looks gone. Only the process
+     * whose file this is may reap. */
+    if (!H || pid != H->pid) return;
     if (most > g_maps_top) most = g_maps_top;
     for (uint32_t k = 0; k < most; k++) {
         if (g_maps_cursor >= g_maps_top) g_maps_cursor = 0;
