@@ -69,7 +69,8 @@ def record_trial(tree: Path, workload, scratch: Path):
         sampler = RawPeak(out)
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "heapcast", "record", "-o", str(out),
-                               "--", *workload.cmd], env=env, stdout=subprocess.DEVNULL,
+                               *workload.record_args, "--", *workload.cmd], env=env,
+                              stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
         seconds = time.perf_counter() - t0
         raw_peak = sampler.close()
@@ -104,7 +105,8 @@ def main(argv=None) -> int:
     ap.add_argument("b", type=Path, help="checkout B (the change)")
     ap.add_argument("--workloads", default="ring,py_dicts",
                     help="comma-separated: ring, threads, py_dicts, py_calls, ring_long (ring ten times as "
-                         "long: the drainer falls behind), churn (20,000 short threads), or true "
+                         "long: the drainer falls behind), churn (20,000 short threads), spawn "
+                         "(a shell running 200 short programs, followed), or true "
                          "(/bin/true: what starting and ending `record` costs)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--pause", type=float, default=0.0,

@@ -102,6 +102,7 @@ class Workload:
     name: str
     cmd: list
     env: dict = field(default_factory=dict)
+    record_args: list = field(default_factory=list)   # more options of `heapcast record`
 
 
 def build_workloads(names: list[str], quick: bool, build_dir: Path,
@@ -124,6 +125,10 @@ def build_workloads(names: list[str], quick: bool, build_dir: Path,
             Path(__file__).resolve().parent.parent / "tests" / "programs" / "thread_churn.c",
             build_dir / "thread_churn", ("-O2", "-pthread", "-fno-builtin"))),
             "2000" if quick else "20000", "2"]),
+        # a shell that runs 200 short programs, followed: what recording costs per process
+        "spawn": lambda: Workload("spawn", ["sh", "-c", "for i in $(seq %d); do /bin/true; done"
+                                            % (20 if quick else 200)],
+                                  record_args=["--follow-children"]),
         "threads": lambda: Workload("threads", [str(compile_c(
             workload("threads.c"), build_dir / "threads", ("-O2", "-pthread"))), *threads_args]),
         "py_dicts": lambda: Workload(
@@ -185,7 +190,7 @@ def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
             trace_dir = d / "trace"
             cmd = [*heapcast_cmd, "record", "-o", str(trace_dir),
                    *(["--stacks", str(stacks)] if stacks else []),
-                   *([] if python else ["--no-python"]), *extra, "--", *w.cmd]
+                   *([] if python else ["--no-python"]), *extra, *w.record_args, "--", *w.cmd]
             seconds = time_command(cmd, w.env, d)
             try:
                 trace = heapcast.load(trace_dir)
@@ -529,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="ring,threads,py_dicts",
                         help="comma-separated: ring, threads, py_dicts, py_calls (a call-heavy "
                              "Python loop, for --python), ring_long (ring ten times as long), "
-                             "churn (20,000 short threads) (default: the first three)")
+                             "churn (20,000 short threads), spawn (a shell running 200 short "
+                             "programs, followed) (default: the first three)")
     parser.add_argument("--tracers", default=None,
                         help="comma-separated subset of: heapcast, 'heapcast --stacks 16', "
                              "'article tracer', heaptrack (untraced always runs)")
