@@ -389,8 +389,9 @@ static void write_process_meta(void) {
  * mappings (vm.max_map_count), and its own mmap calls then failed. So every recording thread has
  * an entry here, and a thread that starts recording reaps the entries of the threads that have
  * ended (tgkill answers ESRCH: the thread runs no more code), once the table has doubled since
- * the last reaping (a system call per thread start, amortized): it marks the chunk kept for the
- * conversion while the program runs (raw_format.h) and unmaps both. */
+ * the last reaping (a system call per thread start, amortized); so does a thread's new chunk,
+ * at most every REAP_NS (maps_reap_now_and_then). Reaping marks the ended thread's chunk kept
+ * and ended for the conversion while the program runs (raw_format.h) and unmaps both. */
 struct thread_maps {
     volatile int32_t os_tid;         /* 0: a free entry */
     uint32_t gen;                    /* g_gen when rec was mapped: rec is in this process's file */
@@ -447,7 +448,7 @@ static void maps_reap(uint32_t most) {
         if (!e->os_tid || syscall(SYS_tgkill, pid, e->os_tid, 0) == 0 || errno != ESRCH)
             continue;
         if (e->rec) {
-            if (e->gen == __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE) && H) {
+            if (e->gen == __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE)) {
                 struct hc_chunk *c = (struct hc_chunk *)e->rec;
                 __atomic_store_n(&c->os_tid, c->os_tid | HC_CHUNK_KEPT | HC_CHUNK_ENDED,
                                  __ATOMIC_RELEASE);
@@ -857,7 +858,6 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     c->tsc = now_ticks();
     c->mono_ns = mono_ns();
     t->tbase = c->tsc;
-    maps_reap_now_and_then(c->mono_ns);
     __atomic_store_n(&c->magic, HC_CHUNK_MAGIC, __ATOMIC_RELEASE);
     t->rec = m;
     t->off = off;
@@ -868,6 +868,7 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
         t->maps->bytes = size;
         t->maps->rec = m;
     }
+    maps_reap_now_and_then(c->mono_ns);
     snapshot_modules(0);
     return 1;
 }
