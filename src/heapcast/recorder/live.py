@@ -3,8 +3,9 @@
 The recorder's threads hand every full 1 MiB chunk to the drainer, which copies it to the end of
 the raw file (heapcast.recorder.drain): a copy never changes again, and the drainer logs it. A thread's
 first chunks (4 KiB to 512 KiB) are never recycled, so their written slots never change either;
-nor does a full chunk that its thread left in place because the drainer's queue was full
-(marked CHUNK_KEPT): it is read as a copy.
+nor does a chunk marked CHUNK_KEPT: left in place by its thread (the drainer's queue was full),
+by the drainer (keep mode, below) or by the thread's end (CHUNK_ENDED, set when another thread
+of the process found it gone: that thread has no more events). A full one is read as a copy.
 A converter thread reads exactly those, and writes the windows of seq numbers that they complete
 (decoded, numbered, encoded and compressed as after the exit, on the core the program leaves
 free) into `<pid>.hct.tmp`. When the program has ended, `finish` checks that every event below
@@ -52,8 +53,8 @@ import numpy as np
 
 from ..trace import native_raw
 from ..trace.base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
-from ..trace.raw import (CHUNK_DRAINED, CHUNK_ENDED, CHUNK_KEPT, CHUNK_MAGIC, CHUNK_MAX, CLOCK, CLOCK_OFFSET, CLOCK_SET,
-                         FLAG_DORMANT, FLAG_TSC, SLOT, SLOT_DTYPE, Chunk, LocationAssigner,
+from ..trace.raw import (CHUNK_DRAINED, CHUNK_ENDED, CHUNK_KEPT, CHUNK_MAGIC, CHUNK_MAX, CLOCK,
+                         CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC, SLOT, SLOT_DTYPE, Chunk, LocationAssigner,
                          RawProcess, _CHUNK, _COUNTERS, _HEADER, fit_clock, location_definitions)
 from ..trace.writer import ProcessFileWriter, lower_priority
 from . import checkpoint
@@ -236,7 +237,7 @@ class LiveProcess:
             if off not in self.small and self.clock is None:
                 self.pairs.append((tsc, mono))
             self.small[off] = self._read(off, size, tid, tsc)
-            if os_tid & CHUNK_KEPT:   # its thread has ended: read whole, as it stays
+            if os_tid & CHUNK_KEPT:   # its thread left it (moved on, or ended): as it stays
                 self.final.add(off)
         return size
 
@@ -464,9 +465,9 @@ class LiveProcess:
         events converted."""
         if self.next_lo is None:
             return self.emitted == 0
+        read = {**self.small, **self.copies}
         count = self.retired_events + self.retired_small_events + sum(
-            (self.copies.get(off) or self.small[off]).events for off in skipped
-            if off in self.copies or off in self.small)
+            read[off].events for off in skipped if off in read)
         lo = self.next_lo
         for c in rp.chunks:
             if c.seq_max < lo:
