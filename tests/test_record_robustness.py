@@ -92,6 +92,30 @@ def test_threads_started_and_ended_by_thousands_leave_no_mappings(build, untrace
     _replays_cleanly(proc)
 
 
+def test_a_new_thread_takes_an_ended_threads_location_table(build, tmp_path):
+    """The location table of a reaped thread goes to the next thread as it is: 1,000 short
+    threads define their call sites far fewer than 1,000 times (each defined them anew: 2,000
+    definitions), and every event's location is still its call site."""
+    from heapcast.recorder.session import recorder_library
+    from heapcast.trace.raw import RawProcess
+    env = dict(os.environ, LD_PRELOAD=str(recorder_library()), HEAPCAST_DIR=str(tmp_path))
+    done = subprocess.run([build("thread_churn"), "1000", "2"], env=env, capture_output=True)
+    assert done.returncode == 0
+    raw, = tmp_path.glob("*.raw")
+    rp = RawProcess(raw)
+    try:
+        assert len(rp.locs) < 1000, len(rp.locs)
+    finally:
+        rp.close()
+    heapcast.finalize(tmp_path)
+    proc, = heapcast.load(tmp_path).processes
+    ev = proc.events
+    mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == 777)]
+    assert len(mine) == 2000
+    sites = {proc.locations.frames(int(k))[0] for k in np.unique(mine["loc"])}
+    assert len(sites) == 1 and 0 not in sites   # one call site, known in every thread
+
+
 def test_a_fork_child_gives_back_the_other_threads_mappings(build, tmp_path, capfd):
     """A child forked beside eight threads has their chunk and location table mappings (a
     copy of the address space) but not the threads: they are unmapped in the child."""

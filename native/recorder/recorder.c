@@ -410,6 +410,13 @@ static uint64_t g_maps_reap_ns;      /* when the last reaping was */
 #define REAP_MOST 256                /* entries it looks at */
 static uint32_t g_maps_cursor;       /* where the next reaping starts */
 static volatile int g_maps_lock;
+/* Location tables of ended threads, for the next threads to take as they are: their ids are
+ * this process's (defined in the file before the ended thread's last events, which come before
+ * any event of a thread that takes the table), so a new thread neither maps 256 KiB nor defines
+ * its call sites again (20,000 short threads: 40,000 definitions for the reader to merge). */
+#define TABLE_POOL 64
+static uint64_t *g_table_pool[TABLE_POOL];
+static uint32_t g_table_pooled;
 
 static void maps_init(void) {
     void *m = sys_mmap(NULL, THREAD_MAPS * sizeof *g_maps, PROT_READ | PROT_WRITE,
@@ -455,7 +462,12 @@ static void maps_reap(uint32_t most) {
             }
             sys_munmap(e->rec, e->bytes);
         }
-        if (e->loc_table) sys_munmap(e->loc_table, LOC_TABLE_SLOTS * 16);
+        if (e->loc_table) {
+            if (g_table_pooled < TABLE_POOL && e->gen == __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE))
+                g_table_pool[g_table_pooled++] = e->loc_table;
+            else
+                sys_munmap(e->loc_table, LOC_TABLE_SLOTS * 16);
+        }
         maps_release(e);
     }
     if (most == g_maps_top) g_maps_reaped = g_maps_used;
@@ -475,11 +487,13 @@ static void maps_reap_now_and_then(uint64_t now) {
 }
 
 /* An entry for the calling thread (NULL: none left; its mappings then stay when it ends), after
- * reaping the ended threads' when the table has doubled since the last time. */
-static struct thread_maps *maps_register(void) {
+ * reaping the ended threads' when the table has doubled since the last time; and, when *table is
+ * NULL, an ended thread's location table if there is one. */
+static struct thread_maps *maps_register(uint64_t **table) {
     if (!g_maps) return NULL;
     int saved = errno;
     maps_lock();
+    if (!*table && g_table_pooled) *table = g_table_pool[--g_table_pooled];
     if (g_maps_used >= 64 && g_maps_used >= 2 * g_maps_reaped) maps_reap(THREAD_MAPS);
     struct thread_maps *e = NULL;
     if (g_maps_free) {
@@ -490,6 +504,7 @@ static struct thread_maps *maps_register(void) {
     }
     if (e) {
         e->os_tid = (int32_t)syscall(SYS_gettid);
+        e->gen = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
         e->rec = NULL;
         e->loc_table = NULL;
         g_maps_used++;
@@ -519,6 +534,8 @@ static void maps_after_fork(struct thread_maps *mine) {
         mine->rec = NULL;
     }
     g_maps_reaped = g_maps_used;
+    while (g_table_pooled)   /* their ids are the parent's */
+        sys_munmap(g_table_pool[--g_table_pooled], LOC_TABLE_SLOTS * 16);
 }
 
 /* ---------------------------------------------------------------- files */
@@ -895,14 +912,15 @@ static int thread_ready_slow(struct tstate *t) {
         stack_bounds(t);
         t->own--;
     }
+    if (t->loc_table)   /* after a fork: its ids belong to the parent's file */
+        memset(t->loc_table, 0, LOC_TABLE_SLOTS * 16);
+    if (!t->maps)   /* (after a fork, the forking thread has one) */
+        t->maps = maps_register(&t->loc_table);
     if (!t->loc_table) {
         void *m = sys_mmap(NULL, LOC_TABLE_SLOTS * 16, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         t->loc_table = m == MAP_FAILED ? NULL : m;
-    } else {
-        memset(t->loc_table, 0, LOC_TABLE_SLOTS * 16);  /* its ids belong to the parent's file */
     }
-    if (!t->maps) t->maps = maps_register();   /* (after a fork, the forking thread has one) */
     if (t->maps) t->maps->loc_table = t->loc_table;
     t->gen = gen;
     t->busy--;
