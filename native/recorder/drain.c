@@ -74,7 +74,6 @@ struct drainer {
     size_t nlog, caplog;
     uint64_t log_lost;               /* copies not logged (no memory): the converter waits */
     volatile int keep;               /* hc_drain_keep: keep sealed chunks in place, not copy */
-    uint64_t kept;                   /* chunks kept so */
 };
 
 static uint64_t mono_ns(void) {
@@ -278,10 +277,7 @@ static unsigned drain(struct drainer *d, struct proc *p) {
             release(p);
             break;
         }
-        if (keep)
-            d->kept++;
-        else
-            log_copy(d, p, copied_at);
+        if (!keep) log_copy(d, p, copied_at);
         fq->e[tail % HC_QUEUE].off = off | (keep ? HC_FREE_UNMAP : 0);
         fq->e[tail % HC_QUEUE].addr = addr;
         __atomic_store_n(&fq->tail, tail + 1, __ATOMIC_RELEASE);
