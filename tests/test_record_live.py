@@ -271,8 +271,9 @@ def test_chunks_left_in_place_are_converted_while_the_program_runs(build, small_
     assert r.exit_code == 0 and not r.problems
     (copy, lives), = keep_raw
     lp, = lives.values()
-    # all but the last window or so converted while it ran (1.2 s of pauses for 360,000 events)
-    assert r.live_events > r.events // 2, (r.live_events, r.events)
+    # most of it converted while it ran (1.2 s of pauses for 360,000 events; a quarter leaves
+    # room for a loaded machine, and 8% was all before kept chunks were read)
+    assert r.live_events > r.events // 4, (r.live_events, r.events)
     assert lp.punched, "no kept chunk was freed once converted"
     raw, = copy.glob("*.raw")
     full = _full_chunks(raw)
@@ -290,7 +291,8 @@ def test_ended_threads_do_not_stop_the_conversion(build, small_windows, keep_raw
     out = tmp_path / "t"
     r = record([build("thread_churn"), "10", "100000", "150000"], output=out, progress=False)
     assert r.exit_code == 0 and not r.problems
-    assert r.live_events > r.events // 2, (r.live_events, r.events)
+    # (10% before: the first ended thread stopped the conversion; a quarter leaves room for load)
+    assert r.live_events > r.events // 4, (r.live_events, r.events)
     (copy, _), = keep_raw
     finalize(copy, progress=False)
     assert_same_trace(out, copy)
