@@ -573,21 +573,22 @@ static uint64_t file_size_limit(void) {
     return (uint64_t)r.rlim_cur;
 }
 
-/* Writes zeros over [off, off + size) of the raw file through the file, before the chunk there is
- * mapped. fallocate leaves "unwritten" extents, and on ext4 the first write fault of each of
- * their pages converts it: a fresh 1 MiB chunk took 2.5-4.2 ms to fill through the mapping,
- * 0.2 ms once written through the file (pages then in the page cache, their blocks already
- * written). A failure is harmless: the mapping's writes then do it the slow way. */
-static void write_zeros(uint64_t off, uint32_t size) {
+/* Writes zeros over [off, off + size) of file fd through the file; 1 if all were written. Before
+ * a region is mapped: fallocate leaves "unwritten" extents, and on ext4 the first write fault
+ * of each of their pages converts it (a fresh 1 MiB chunk took 2.5-4.2 ms to fill through the
+ * mapping, 0.2 ms once written through the file; the first such fault in a new file, 1.7-2.1
+ * ms alone). For a chunk a failure is harmless: the mapping's writes then do it the slow way. */
+static int write_zeros(int fd, uint64_t off, uint32_t size) {
     static const char zeros[64 << 10];   /* (.bss: the kernel's zero page when read) */
     while (size) {
         uint32_t n = size < sizeof zeros ? size : (uint32_t)sizeof zeros;
-        ssize_t w = pwrite(g_fd, zeros, n, (off_t)off);
+        ssize_t w = pwrite(fd, zeros, n, (off_t)off);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return;
+        if (w <= 0) return 0;
         off += (uint64_t)w;
         size -= (uint32_t)w;
     }
+    return 1;
 }
 
 /* Ensures the file is backed up to `end` bytes. fallocate, not ftruncate: a sparse file on a full
@@ -629,13 +630,11 @@ static int open_process_files(int forked_from, uint64_t fork_seq) {
         if (fd >= 0 || errno != EEXIST) break;
     }
     if (fd < 0) return 0;
-    /* The header page written once through the file before it is mapped: the first write fault
-     * on a new file's fallocated page took 1.7-2.1 ms here (ext4 updating the new inode's times
-     * from inside the fault), against 2 us after this write; a program that runs 200 short
-     * programs paid it 200 times. It stays zero, so a reader still sees no header yet. */
-    static const char zero_page[HC_HEADER_SIZE];
+    /* The header page written through the file before it is mapped (write_zeros: the first
+     * write fault on it cost a program that runs 200 short programs 2 ms each). It stays zero,
+     * so a reader still sees no header yet. */
     uint64_t limit = file_size_limit();
-    if (limit >= HC_HEADER_SIZE && pwrite(fd, zero_page, HC_HEADER_SIZE, 0) != HC_HEADER_SIZE) {
+    if (limit >= HC_HEADER_SIZE && !write_zeros(fd, 0, HC_HEADER_SIZE)) {
         close(fd);
         unlink(path);
         return 0;
@@ -878,7 +877,7 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     if (!m) {
         off = __atomic_fetch_add(&H->file_end, size, __ATOMIC_RELAXED);
         if (!reserve_file(off + size)) return 0;
-        write_zeros(off, size);
+        write_zeros(g_fd, off, size);
         /* Not MAP_POPULATE: it pre-faults the pages for reading, and every page then faults again
          * on its first write. MADV_POPULATE_WRITE (Linux 5.14) maps them writable in one call; on
          * an older kernel it fails harmlessly and the first writes fault instead. */
