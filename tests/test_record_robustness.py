@@ -149,6 +149,39 @@ def test_vfork_children_that_allocate_leave_the_parent_whole(build, tmp_path, ca
     _replays_cleanly(proc)
 
 
+def test_second_thread_starting_mid_loop_keeps_every_seq_unique(build, own, tmp_path, capfd):
+    """A process's first thread takes its sequence numbers without a locked increment until a
+    second thread records (recorder.c, "sequence numbers"); the switch happens here while the
+    first thread allocates as fast as it can, in 30 fork children. Two threads sharing the
+    counter unlocked would take the same number now and then: the conversion would refuse the
+    trace, and events would be missing."""
+    rounds, n = 30, 20000
+    result = heapcast.record([build("seq_switch"), str(rounds), str(n)], output=tmp_path / "t",
+                             progress=False)
+    assert result.exit_code == 0 and not result.problems, result.problems
+    children = set(map(int, capfd.readouterr().out.split()))
+    procs = [p for p in heapcast.load(tmp_path / "t").processes if p.pid in children]
+    assert len(procs) == rounds
+    interleaved = 0
+    for proc in procs:
+        assert proc.lost_events == 0
+        seq = proc.events["seq"].astype(np.int64)
+        assert (np.diff(seq) > 0).all(), f"process {proc.pid}: a seq taken twice"
+        ev = own(proc)
+        mallocs = ev[ev["op"] == OP["malloc"]]
+        for size, count in ((776, 64), (777, n), (778, n)):
+            assert int(np.count_nonzero(mallocs["size"] == size)) == count, (proc.pid, size)
+        main_tid, = np.unique(mallocs["tid"][mallocs["size"] == 777])
+        second_tid, = np.unique(mallocs["tid"][mallocs["size"] == 778])
+        assert main_tid != second_tid
+        # the second thread's events fall between the main thread's in most rounds
+        main_seqs = mallocs["seq"][mallocs["size"] == 777]
+        second_seqs = mallocs["seq"][mallocs["size"] == 778]
+        interleaved += int(second_seqs.min() < main_seqs.max())
+        _replays_cleanly(proc)
+    assert interleaved >= rounds // 3, f"the threads ran concurrently in {interleaved} rounds only"
+
+
 def test_a_shell_loop_of_short_programs_runs_whole(cli, tmp_path):
     """`sh -c 'for ...'` of 150 short programs, followed: every one is traced and the shell
     ends well (dash vforks before each one)."""
