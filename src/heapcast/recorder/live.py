@@ -54,12 +54,12 @@ import numpy as np
 from ..trace import native_raw
 from ..trace.base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
 from ..trace.raw import (CHUNK_DRAINED, CHUNK_ENDED, CHUNK_KEPT, CHUNK_MAGIC, CHUNK_MAX, CLOCK,
-                         CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC, SLOT, SLOT_DTYPE, Chunk, LocationAssigner,
+                         CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC, SLOT, SLOT_DTYPE, WINDOW,
+                         Chunk, LocationAssigner,
                          RawProcess, _CHUNK, _COUNTERS, _HEADER, fit_clock, location_definitions)
 from ..trace.writer import ProcessFileWriter, lower_priority
 from . import checkpoint
 
-WINDOW = 1 << 20                 # seq numbers per converted window, as RawProcess.iter_events
 FREEZE_NS = 100_000_000          # clock pairs must span this long before the clock is fixed
 POLL_S = 0.02
 NICE = 10                        # the converter takes only CPU time that nothing else wants

@@ -40,6 +40,14 @@ CLOCK_OFFSET = 2432                           # clock_set, clock_slope, clock_t0
 CLOCK = struct.Struct("<Qdqq")
 CLOCK_SET = 0x4B434F4C43434800
 LOC_UNASSIGNED = 1 << 31                      # LocationAssigner: raw id not yet numbered
+# Seq numbers per window of the conversion (iter_events; heapcast.recorder.live converts the same
+# windows while the program runs), and so events per EVENTS section of a recorded trace. A
+# quarter of writer.BLOCK_EVENTS: a window's columns (62 bytes an event) then stay in the caches
+# between decoding and encoding, and the conversion while the program runs is never more than a
+# window behind. `heapcast record`'s whole wait, against 1 << 20: ring 0.85x, threads 0.88x,
+# py_dicts 0.97x; bytes/event +0.6%, +0.5% and -2% (bench/record_ab.py; 1 << 17 and 1 << 19 were
+# slower on the whole).
+WINDOW = 1 << 18
 
 
 @dataclass
@@ -208,7 +216,7 @@ class RawProcess:
         except native_raw.ExtError as e:
             raise self._ext_error(c, e.slot) from None
 
-    def iter_events(self, window: int = 1 << 20, remap: np.ndarray | None = None,
+    def iter_events(self, window: int = WINDOW, remap: np.ndarray | None = None,
                     start: int | None = None, assigner: "LocationAssigner | None" = None
                     ) -> Iterator[dict]:
         """Yields this process's events in seq order as column blocks ({field: array}: EVENT_DTYPE
