@@ -113,12 +113,18 @@ def build_workloads(names: list[str], quick: bool, build_dir: Path,
     python = interpreter or python_executable()
     ring_args = ["1000000", "1000"] if quick else ["10000000", "1000"]
     threads_args = ["4", "100000", "1000"] if quick else ["4", "1000000", "1000"]
+    built: dict = {}
+
+    def ring() -> str:   # ring and ring_long share one build
+        if "ring" not in built:
+            built["ring"] = str(compile_c(workload("ring.c"), build_dir / "ring"))
+        return built["ring"]
+
     makers = {
-        "ring": lambda: Workload("ring", [str(compile_c(workload("ring.c"), build_dir / "ring")),
-                                          *ring_args]),
+        "ring": lambda: Workload("ring", [ring(), *ring_args]),
         # ten times ring: a recording long enough that the drainer falls behind the program
-        "ring_long": lambda: Workload("ring_long", [str(compile_c(
-            workload("ring.c"), build_dir / "ring")), str(10 * int(ring_args[0])), ring_args[1]]),
+        "ring_long": lambda: Workload("ring_long", [ring(), str(10 * int(ring_args[0])),
+                                                    ring_args[1]]),
         # 20,000 short threads, one after another (tests/programs/thread_churn.c): each
         # thread's start, mappings and chunk, not its events, is what recording costs here
         "churn": lambda: Workload("churn", [str(compile_c(
