@@ -321,11 +321,12 @@ def _ubsan_recorder(tmp_path):
 
 def test_recorder_built_with_ubsan(build, own, tmp_path):
     """The recorder compiled with -fsanitize=undefined (fatal) records threads, fork and signals
-    with stacks, and threads that end by the thousand and a fork beside threads (their mappings
-    reaped). (ASan cannot check it: ASan's runtime must come first in the preload list, and
-    then its malloc, not the recorder's, is what the program calls.)"""
+    with stacks, threads that end by the thousand, a fork beside threads (their mappings
+    reaped), and the switch to shared sequence numbers when a second thread starts. (ASan cannot
+    check it: ASan's runtime must come first in the preload list, and then its malloc, not the
+    recorder's, is what the program calls.)"""
     lib = _ubsan_recorder(tmp_path)
-    for name in ("threads", "fork", "signal", "thread_churn", "fork_threads_maps"):
+    for name in ("threads", "fork", "signal", "thread_churn", "fork_threads_maps", "seq_switch"):
         out = tmp_path / name
         out.mkdir()
         env = dict(os.environ, LD_PRELOAD=str(lib), HEAPCAST_DIR=str(out), HEAPCAST_STACKS="16",
