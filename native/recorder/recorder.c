@@ -1,9 +1,10 @@
 /* heapcast recorder: an LD_PRELOAD library that records every heap call of a program.
  *
  * Hot path: one event = a clock read, one increment of the process-wide sequence number (atomic
- * once a second thread records: "sequence numbers" below), and eight stores into the calling thread's chunk, which is a shared mapping of the raw trace
- * file (raw_format.h). No lock, no format call, no system call. Everything slow (claiming a new
- * chunk, module snapshots, stack interning misses) happens at most once per chunk or per new stack.
+ * once a second thread records: "sequence numbers" below), and eight stores into the calling
+ * thread's chunk, which is a shared mapping of the raw trace file (raw_format.h). No lock, no
+ * format call, no system call. Everything slow (claiming a new chunk, module snapshots, stack
+ * interning misses) happens at most once per chunk or per new stack.
  *
  * Rules this file keeps, because it runs inside other people's programs:
  * - never allocate through the hooked functions (bootstrap arena for dlsym, syscalls elsewhere);
