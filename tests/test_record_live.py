@@ -3,6 +3,7 @@ is identical, event for event, to the same raw files converted after the exit; k
 program or `heapcast record` at any point of it loses nothing; a wrong guess is caught."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -242,6 +243,67 @@ def test_converted_copies_are_freed_and_the_trace_is_the_same(build, small_windo
     assert_same_trace(out, copy)
     p, = heapcast.load(out).processes
     assert _seqs_complete(p.events)
+
+
+def test_processes_that_end_are_converted_while_the_program_runs(tmp_path, monkeypatch):
+    """A shell running 120 short programs, followed: each one, once it has ended, is converted
+    whole while the shell goes on (before, every one waited for the shell's exit: 200 of them
+    left 0.17 s of conversion), and the trace equals the one converted after the exit
+    (`live=False`), process for process: the same programs, with the same events."""
+    if shutil.which("sh") is None:
+        pytest.skip("no sh")
+    loop = ["sh", "-c", "for i in $(seq 120); do /bin/true; done"]
+    real, ended = recording._Converter._ended, []
+
+    def spy(self, raw, lp):
+        ended.append(raw.name)
+        real(self, raw, lp)
+
+    monkeypatch.setattr(recording._Converter, "_ended", spy)
+    r = record(loop, output=tmp_path / "t", follow_children=True, progress=False)
+    assert r.exit_code == 0 and not r.problems, r.problems
+    assert len(ended) >= 60, f"{len(ended)} of 120 programs converted while the shell ran"
+    assert r.live_events > 0
+    after = record(loop, output=tmp_path / "after", follow_children=True, progress=False,
+                   live=False)
+    assert after.live_events == 0 and after.processes == r.processes >= 121
+    ta, tb = heapcast.load(tmp_path / "t"), heapcast.load(tmp_path / "after")
+    runs = lambda t: sorted((os.path.basename(p.exe), p.event_count,  # noqa: E731
+                             tuple(np.bincount(p.events["op"], minlength=16)))
+                            for p in t.processes if os.path.basename(p.exe) == "true")
+    assert runs(ta) == runs(tb) and len(runs(ta)) == 120
+    assert all(p.lost_events == 0 and not p.truncated for p in ta.processes)
+    session = json.loads((tmp_path / "t" / "session.json").read_text())
+    assert session["processes"] == r.processes and session["events"] == r.events
+
+
+def test_finalize_after_record_was_killed_counts_the_processes_converted_before(tmp_path):
+    """`heapcast record` SIGKILLed while a shell runs short programs, some of them converted
+    already: `heapcast finalize` converts the rest, and session.json counts every process,
+    those converted before the kill too."""
+    if shutil.which("sh") is None:
+        pytest.skip("no sh")
+    out = tmp_path / "t"
+    rec = subprocess.Popen([sys.executable, "-m", "heapcast", "record", "--follow-children",
+                            "-o", str(out), "--", "sh", "-c",
+                            "echo $$; for i in $(seq 400); do /bin/true; done"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = int(rec.stdout.readline())
+    deadline = time.monotonic() + 30
+    while len(list(out.glob("*.hct"))) < 40 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    rec.kill()
+    rec.wait()
+    _wait_for_exit(pid)
+    before = len(list(out.glob("*.hct")))
+    assert before >= 40 and list(out.glob("*.raw"))
+    r = finalize(out, progress=False)
+    trace = heapcast.load(out)
+    assert r.processes == len(trace.processes) > before
+    assert r.events == sum(p.event_count for p in trace.processes)
+    assert sum(os.path.basename(p.exe) == "true" for p in trace.processes) == 400
+    session = json.loads((out / "session.json").read_text())
+    assert session["processes"] == r.processes and session["events"] == r.events
 
 
 def _full_chunks(raw: Path) -> list:

@@ -194,6 +194,32 @@ def test_a_shell_loop_of_short_programs_runs_whole(cli, tmp_path):
     assert len(trace.processes) >= 151 and all(p.lost_events == 0 for p in trace.processes)
 
 
+def test_a_new_process_does_not_take_the_name_of_one_converted_already(tmp_path):
+    """`heapcast record` converts a process that has ended while the program runs and removes
+    its raw file: a later process that reuses its pid must not write "<pid>.raw" again (its
+    trace would replace the first one's .hct), but take the next free name."""
+    from heapcast.recorder.session import recorder_library
+    env = dict(os.environ, LD_PRELOAD=str(recorder_library()), HEAPCAST_DIR=str(tmp_path),
+               HEAPCAST_FOLLOW="1")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child waits until the "earlier process" of its pid is converted
+        try:
+            os.close(w)
+            os.read(r, 1)
+            os.execve("/bin/true", ["/bin/true"], env)
+        finally:
+            os._exit(127)
+    os.close(r)
+    (tmp_path / f"{pid}.hct").write_bytes(b"the trace of an earlier process of this pid")
+    os.write(w, b"x")
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (tmp_path / f"{pid}.hct").read_bytes() == b"the trace of an earlier process of this pid"
+    assert sorted(p.name for p in tmp_path.glob("*.raw")) == [f"{pid}.1.raw"]
+
+
 def test_a_short_program_holds_little_disk(tmp_path):
     """A process reserves 1 MiB of file at its start (its raw file grows by 16 MiB when it
     needs to): 200 short programs of a shell loop held 3 GB of disk with 16 MiB each."""

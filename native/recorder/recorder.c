@@ -679,7 +679,18 @@ static int open_process_files(int forked_from, uint64_t fork_seq) {
         fmt_name(name, pid, image, ".raw");
         path_join(path, sizeof path, name);
         fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        if (fd >= 0 || errno != EEXIST) break;
+        if (fd < 0 && errno != EEXIST) break;
+        if (fd < 0) continue;
+        /* A process of this pid that has ended may have been converted already (`heapcast
+         * record` converts ended processes while the program runs) and its raw file removed:
+         * its .hct keeps the name taken, for a later process that reuses the pid. */
+        char hct[64], hpath[4200];
+        fmt_name(hct, pid, image, ".hct");
+        path_join(hpath, sizeof hpath, hct);
+        if (access(hpath, F_OK) != 0) break;
+        close(fd);
+        unlink(path);
+        fd = -1;
     }
     if (fd < 0) return 0;
     /* The header page written through the file before it is mapped (write_zeros: the first

@@ -66,6 +66,7 @@ NICE = 10                        # the converter takes only CPU time that nothin
 NESTED_RESERVE = 32              # recorder.c: slots kept at a chunk's end for signal handlers
 KEEP_ABOVE, COPY_BELOW = 512, 128   # chunks behind (MiB): the drainer keeps them / copies again
 QUIET = 2                        # unchanged polls that still step (quiet())
+SEALED_TAIL = 264                # raw_format.h: the header's sealed.tail (chunks ever sealed)
 
 
 class LiveProcess:
@@ -81,6 +82,7 @@ class LiveProcess:
             os.close(self.fd)
             raise ValueError(f"{self.path}: header not written yet")
         h = _HEADER.unpack_from(head, 0)
+        self.pid = h[5]
         self.start_tsc, self.start_mono = h[12], h[10]
         self.copies: dict[int, Chunk] = {}     # offset -> a drainer's copy, read, not retired
         # Copies whose events are all converted are retired: kept as counts only, so that the
@@ -312,6 +314,20 @@ class LiveProcess:
         self.unchanged += 1
         return self.unchanged > QUIET
 
+    def gone(self) -> bool:
+        """Whether nothing will write to this file any more: its process is gone (exited and
+        reaped) and none of its threads ever sealed a full chunk, so the drainer never touched
+        it either. Then the whole file can be converted at once (LiveConverter.on_ended)."""
+        if self.mm is None or struct.unpack_from("<Q", self.mm, SEALED_TAIL)[0]:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            pass
+        return False
+
     def step(self, copies, stop: threading.Event) -> None:
         """One poll: reads what is new, converts the windows it completes."""
         self._map()
@@ -541,6 +557,11 @@ class LiveConverter:
         self._waiting: dict[int, list] = {}      # copies of files not opened yet, by inode
         self.keeping = False                     # the drainer keeps chunks in place (_pace)
         self._names: set = set()                 # raw file names opened (processes' keys)
+        # Called with (path, LiveProcess) for a file whose process has ended (LiveProcess.gone),
+        # which the converter then forgets: heapcast record converts it whole at once, so that a
+        # program that runs many short ones leaves little to convert after its exit.
+        self.on_ended = None
+        self.root = None                         # the program's pid: converted after its exit
 
     def run(self) -> None:
         """Polls every POLL_S seconds until `stop` is set, at a low priority (NICE): on a busy
@@ -597,3 +618,10 @@ class LiveConverter:
             except Exception as e:   # never disturb the recording: convert after the exit
                 lp.failed = f"{type(e).__name__}: {e}"
                 lp.abandon()
+        if self.on_ended is not None:
+            for path, lp in list(self.processes.items()):
+                if self.stop.is_set():
+                    break
+                if lp.pid != self.root and not lp.failed and not lp.dormant and lp.gone():
+                    del self.processes[path]
+                    self.on_ended(path, lp)

@@ -219,8 +219,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     start = time.monotonic()
     try:
         exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms,
-                                  (lambda: converter.begin(drainer)) if converter is not None
-                                  else None)
+                                  (lambda s, pid: converter.begin(drainer, s, pid))
+                                  if converter is not None else None)
     except RecordError:
         if problem is None and not existed:
             shutil.rmtree(path, ignore_errors=True)  # nothing ran: leave no empty trace behind
@@ -238,9 +238,11 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         result.truncated = True
         result.problems.append(problem + "; the program ran untraced")
     else:
+        if converter is not None:
+            result.problems.extend(converter.problems)
         finalize(path, result, sampler, progress=progress,
                  live=converter.processes() if converter is not None else None,
-                 pymalloc=pymalloc)
+                 pymalloc=pymalloc, early=converter.early if converter is not None else None)
     return result
 
 
@@ -248,13 +250,20 @@ class _Converter:
     """Runs heapcast.recorder.live's converter on a thread. The thread starts at once with the
     imports that the conversion needs (numpy, the codec: most of what `record` of a short
     program waits for), while the main thread starts the program, and converts from begin() on;
-    with `live` False it only imports, for the conversion after the exit."""
+    with `live` False it only imports, for the conversion after the exit. A process that has
+    ended for good (live.LiveProcess.gone) is converted whole there and then: `early` holds
+    what finalize would have returned for it (200 short programs of a shell loop left 0.17 s
+    of conversion after the exit)."""
 
     def __init__(self, path: Path, live: bool = True):
-        self.path, self.drainer, self.wanted = path, None, live
+        self.path, self.drainer, self.sampler, self.wanted = path, None, None, live
+        self.root = None           # the program's pid
         self.stop_event = threading.Event()
         self.go = threading.Event()
         self.live = None
+        self.early: list = []      # (.hct name, (Process, events converted while it ran)) of
+                                   # the processes converted whole
+        self.problems: list = []   # what their conversion noted
         self.thread = threading.Thread(target=self._run, name="heapcast-convert", daemon=True)
         self.thread.start()
 
@@ -264,11 +273,28 @@ class _Converter:
         self.go.wait()
         if self.wanted and not self.stop_event.is_set():
             self.live = LiveConverter(self.path, self.drainer, self.stop_event)
+            self.live.on_ended, self.live.root = self._ended, self.root
             self.live.run()
 
-    def begin(self, drainer) -> None:
-        """The program runs: convert what the recorder writes (through `drainer`'s copies)."""
-        self.drainer = drainer
+    def _ended(self, raw: Path, lp) -> None:
+        """Converts the raw file of a process that has ended. Where it cannot be read or written
+        the file stays, for finalize to convert and report."""
+        problems: list = []
+        try:
+            scanned = _scan_raw(raw, lp, problems)
+            got = _finish_raw(*scanned, self.sampler, _NoBar(), problems) if scanned else None
+        except Exception:   # never disturb the recording: finalize converts it after the exit
+            return
+        if got is not None:   # all of its events were converted while the program ran
+            self.early.append((raw.with_suffix(TRACE_SUFFIX).name, (got[0], got[0].event_count)))
+            self.problems.extend(problems)
+
+    def begin(self, drainer, sampler, root: int) -> None:
+        """The program (pid `root`) runs: convert what the recorder writes (through `drainer`'s
+        copies; `sampler`: the RSS samples of the processes converted whole). The program's own
+        raw files are left to finalize: it is reaped only once it has exited, when finalize
+        comes anyway."""
+        self.drainer, self.sampler, self.root = drainer, sampler, root
         self.go.set()
 
     def stop(self) -> None:
@@ -319,7 +345,8 @@ def import_quietly() -> None:
 
 def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
     """Runs the program, sampling RSS meanwhile; returns its exit status as a shell reports it
-    and the RSS sampler (None when untraced). `started()` is called once the program runs."""
+    and the RSS sampler (None when untraced). `started(sampler, pid)` is called once the
+    program runs."""
     # ^C (and ^\) from the terminal reach the program, which decides; we finalize after it. They
     # are caught here by a handler that does nothing, not ignored: exec resets a caught signal
     # to its default in the program, so no code has to run in the child between fork and exec
@@ -337,7 +364,7 @@ def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
             raise RecordError(f"cannot run {shlex.join(cmd)}: {e.strerror}") from None
         old_term = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(s))
         if started is not None:
-            started()
+            started(sampler, proc.pid)
         try:
             interval = max(rss_interval_ms, 1) / 1000.0
             while True:
@@ -546,83 +573,114 @@ def _progress_bar(total: int, progress: bool | None):
     return tqdm(total=total, unit="slot", desc="heapcast: writing trace", leave=False)
 
 
+def _scan_raw(raw: Path, lp, problems: list):
+    """Scans one raw file for its conversion: (raw, RawProcess, its LiveProcess or None), or
+    None when it cannot be read (the problem noted). A LiveProcess that converted nothing still
+    saves the scan the chunks it read."""
+    from ..trace.raw import RawProcess
+    if lp is not None and (lp.failed or lp.clock is None):
+        lp.close()
+        lp = None
+    try:
+        if lp is not None:
+            lp.skipped = lp.done_chunks()
+        rp = RawProcess(raw, skip=lp.skipped if lp is not None else frozenset(),
+                        known=lp.known_chunks() if lp is not None else None)
+    except Exception as e:  # a raw file we cannot read must not hide the others
+        if lp is not None:
+            lp.close()
+        problems.append(f"{raw.name}: {e}")
+        return None
+    return raw, rp, lp
+
+
+def _finish_raw(raw: Path, rp, lp, sampler, bar, problems: list):
+    """Writes the .hct of a scanned raw file and removes the raw file: (its Process, the events
+    taken as converted while the program ran), or None when it could not be written (the
+    problem noted, the raw files kept)."""
+    try:
+        proc, kept = _convert(raw, rp, sampler, bar, lp, problems)
+    except OSError as e:
+        problems.append(f"could not write the trace of {raw.name}: {e.strerror}; its raw files "
+                        f"are kept: free space, then `heapcast finalize {raw.parent}`")
+        return None
+    finally:
+        rp.close()
+    if lp is not None and not lp.checked and lp.emitted:
+        again = "from its last checkpoint" if kept else "after its exit"
+        problems.append(f"{raw.name}: the conversion while the program ran missed events; "
+                        f"converted again {again}")
+    return proc, kept
+
+
 def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | None = None,
              progress: bool | None = None, live: dict | None = None,
-             pymalloc: bool = False) -> RecordResult:
+             pymalloc: bool = False, early: list | None = None) -> RecordResult:
     """Converts the raw files of a trace directory into .hct files and writes session.json.
 
     `heapcast record` calls it when the program has ended, with what its converter did while the
-    program ran (`live`: LiveProcess by raw file); run it by hand (`heapcast finalize`) on a
+    program ran (`live`: LiveProcess by raw file; `early`: the processes it converted whole once
+    they had ended, see _Converter; a .hct of neither is counted as it is); run it by hand (`heapcast finalize`) on a
     directory whose recording session was itself interrupted: the raw files hold every event
     that the converter's checkpoints (`*.hct.ckpt`) do not, and the conversion goes on from the
     last checkpoint's part of `*.hct.tmp` (what an interrupted conversion left beyond it, or
     without a checkpoint all of it, is replaced). `pymalloc`: the recording
     asked for pymalloc's allocations (record --pymalloc); a warning when no process wrapped them.
     """
-    from ..trace.raw import RawProcess, raw_files
+    from ..trace.format import TraceError
+    from ..trace.raw import raw_files
+    from ..trace.reader import read_process
     from ..trace.writer import write_session
 
     path = Path(path)
     if result is None:
         result = RecordResult(exit_code=-1, path=path, command=[])
+    early = early or []
     raws = raw_files(path)
-    if not raws and any(path.glob("*" + TRACE_SUFFIX)):
+    if not raws and not early and any(path.glob("*" + TRACE_SUFFIX)):
         raise ValueError(f"{path} is already finalized: it holds no raw files to convert")
-    if not raws:
+    if not raws and not early:
         result.truncated = True
         result.problems.append("no process wrote a trace (is the program statically linked or "
                                "setuid? LD_PRELOAD does not reach those)")
-    total = 0
-    scanned = []
     live = live or {}
-    for raw in raws:
-        lp = live.get(raw)
-        # one that converted nothing still saves the final scan the chunks it read
-        if lp is not None and (lp.failed or lp.clock is None):
-            lp.close()
-            lp = None
-        try:
-            if lp is not None:
-                lp.skipped = lp.done_chunks()
-            rp = RawProcess(raw, skip=lp.skipped if lp is not None else frozenset(),
-                            known=lp.known_chunks() if lp is not None else None)
-        except Exception as e:  # a raw file we cannot read must not hide the others
-            if lp is not None:
-                lp.close()
-            result.problems.append(f"{raw.name}: {e}")
-            continue
-        scanned.append((raw, rp, lp))
-        total += sum(c.n for c in rp.chunks)
-    bar = _progress_bar(total, progress)
-    pids, threads, wrapped = set(), 0, 0
+    scanned = [got for raw in raws
+               if (got := _scan_raw(raw, live.get(raw), result.problems)) is not None]
+    bar = _progress_bar(sum(sum(c.n for c in rp.chunks) for _, rp, _ in scanned), progress)
+    done = [got for _, got in early]
     for raw, rp, lp in scanned:
-        try:
-            proc, kept = _convert(raw, rp, sampler, bar, lp, result.problems)
-        except OSError as e:
+        got = _finish_raw(raw, rp, lp, sampler, bar, result.problems)
+        if got is None:
             result.truncated = True
-            result.problems.append(f"could not write the trace of {raw.name}: {e.strerror}; its "
-                                   f"raw files are kept: free space, then `heapcast finalize {path}`")
-            continue
-        finally:
-            rp.close()
+        else:
+            done.append(got)
+    bar.close()
+    # Processes converted whole while the program ran whose .hct the caller does not know of
+    # (`heapcast finalize` after `record` was killed): counted as they are.
+    known = {raw.with_suffix(TRACE_SUFFIX).name for raw in raws} | {name for name, _ in early}
+    for hct in sorted(path.glob("*" + TRACE_SUFFIX)):
+        if hct.name not in known:
+            try:
+                proc = read_process(hct)
+            except (OSError, TraceError) as e:
+                result.problems.append(f"{hct.name}: {e}")
+                continue
+            done.append((proc, proc.event_count))
+    pids, threads, wrapped = set(), 0, 0
+    for proc, kept in done:
         result.live_events += kept
-        if lp is not None and not lp.checked and lp.emitted:
-            again = "from its last checkpoint" if kept else "after its exit"
-            result.problems.append(f"{raw.name}: the conversion while the program ran missed "
-                                   f"events; converted again {again}")
         result.events += proc.event_count
         result.lost_events += proc.lost_events
         result.truncated |= proc.truncated
         threads += proc.threads
         wrapped += proc.pymalloc_seq >= 0
         pids.add((proc.pid, proc.image))
-    bar.close()
     claim = path / "root.claim"
     if claim.exists():
         claim.unlink()
     result.processes = len(pids)
     result.threads = threads
-    if pymalloc and scanned and not wrapped:
+    if pymalloc and done and not wrapped:
         result.problems.append("--pymalloc: no process ran CPython 3.11-3.13 (a release build) "
                                "with the GIL held after its start-up: pymalloc was not recorded")
     session = {
