@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -275,6 +276,36 @@ def test_processes_that_end_are_converted_while_the_program_runs(tmp_path, monke
     assert all(p.lost_events == 0 and not p.truncated for p in ta.processes)
     session = json.loads((tmp_path / "t" / "session.json").read_text())
     assert session["processes"] == r.processes and session["events"] == r.events
+
+
+def test_ended_processes_whose_chunks_the_drainer_copied_are_converted_too(build, tmp_path,
+                                                                           monkeypatch):
+    """Programs that fill full chunks, which the drainer copies: once one has ended and the
+    drainer has let go of its file, it is converted whole while the shell goes on; every
+    program's events are there, the copies the converter had not read included."""
+    if shutil.which("sh") is None:
+        pytest.skip("no sh")
+    from heapcast.recorder.live import SEALED_TAIL
+    real, sealed = recording._Converter._ended, []
+
+    def spy(self, raw, lp):
+        with open(raw, "rb") as f:
+            sealed.append(struct.unpack("<Q", os.pread(f.fileno(), 8, SEALED_TAIL))[0])
+        real(self, raw, lp)
+
+    monkeypatch.setattr(recording._Converter, "_ended", spy)
+    prog = build("phases")
+    r = record(["sh", "-c", f"for i in 1 2 3 4 5 6; do {prog} 1 4 40000 20000 >/dev/null; done"],
+               output=tmp_path / "t", follow_children=True, progress=False)
+    assert r.exit_code == 0 and not r.problems, r.problems
+    assert sum(n > 0 for n in sealed) >= 2, f"chunks sealed by the programs converted: {sealed}"
+    runs = [p for p in heapcast.load(tmp_path / "t").processes
+            if os.path.basename(p.exe).startswith("phases")]
+    assert len(runs) == 6
+    for p in runs:
+        ev = p.events
+        own = (ev["op"] == 0) & (ev["size"] >= 16) & (ev["size"] < 80)
+        assert int(own.sum()) == 4 * 40000 and p.lost_events == 0 and _seqs_complete(ev)
 
 
 def test_finalize_after_record_was_killed_counts_the_processes_converted_before(tmp_path):

@@ -74,6 +74,9 @@ struct drainer {
     size_t nlog, caplog;
     uint64_t log_lost;               /* copies not logged (no memory): the converter waits */
     volatile int keep;               /* hc_drain_keep: keep sealed chunks in place, not copy */
+    uint64_t *released;              /* under log_lock: (inode, pid) of the files let go of, not
+                                        yet taken by hc_drain_released */
+    size_t nreleased, capreleased;
 };
 
 static uint64_t mono_ns(void) {
@@ -92,11 +95,30 @@ static void release(struct proc *p) {
     p->active = 0;
 }
 
+/* Notes for hc_drain_released that the file of p will not be touched here any more. Without
+ * memory it is not noted: the converter then leaves that file to the conversion after the exit. */
+static void note_released(struct drainer *d, const struct proc *p) {
+    pthread_mutex_lock(&d->log_lock);
+    if (d->nreleased + 2 > d->capreleased) {
+        size_t cap = d->capreleased ? d->capreleased * 2 : 64;
+        uint64_t *nr = realloc(d->released, cap * sizeof *nr);
+        if (nr) { d->released = nr; d->capreleased = cap; }
+    }
+    if (d->nreleased + 2 <= d->capreleased) {
+        d->released[d->nreleased++] = p->ino;
+        d->released[d->nreleased++] = (uint64_t)(uint32_t)p->pid;
+    }
+    pthread_mutex_unlock(&d->log_lock);
+}
+
 /* Lets go of the files whose process is gone: they will seal nothing more. */
 static void reap(struct drainer *d) {
     for (size_t i = 0; i < d->nprocs; i++) {
         struct proc *p = &d->procs[i];
-        if (p->active && kill(p->pid, 0) != 0 && errno == ESRCH) release(p);
+        if (p->active && kill(p->pid, 0) != 0 && errno == ESRCH) {
+            release(p);
+            note_released(d, p);
+        }
     }
 }
 
@@ -140,7 +162,10 @@ static int open_raw(struct drainer *d, const char *name) {
     p->pid = h->pid;
     p->ino = (uint64_t)st.st_ino;
     p->active = 1;
-    if (!(__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) & HC_FLAG_RECYCLE)) release(p);
+    if (!(__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) & HC_FLAG_RECYCLE)) {
+        release(p);
+        note_released(d, p);
+    }
     return 1;
 }
 
@@ -275,6 +300,7 @@ static unsigned drain(struct drainer *d, struct proc *p) {
         if (keep ? !keep_chunk(p, off) : !m || !copy_chunk(p, m, &copied_at)) {
             d->failures++;   /* the chunk keeps its records in place */
             release(p);
+            note_released(d, p);
             break;
         }
         if (!keep) log_copy(d, p, copied_at);
@@ -347,6 +373,7 @@ HC_API void hc_drain_stop(void *handle, uint64_t out[2]) {
     out[1] = d->failures;
     free(d->procs);
     free(d->log);
+    free(d->released);
     pthread_mutex_destroy(&d->log_lock);
     free(d);
 }
@@ -356,6 +383,21 @@ HC_API void hc_drain_stop(void *handle, uint64_t out[2]) {
 HC_API void hc_drain_keep(void *handle, int on) {
     struct drainer *d = handle;
     __atomic_store_n(&d->keep, on != 0, __ATOMIC_RELEASE);
+}
+
+/* Takes up to `max` of the raw files that the drainer has let go of since the last call (their
+ * process is gone, or their recycling stopped): out[2k] = the file's inode, out[2k + 1] = its
+ * pid (an inode alone may be a later file's). It will not write to them any more, so once their
+ * process is gone too they can be converted whole. Returns how many. */
+HC_API size_t hc_drain_released(void *handle, uint64_t *out, size_t max) {
+    struct drainer *d = handle;
+    pthread_mutex_lock(&d->log_lock);
+    size_t n = d->nreleased / 2 < max ? d->nreleased / 2 : max;
+    memcpy(out, d->released, 2 * n * sizeof *out);
+    memmove(d->released, d->released + 2 * n, (d->nreleased - 2 * n) * sizeof *d->released);
+    d->nreleased -= 2 * n;
+    pthread_mutex_unlock(&d->log_lock);
+    return n;
 }
 
 /* Takes up to `max` logged copies, oldest first: out[2k] = the raw file's inode, out[2k + 1] =

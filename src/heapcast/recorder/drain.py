@@ -38,6 +38,9 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.hc_drain_keep.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.hc_drain_stop.restype = None
     lib.hc_drain_stop.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+    lib.hc_drain_released.restype = ctypes.c_size_t
+    lib.hc_drain_released.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
+                                      ctypes.c_size_t]
     lib.hc_drain_copies.restype = ctypes.c_size_t
     lib.hc_drain_copies.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
                                     ctypes.POINTER(ctypes.c_uint64)]
@@ -78,6 +81,15 @@ class Drainer:
         lost = ctypes.c_uint64()
         n = library().hc_drain_copies(self._handle, out, max_copies, ctypes.byref(lost))
         return [(out[2 * k], out[2 * k + 1]) for k in range(n)], int(lost.value)
+
+    def released(self, most: int = 4096) -> list:
+        """The raw files the drainer has let go of since the last call (their process is gone,
+        or their recycling stopped), as (inode, pid) pairs: it writes to them no more."""
+        if self._handle is None:
+            return []
+        out = (ctypes.c_uint64 * (2 * most))()
+        n = library().hc_drain_released(self._handle, out, most)
+        return [(out[2 * k], out[2 * k + 1]) for k in range(n)]
 
     def keep(self, on: bool) -> None:
         """Keeps the chunks sealed from now on in place (marked kept) instead of copying them

@@ -314,11 +314,12 @@ class LiveProcess:
         self.unchanged += 1
         return self.unchanged > QUIET
 
-    def gone(self) -> bool:
+    def gone(self, released: bool) -> bool:
         """Whether nothing will write to this file any more: its process is gone (exited and
-        reaped) and none of its threads ever sealed a full chunk, so the drainer never touched
-        it either. Then the whole file can be converted at once (LiveConverter.on_ended)."""
-        if self.mm is None or struct.unpack_from("<Q", self.mm, SEALED_TAIL)[0]:
+        reaped), and the drainer has let go of it (`released`) or none of its threads ever
+        sealed a full chunk, which the drainer would copy. Then the whole file can be converted
+        at once (LiveConverter.on_ended): the copies not read yet are scanned as any chunk."""
+        if self.mm is None or not released and struct.unpack_from("<Q", self.mm, SEALED_TAIL)[0]:
             return False
         try:
             os.kill(self.pid, 0)
@@ -562,6 +563,7 @@ class LiveConverter:
         # program that runs many short ones leaves little to convert after its exit.
         self.on_ended = None
         self.root = None                         # the program's pid: converted after its exit
+        self._released: set = set()              # (inode, pid) of files the drainer let go of
 
     def run(self) -> None:
         """Polls every POLL_S seconds until `stop` is set, at a low priority (NICE): on a busy
@@ -619,9 +621,26 @@ class LiveConverter:
                 lp.failed = f"{type(e).__name__}: {e}"
                 lp.abandon()
         if self.on_ended is not None:
-            for path, lp in list(self.processes.items()):
-                if self.stop.is_set():
-                    break
-                if lp.pid != self.root and not lp.failed and not lp.dormant and lp.gone():
-                    del self.processes[path]
-                    self.on_ended(path, lp)
+            self._convert_gone()
+
+    def _convert_gone(self) -> None:
+        """Hands on_ended the files of the processes that have ended for good (LiveProcess.gone),
+        and forgets them. The files the drainer let go of are taken before its latest copies:
+        every copy of such a file is then among those (it logs a file's copies before it lets
+        go of it); the copies not read are dropped, and the conversion scans them as any chunk."""
+        if self.drainer is not None:
+            self._released.update(self.drainer.released())
+            copies, lost = self.drainer.copies()
+            for ino, off in copies:
+                self._waiting.setdefault(ino, []).append(off)
+            if lost:
+                return   # (poll marks every file failed)
+        for path, lp in list(self.processes.items()):
+            if self.stop.is_set():
+                break
+            if lp.pid != self.root and not lp.failed and not lp.dormant and \
+                    lp.gone((lp.ino, lp.pid) in self._released):
+                del self.processes[path]
+                self._released.discard((lp.ino, lp.pid))
+                self._waiting.pop(lp.ino, None)
+                self.on_ended(path, lp)
