@@ -308,6 +308,34 @@ def test_ended_processes_whose_chunks_the_drainer_copied_are_converted_too(build
         assert int(own.sum()) == 4 * 40000 and p.lost_events == 0 and _seqs_complete(ev)
 
 
+def test_an_ended_process_whose_trace_cannot_be_written_is_reported(tmp_path, monkeypatch):
+    """The conversion of an ended process while the program runs fails: where its raw file is
+    still there, finalize converts it again and says what happened; where it is gone (a full
+    disk: the trace was left in the temporary directory), record says so and where."""
+    conv = recording._Converter(tmp_path, live=False)
+    conv.stop()
+    kept, gone = tmp_path / "1.raw", tmp_path / "2.raw"
+    for raw in (kept, gone):
+        raw.write_bytes(b"")
+
+    def scan(raw, lp, problems):
+        return raw, None, lp
+
+    def finish(raw, rp, lp, sampler, bar, problems):
+        problems.append(f"could not write the trace of {raw.name}: left at /tmp/x")
+        if raw == gone:
+            raw.unlink()
+        return None
+
+    monkeypatch.setattr(recording, "_scan_raw", scan)
+    monkeypatch.setattr(recording, "_finish_raw", finish)
+    conv._ended(kept, None)
+    assert conv.problems == [] and not conv.truncated and not conv.early
+    conv._ended(gone, None)
+    assert conv.problems == ["could not write the trace of 2.raw: left at /tmp/x"]
+    assert conv.truncated and not conv.early
+
+
 def test_finalize_after_record_was_killed_counts_the_processes_converted_before(tmp_path):
     """`heapcast record` SIGKILLed while a shell runs short programs, some of them converted
     already: `heapcast finalize` converts the rest, and session.json counts every process,

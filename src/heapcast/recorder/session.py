@@ -240,6 +240,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     else:
         if converter is not None:
             result.problems.extend(converter.problems)
+            result.truncated |= converter.truncated
         finalize(path, result, sampler, progress=progress,
                  live=converter.processes() if converter is not None else None,
                  pymalloc=pymalloc, early=converter.early if converter is not None else None)
@@ -264,6 +265,7 @@ class _Converter:
         self.early: list = []      # (.hct name, (Process, events converted while it ran)) of
                                    # the processes converted whole
         self.problems: list = []   # what their conversion noted
+        self.truncated = False     # one of them could not be written in the trace directory
         self.thread = threading.Thread(target=self._run, name="heapcast-convert", daemon=True)
         self.thread.start()
 
@@ -288,6 +290,9 @@ class _Converter:
         if got is not None:   # all of its events were converted while the program ran
             self.early.append((raw.with_suffix(TRACE_SUFFIX).name, (got[0], got[0].event_count)))
             self.problems.extend(problems)
+        elif not raw.exists():   # (a full disk: the trace was left elsewhere, the message says
+            self.problems.extend(problems)   # where) finalize will not meet this file again
+            self.truncated = True
 
     def begin(self, drainer, sampler, root: int) -> None:
         """The program (pid `root`) runs: convert what the recorder writes (through `drainer`'s
