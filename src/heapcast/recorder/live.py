@@ -589,7 +589,12 @@ class LiveConverter:
             self.drainer.keep(False)
 
     def poll(self) -> None:
-        """Opens new raw files, hands each its new copies, converts what is complete."""
+        """Opens new raw files, hands each its new copies, converts what is complete, then hands
+        on_ended the files of the processes that have ended for good."""
+        # The files the drainer let go of are taken before its copies: every copy of such a file
+        # is then among these (it logs a file's copies before it lets go of it).
+        if self.drainer is not None and self.on_ended is not None:
+            self._released.update(self.drainer.released())
         copies, lost = self.drainer.copies() if self.drainer is not None else ([], 0)
         for ino, off in copies:
             self._waiting.setdefault(ino, []).append(off)
@@ -620,21 +625,13 @@ class LiveConverter:
             except Exception as e:   # never disturb the recording: convert after the exit
                 lp.failed = f"{type(e).__name__}: {e}"
                 lp.abandon()
-        if self.on_ended is not None:
+        if self.on_ended is not None and not lost:
             self._convert_gone()
 
     def _convert_gone(self) -> None:
         """Hands on_ended the files of the processes that have ended for good (LiveProcess.gone),
-        and forgets them. The files the drainer let go of are taken before its latest copies:
-        every copy of such a file is then among those (it logs a file's copies before it lets
-        go of it); the copies not read are dropped, and the conversion scans them as any chunk."""
-        if self.drainer is not None:
-            self._released.update(self.drainer.released())
-            copies, lost = self.drainer.copies()
-            for ino, off in copies:
-                self._waiting.setdefault(ino, []).append(off)
-            if lost:
-                return   # (poll marks every file failed)
+        and forgets them. Their copies not read yet are dropped: the conversion scans them as
+        any chunk."""
         for path, lp in list(self.processes.items()):
             if self.stop.is_set():
                 break

@@ -42,11 +42,12 @@ CLOCK_SET = 0x4B434F4C43434800
 LOC_UNASSIGNED = 1 << 31                      # LocationAssigner: raw id not yet numbered
 # Seq numbers per window of the conversion (iter_events; heapcast.recorder.live converts the same
 # windows while the program runs), and so events per EVENTS section of a recorded trace. A
-# quarter of writer.BLOCK_EVENTS: a window's columns (62 bytes an event) then stay in the caches
-# between decoding and encoding, and the conversion while the program runs is never more than a
-# window behind. `heapcast record`'s whole wait, against 1 << 20: ring 0.85x, threads 0.88x,
-# py_dicts 0.97x; bytes/event +0.6%, +0.5% and -2% (bench/record_ab.py; 1 << 17 and 1 << 19 were
-# slower on the whole).
+# quarter of writer.BLOCK_EVENTS: a window's decoded columns (62 bytes an event) are 18 MB, not
+# 72, and a window completes sooner for the conversion while the program runs. `heapcast
+# record`'s whole wait, against 1 << 20 (bench/record_ab.py): ring 0.85x, threads 0.88x,
+# py_dicts 0.97x. Bytes, on the same raw files: ring +0.4-0.6%, threads +1.5%, sqlite3 +1.1%,
+# py_dicts -1.6% (each section's zstd frame starts without history). 1 << 19 gained nothing over
+# 1 << 20; 1 << 17 about what 1 << 18 gains, for more bytes.
 WINDOW = 1 << 18
 
 
