@@ -386,6 +386,43 @@ def test_time_base_slots_move_the_time_of_the_events_after_them(tmp_path):
     rp.close()
 
 
+def test_a_chunk_in_seq_order_is_read_from_where_the_last_window_stopped(tmp_path):
+    """An ordered chunk's cursor: each window starts where the one before stopped, with the time
+    base in force there; a window below the cursor (a table given again from an earlier window)
+    reads the chunk from its start, and a chunk whose events are not in seq order never uses it."""
+    b = RawBuilder(tsc=False, start_mono=0)
+    b.chunk(0, [ev(1, F.MALLOC, ts=1, a=0x1000, b=8), ev(2, F.MALLOC, ts=2, a=0x2000, b=8),
+                (OP_TIME, 0, 0, 1 << 40, 0),
+                ev(3, F.FREE, ts=3, a=0x1000), ev(4, F.CALLOC, ts=4, a=0x3000, b=8), ext(arg=1),
+                ev(6, F.FREE, ts=6, a=0x2000)], tsc=100, mono=0)
+    b.chunk(1, [ev(7, F.MALLOC, ts=7, a=0x4000, b=8), ev(5, F.MALLOC, ts=5, a=0x5000, b=8)],
+            tsc=200, mono=0)
+    b.seq = 8
+    path = b.write(tmp_path / "1.raw")
+    rp = RawProcess(path)
+    assert [c.ordered for c in rp.chunks] == [True, False]
+    table = native_raw.chunk_table(rp.chunks)
+    buf = rp._buffer()
+    mapping = buf.ctypes.data, len(buf)
+
+    def window(lo, hi):
+        got = native_raw.decode_window(*mapping, table, rp._clock(), lo, hi)
+        return got["seq"].tolist(), got["ts"].tolist()
+
+    assert window(1, 3) == ([1, 2], [101, 102])
+    assert table["next_slot"].tolist() == [3, 0] and table["next_seq"].tolist() == [3, 0]
+    assert table["next_tsc"][0] == 1 << 40   # the time base slot before the cursor
+    assert window(3, 6) == ([3, 4, 5], [(1 << 40) + 3, (1 << 40) + 4, 205])
+    assert table["next_slot"].tolist() == [6, 0]
+    assert window(1, 8) == ([1, 2, 3, 4, 5, 6, 7],   # below the cursor: from the start
+                            [101, 102, (1 << 40) + 3, (1 << 40) + 4, 205, (1 << 40) + 6, 207])
+    assert table["next_slot"].tolist() == [7, 0] and table["next_seq"].tolist() == [8, 0]
+    assert window(8, 9) == ([], [])
+    del buf
+    compare_process(path, windows=(1 << 20, 3, 2, 1))
+    rp.close()
+
+
 def test_two_slot_events(tmp_path):
     b = RawBuilder()
     b.chunk(3, [ev(1, F.REALLOC, a=0x2000, b=64), ext(old=0x1234_5678_9abc, arg=0, lag=2**40),

@@ -87,13 +87,25 @@ def assert_same_trace(a: Path, b: Path) -> None:
         assert (pa.pid, pa.threads, pa.lost_events) == (pb.pid, pb.threads, pb.lost_events)
 
 
-def test_live_conversion_equals_conversion_after_exit(build, small_windows, keep_raw, tmp_path):
+def test_live_conversion_equals_conversion_after_exit(build, small_windows, keep_raw, tmp_path,
+                                                     monkeypatch):
+    polls = []   # (what poll returned, whether it converted events)
+    real_poll = live.LiveConverter.poll
+
+    def poll(self):
+        before = sum(lp.emitted for lp in self.processes.values())
+        got = real_poll(self)
+        polls.append((got, sum(lp.emitted for lp in self.processes.values()) > before))
+        return got
+
+    monkeypatch.setattr(live.LiveConverter, "poll", poll)
     out = tmp_path / "t"
     r = record([build("phases"), "4", "40", "2000", "10000"], output=out, progress=False)
     assert r.exit_code == 0 and not r.problems
     assert r.events >= 4 * 40 * 2000 * 2
     # (how much depends on the machine's load: the converter never makes the program wait)
     assert r.live_events > 0, "nothing was converted while the program ran"
+    assert all(got == converted for got, converted in polls) and (True, True) in polls
     (copy, lives), = keep_raw
     assert any(lp.emitted for lp in lives.values())
     again = finalize(copy, progress=False)          # the same raw files, converted after exit
@@ -488,18 +500,36 @@ def test_a_drainer_asked_to_keep_chunks_leaves_them_in_place(build, small_window
 
 def test_the_drainer_keeps_chunks_while_the_conversion_is_far_behind():
     """LiveConverter._pace: keep mode above KEEP_ABOVE chunks behind, copies again below
-    COPY_BELOW, nothing asked in between (hysteresis)."""
+    COPY_BELOW, nothing asked in between (hysteresis); KEEP_ABOVE_ONE and COPY_BELOW_ONE where
+    every process behind has had one thread; copies of files not opened yet count."""
     asked = []
 
     class FakeDrainer:
         def keep(self, on):
             asked.append(on)
 
-    conv = live.LiveConverter("/nonexistent", FakeDrainer())
-    for backlog in (10, live.KEEP_ABOVE, live.KEEP_ABOVE + 1, 1000, live.COPY_BELOW,
-                    live.COPY_BELOW - 1, 10, live.KEEP_ABOVE + 1):
-        conv._pace(backlog)
-    assert asked == [True, False, True]
+    class Behind:   # what _pace reads of a LiveProcess
+        def __init__(self, threads):
+            self.threads, self.copies = threads, {}
+
+    def pace(backlogs, threads):
+        asked.clear()
+        conv = live.LiveConverter("/nonexistent", FakeDrainer())
+        proc = conv.processes["1.raw"] = Behind(threads)
+        conv.processes["2.raw"] = Behind(7)   # nothing behind: its threads do not count
+        for backlog in backlogs:
+            proc.copies = dict.fromkeys(range(backlog - 3))
+            conv._pace(3)
+        return list(asked)
+
+    assert live.COPY_BELOW_ONE < live.KEEP_ABOVE_ONE <= live.COPY_BELOW < live.KEEP_ABOVE
+    several = (10, live.KEEP_ABOVE, live.KEEP_ABOVE + 1, 1000, live.COPY_BELOW,
+               live.COPY_BELOW - 1, 10, live.KEEP_ABOVE + 1)
+    assert pace(several, threads=4) == [True, False, True]
+    one = (10, live.KEEP_ABOVE_ONE, live.KEEP_ABOVE_ONE + 1, 1000, live.COPY_BELOW_ONE,
+           live.COPY_BELOW_ONE - 1, 10, live.KEEP_ABOVE_ONE + 1)
+    assert pace(one, threads=1) == [True, False, True]
+    assert pace((live.KEEP_ABOVE_ONE + 1, live.KEEP_ABOVE), threads=2) == []
 
 
 def test_processes_that_have_ended_are_passed_by(build, small_windows, keep_raw, tmp_path,
@@ -670,7 +700,8 @@ def test_record_killed_while_converting_loses_nothing(build, tmp_path, when):
     prog = build("phases")
     pairs, phases_n = 3000, 40
     # `heapcast record` with small_windows's settings
-    keep = "live.KEEP_ABOVE = -1; live.COPY_BELOW = -1; " if when == "keeping" else ""
+    keep = ("live.KEEP_ABOVE = live.KEEP_ABOVE_ONE = -1; live.COPY_BELOW = live.COPY_BELOW_ONE "
+            "= -1; ") if when == "keeping" else ""
     code = ("import sys; from heapcast.recorder import live; live.WINDOW = 4096; "
             f"live.FREEZE_NS = 5_000_000; live.POLL_S = 0.005; {keep}"
             "from heapcast.cli import main; sys.exit(main())")
@@ -750,3 +781,30 @@ def _wait_for_exit(pid: int) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"program {pid} did not end")
+
+
+def test_the_converter_polls_again_at_once_while_it_converts(monkeypatch):
+    """LiveConverter.run: a poll that converted a window is followed by another at once (the
+    program may have completed more meanwhile); one that converted nothing waits POLL_S."""
+    calls = []
+
+    class Stop:   # what run() asks of its stop event, logged
+        def wait(self, timeout):
+            calls.append("wait")
+            return calls.count("poll") >= 6
+
+        def is_set(self):
+            return False
+
+    results = iter([False, True, True, False, True, False])
+
+    def poll():
+        calls.append("poll")
+        return next(results)
+
+    monkeypatch.setattr(live, "lower_priority", lambda nice: None)
+    conv = live.LiveConverter("/nonexistent", None, Stop())
+    conv.poll = poll
+    conv.run()
+    assert calls == ["wait", "poll", "wait", "poll", "poll", "poll", "wait", "poll", "poll",
+                     "wait"]

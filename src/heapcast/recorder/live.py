@@ -32,8 +32,9 @@ raw file, so that the file stays bounded and its pages are reused rather than fr
 failed check, `heapcast record` killed) goes on from the last checkpoint.
 
 Pace: a copy spares the program fresh pages but costs the core the conversion needs; more than
-KEEP_ABOVE MiB behind, the converter asks the drainer to keep chunks in place instead, and to
-copy again below COPY_BELOW (LiveConverter._pace).
+KEEP_ABOVE MiB behind (KEEP_ABOVE_ONE where each process behind has had one thread), the
+converter asks the drainer to keep chunks in place instead, and to copy again below COPY_BELOW
+(LiveConverter._pace).
 
 Times: the conversion of TSC ticks to ns is fitted over the clock pairs seen in the first 100 ms
 and written into the raw file's header (raw_format.h, clock_set), so that any later conversion
@@ -65,6 +66,7 @@ POLL_S = 0.02
 NICE = 10                        # the converter takes only CPU time that nothing else wants
 NESTED_RESERVE = 32              # recorder.c: slots kept at a chunk's end for signal handlers
 KEEP_ABOVE, COPY_BELOW = 512, 128   # chunks behind (MiB): the drainer keeps them / copies again
+KEEP_ABOVE_ONE, COPY_BELOW_ONE = 128, 32   # the same where one thread of each process records
 QUIET = 2                        # unchanged polls that still step (quiet())
 SEALED_TAIL = 264                # raw_format.h: the header's sealed.tail (chunks ever sealed)
 
@@ -111,6 +113,7 @@ class LiveProcess:
         self.counter = 0                       # the seq counter at the last poll
         self.failed = None
         self.dormant = False
+        self.threads = 0                       # thread ids its recorder handed out (last poll)
         self.skipped = frozenset()             # set by finalize: done_chunks()
         self.checked = False                   # set by finalize: the check passed
         self.log = checkpoint.CheckpointLog(self.path.with_suffix(TRACE_SUFFIX))
@@ -142,7 +145,8 @@ class LiveProcess:
         buf = np.frombuffer(mm, np.uint8)
         address, length = buf.ctypes.data, len(buf)
         del buf
-        n, events, seq_min, seq_max, locs, bad = native_raw.scan_chunk(address, length, off, size)
+        n, events, seq_min, seq_max, locs, bad, ordered = native_raw.scan_chunk(address, length,
+                                                                                off, size)
         if bad is not None:
             raise ValueError(f"{self.path}: bad slot in chunk at {off}")
         if locs:
@@ -154,7 +158,7 @@ class LiveProcess:
                                                              self.locs_done.get(off, 0))
             self.assigner.add_definitions(defs)
             del slots
-        return Chunk(off, size, tid, n, seq_min, seq_max, tsc, events)
+        return Chunk(off, size, tid, n, seq_min, seq_max, tsc, events, ordered)
 
     def add_copies(self, offsets) -> None:
         """Reads the drainer's completed copies at these offsets."""
@@ -336,6 +340,7 @@ class LiveProcess:
             self.add_copies(copies)
         seq, = struct.unpack_from("<Q", self.mm, 128)
         file_end, _, _, threads, flags, _ = _COUNTERS.unpack_from(self.mm, 192)
+        self.threads = threads
         if flags & FLAG_DORMANT:
             self.dormant = True
             return
@@ -365,12 +370,18 @@ class LiveProcess:
                 self.next_lo += (int(later.min()) - lo) // WINDOW * WINDOW
                 continue
             if table is None:
-                table = _chunk_table(chunks)
+                table = native_raw.chunk_table(chunks)
+                # A chunk still being written may yet fill a slot it skipped, below events
+                # written after it (a signal handler's): read whole, never from a cursor.
+                table["ordered"] &= [c.offset in self.copies or c.offset in self.final
+                                     for c in chunks]
             buf = np.frombuffer(self.mm, np.uint8)
             address, length = buf.ctypes.data, len(buf)
             del buf
-            block = native_raw.decode_window(address, length, table[ks], self.clock, lo, hi,
+            rows = table[ks]   # (a copy: its cursors go back into the table)
+            block = native_raw.decode_window(address, length, rows, self.clock, lo, hi,
                                              self.assigner.remap, self.buffers)
+            table[ks] = rows
             if len(block["seq"]):
                 self._account(block, lo)
                 self.assigner.number(block)
@@ -511,8 +522,8 @@ class LiveProcess:
                 buf = rp._buffer()
                 address, length = buf.ctypes.data, len(buf)
                 del buf
-                block = native_raw.decode_chunk(address, length, _chunk_table([c]), rp._clock(),
-                                                0, lo)
+                block = native_raw.decode_chunk(address, length, native_raw.chunk_table([c]),
+                                                rp._clock(), 0, lo)
                 count += len(block["seq"])
         return count == self.emitted
 
@@ -536,13 +547,6 @@ class LiveProcess:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def _chunk_table(chunks) -> np.ndarray:
-    table = np.zeros(len(chunks), native_raw.CHUNK_DTYPE)
-    for name in ("offset", "size", "n", "tsc", "tid"):
-        table[name] = [getattr(c, name) for c in chunks]
-    return table
 
 
 class LiveConverter:
@@ -570,27 +574,43 @@ class LiveConverter:
         machine it must not take CPU time from the program or the drainer."""
         lower_priority(NICE)
         while not self.stop.wait(POLL_S):
-            self.poll()
+            # Converted something: the windows the program completed meanwhile are polled at
+            # once (a program faster than the conversion left it idle a poll in two).
+            while self.poll() and not self.stop.is_set():
+                pass
 
-    def _pace(self, backlog: int) -> None:
-        """Far behind the program (`backlog` full chunks read but not converted), asks the
-        drainer to keep the chunks sealed from now on in place rather than copy them; back
-        near, to copy them again. A copy spares the program fresh pages, but it costs the core
-        that the conversion needs, and a recording longer than the conversion can follow then
-        doubles the dirty pages that the kernel writes back to disk for nothing (ring.c ten
-        times as long: 18 s with copies, 12 s without; bench/record_ab.py --workloads ring_long)."""
+    def _pace(self, waiting: int) -> None:
+        """Far behind the program (full chunks read but not converted, and `waiting` copies of
+        files not opened yet), asks the drainer to keep the chunks sealed from now on in place
+        rather than copy them; back near, to copy them again. A copy spares the program fresh
+        pages, but it costs the core that the conversion needs, and a recording longer than the
+        conversion can follow then doubles the dirty pages that the kernel writes back to disk
+        for nothing (ring.c ten times as long: 18 s with copies, 12 s without;
+        bench/record_ab.py --workloads ring_long).
+        Sooner (KEEP_ABOVE_ONE) where every process behind has had a single thread: its fresh
+        pages then cost that thread alone, while the drainer's copies take the core the
+        conversion needs (ring: 0.88x the whole wait against KEEP_ABOVE). Several threads of a
+        process fault their pages against each other, and the cores are theirs anyway (threads:
+        1.03-1.07x with the lower threshold, so it keeps KEEP_ABOVE)."""
         if self.drainer is None:
             return
-        if not self.keeping and backlog > KEEP_ABOVE:
+        behind = [lp for lp in self.processes.values() if lp.copies]
+        backlog = sum(len(lp.copies) for lp in behind) + waiting
+        one = all(lp.threads <= 1 for lp in behind)
+        keep_above, copy_below = (KEEP_ABOVE_ONE, COPY_BELOW_ONE) if one else \
+            (KEEP_ABOVE, COPY_BELOW)
+        if not self.keeping and backlog > keep_above:
             self.keeping = True
             self.drainer.keep(True)
-        elif self.keeping and backlog < COPY_BELOW:
+        elif self.keeping and backlog < copy_below:
             self.keeping = False
             self.drainer.keep(False)
 
-    def poll(self) -> None:
+    def poll(self) -> bool:
         """Opens new raw files, hands each its new copies, converts what is complete, then hands
-        on_ended the files of the processes that have ended for good."""
+        on_ended the files of the processes that have ended for good. Returns whether it
+        converted any window."""
+        emitted = sum(lp.emitted for lp in self.processes.values())
         # The files the drainer let go of are taken before its copies: every copy of such a file
         # is then among these (it logs a file's copies before it lets go of it).
         if self.drainer is not None and self.on_ended is not None:
@@ -598,7 +618,7 @@ class LiveConverter:
         copies, lost = self.drainer.copies() if self.drainer is not None else ([], 0)
         for ino, off in copies:
             self._waiting.setdefault(ino, []).append(off)
-        self._pace(sum(len(lp.copies) for lp in self.processes.values()) + len(copies))
+        self._pace(len(copies))
         try:
             entries = [e for e in os.scandir(self.directory) if e.name.endswith(".raw")]
         except OSError:
@@ -625,8 +645,10 @@ class LiveConverter:
             except Exception as e:   # never disturb the recording: convert after the exit
                 lp.failed = f"{type(e).__name__}: {e}"
                 lp.abandon()
+        progress = sum(lp.emitted for lp in self.processes.values()) > emitted
         if self.on_ended is not None and not lost:
             self._convert_gone()
+        return progress
 
     def _convert_gone(self) -> None:
         """Hands on_ended the files of the processes that have ended for good (LiveProcess.gone),

@@ -19,12 +19,14 @@ import numpy as np
 
 from .native_codec import LIBRARY, LoadedOnce, NativeError, stream_buffer
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 ERR_ARGS, ERR_SPACE, ERR_NOMEM, ERR_EXT = -1, -2, -3, -5
 
-#: hc_raw_chunk: one chunk to decode.
+#: hc_raw_chunk: one chunk to decode, with its cursor (where the window before stopped reading
+#: it; see raw_decode.c).
 CHUNK_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u8"), ("n", "<u8"), ("tsc", "<u8"),
-                        ("tid", "<u4"), ("pad", "<u4")])
+                        ("tid", "<u4"), ("ordered", "<u4"), ("next_slot", "<u8"),
+                        ("next_tsc", "<u8"), ("next_seq", "<u8")])
 #: The columns the decoder fills, in hc_raw_columns order (EVENT_DTYPE's fields but `proc`).
 COLUMNS = (("seq", np.uint64), ("ts", np.uint64), ("addr", np.uint64), ("old_addr", np.uint64),
            ("size", np.uint64), ("arg", np.uint64), ("loc", np.uint32), ("tid", np.uint32),
@@ -94,12 +96,22 @@ def _check(rc: int, what: str) -> int:
 
 
 def scan_chunk(address: int, length: int, offset: int, size: int) -> tuple:
-    """(n, events, seq_min, seq_max, loc slots, first bad slot or None) of the chunk at offset in
-    the raw file's bytes (address, length: its mapping, which must stay mapped meanwhile)."""
-    out = (ctypes.c_uint64 * 6)()   # (a ctypes array: a chunk's scan takes a few us)
+    """(n, events, seq_min, seq_max, loc slots, first bad slot or None, ordered) of the chunk at
+    offset in the raw file's bytes (address, length: its mapping, which must stay mapped
+    meanwhile); ordered: its events' seqs increase in slot order."""
+    out = (ctypes.c_uint64 * 7)()   # (a ctypes array: a chunk's scan takes a few us)
     _check(library().hc_raw_scan_chunk(address, length, offset, size, out), "hc_raw_scan_chunk")
-    n, events, lo, hi, locs, bad = out
-    return n, events, lo, hi, locs, None if bad == 2**64 - 1 else bad
+    n, events, lo, hi, locs, bad, ordered = out
+    return n, events, lo, hi, locs, None if bad == 2**64 - 1 else bad, bool(ordered)
+
+
+def chunk_table(chunks) -> np.ndarray:
+    """The CHUNK_DTYPE table of chunks (heapcast.trace.raw.Chunk), cursors at their start."""
+    table = np.zeros(len(chunks), CHUNK_DTYPE)
+    for name in ("offset", "size", "n", "tsc", "tid", "ordered"):
+        table[name] = [getattr(c, name) for c in chunks]
+    table["next_tsc"] = table["tsc"]
+    return table
 
 
 def _columns(cap: int) -> tuple[np.ndarray, dict, Columns]:
@@ -173,10 +185,12 @@ def decode_chunk(address: int, length: int, chunk: np.ndarray, clock: Clock, lo:
 
 def decode_window(address: int, length: int, chunks: np.ndarray, clock: Clock, lo: int, hi: int,
                   remap=None, buffers: Buffers | None = None) -> dict:
-    """The events with seq in [lo, hi) of the chunks (a CHUNK_DTYPE array) of the raw file mapped
-    at address (length bytes), in seq order (rows of equal seq: in chunk order, then slot order),
-    as columns. `remap`: loc = remap[raw id], 0 beyond it. Raises ExtError(k, slot)."""
-    chunks = np.ascontiguousarray(chunks, CHUNK_DTYPE)
+    """The events with seq in [lo, hi) of the chunks (a contiguous CHUNK_DTYPE array, whose
+    cursors this advances: pass the same rows for the next window) of the raw file mapped at
+    address (length bytes), in seq order (rows of equal seq: in chunk order, then slot order), as
+    columns. `remap`: loc = remap[raw id], 0 beyond it. Raises ExtError(k, slot)."""
+    if chunks.dtype != CHUNK_DTYPE or not chunks.flags.c_contiguous or not chunks.flags.writeable:
+        raise ValueError("decode_window: chunks must be a writable contiguous CHUNK_DTYPE array")
     lo, hi = min(lo, 2**64 - 1), min(hi, 2**64 - 1)   # seq numbers are below 2**56
     cap = int(chunks["n"].sum())
     if buffers is not None:

@@ -61,6 +61,8 @@ class Chunk:
     seq_max: int
     tsc: int = 0      # the chunk's first time base (its header's tsc)
     events: int = 0   # events among the n slots
+    ordered: bool = False   # its events' seqs increase in slot order (decoded window by window
+                            # from where the last one stopped: native_raw.CHUNK_DTYPE)
 
 
 class RawProcess:
@@ -145,14 +147,15 @@ class RawProcess:
                     self.chunks.append(c)
                 off += size
                 continue
-            n, events, seq_min, seq_max, locs, bad = native_raw.scan_chunk(address, length, off,
-                                                                           size)
+            n, events, seq_min, seq_max, locs, bad, ordered = native_raw.scan_chunk(
+                address, length, off, size)
             if bad is not None:
                 i = off + SLOT * (bad + 1)
                 raise TraceError(self.path, i, f"slot has op {self._mm[i]}, expected an operation "
                                  f"code 0..{F.MREMAP} or a marker 0xFC..0xFF")
             if events:
-                self.chunks.append(Chunk(off, size, tid, n, seq_min, seq_max, tsc, events))
+                self.chunks.append(Chunk(off, size, tid, n, seq_min, seq_max, tsc, events,
+                                         ordered))
             if locs:
                 slots = np.frombuffer(self._mm, SLOT_DTYPE, n, off + SLOT)
                 self.locs.update(location_definitions(self.path, slots, off)[0])
@@ -187,12 +190,6 @@ class RawProcess:
         identity = self._slope == 1.0 and self._t0 == 0
         return native_raw.Clock(self._slope, self._t0, self._n0, identity, 0)
 
-    def _chunk_table(self, chunks: list) -> np.ndarray:
-        table = np.zeros(len(chunks), native_raw.CHUNK_DTYPE)
-        for name in ("offset", "size", "n", "tsc", "tid"):
-            table[name] = [getattr(c, name) for c in chunks]
-        return table
-
     def _ext_error(self, c: Chunk, slot: int) -> TraceError:
         return TraceError(self.path, c.offset + SLOT * (slot + 1),
                           "expected the second slot (marker 0xFF) of a two-slot event")
@@ -213,7 +210,8 @@ class RawProcess:
         address, length = buf.ctypes.data, len(buf)
         del buf
         try:
-            return native_raw.decode_chunk(address, length, self._chunk_table([c]), self._clock())
+            return native_raw.decode_chunk(address, length, native_raw.chunk_table([c]),
+                                           self._clock())
         except native_raw.ExtError as e:
             raise self._ext_error(c, e.slot) from None
 
@@ -229,7 +227,7 @@ class RawProcess:
             return
         if window < 1:
             raise ValueError(f"window must be at least 1, not {window}")
-        table = self._chunk_table(self.chunks)
+        table = native_raw.chunk_table(self.chunks)
         mins = np.array([c.seq_min for c in self.chunks], np.uint64)
         maxs = np.array([c.seq_max for c in self.chunks], np.uint64)
         lo_all, hi_all = int(mins.min()), int(maxs.max())
@@ -248,11 +246,13 @@ class RawProcess:
             buf = self._buffer()   # checks that the file is still open (the caller may close it)
             address, length = buf.ctypes.data, len(buf)
             del buf
+            rows = table[ks]   # (a copy: its cursors go back into the table)
             try:
-                block = native_raw.decode_window(address, length, table[ks], clock, lo, hi, remap,
+                block = native_raw.decode_window(address, length, rows, clock, lo, hi, remap,
                                                  buffers)
             except native_raw.ExtError as e:
                 raise self._ext_error(self.chunks[int(ks[e.chunk])], e.slot) from None
+            table[ks] = rows
             if len(block["seq"]):
                 if assigner is not None:
                     assigner.number(block)
