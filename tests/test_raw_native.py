@@ -309,12 +309,15 @@ def pick(rng, values):
     return values[int(rng.integers(len(values)))]
 
 
-def random_raw(rng, path, threads=4, events=3000, tsc=True, disorder=False):
+def random_raw(rng, path, threads=4, events=3000, tsc=True, disorder=False, gaps=False):
     """A raw file of random events of every kind, in per-thread chunks of random sizes, with
-    location definitions, time base slots and unused pages among them."""
+    location definitions, time base slots and unused pages among them. `gaps`: seq numbers that
+    no event took among them (a realloc's second, lost events)."""
     b = RawBuilder(tsc=tsc, end=bool(rng.integers(2)))
     owner = rng.integers(0, threads, events)
     seqs = np.arange(events, dtype=np.uint64) + int(rng.integers(0, 1 << 30))
+    if gaps:   # runs of missing seqs, short and long
+        seqs += np.cumsum(rng.choice([0, 0, 0, 1, 5, 70], events)).astype(np.uint64)
     if disorder:   # out-of-order and repeated seq numbers within a thread
         swap = rng.integers(0, events, events // 20)
         seqs[swap] = seqs[rng.integers(0, events, len(swap))]
@@ -365,6 +368,16 @@ def test_random_raw_files_decode_as_the_reference(tmp_path, seed):
     path = random_raw(rng, tmp_path / "1.raw", threads=1 + seed % 5, events=500 + 300 * seed,
                       tsc=seed % 3 != 0, disorder=seed % 4 == 3)
     assert compare_process(path, windows=(1 << 20, 1000, 37) + ((1,) if seed < 3 else ())) > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_interleaved_threads_with_unused_seq_numbers_decode_as_the_reference(tmp_path, seed):
+    """Windows of interleaved threads whose seqs have gaps: each event goes straight to its
+    seq's row, then the rows move down over the gaps (raw_decode.c, decode_direct)."""
+    rng = np.random.default_rng(100 + seed)
+    path = random_raw(rng, tmp_path / "1.raw", threads=2 + seed % 4, events=2000 + 500 * seed,
+                      tsc=seed % 2 == 0, gaps=True)
+    assert compare_process(path, windows=(1 << 20, 4096, 1000, 64, 37, 1)) > 0
 
 
 def test_time_base_slots_move_the_time_of_the_events_after_them(tmp_path):
