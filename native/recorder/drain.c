@@ -239,6 +239,15 @@ static int copy_chunk(struct proc *p, char *m, uint64_t *copied_at) {
     /* fallocate, not a write into a hole: on a full disk it fails here, not in the program; and
      * no posix_fallocate emulation may rewrite bytes under the recorder's own reservations. */
     if (fallocate(p->fd, 0, (off_t)dst, HC_CHUNK_MAX) != 0) return 0;
+    /* A copy at (or across) the recorder's reservation frontier moves it past itself: the
+     * recorder's next reservation then starts above this copy, not over it once it has been
+     * punched out (recorder.c, reserve_file). One above the frontier leaves it: the space
+     * between belongs to a chunk that a thread claimed and reserves itself. */
+    uint64_t r = __atomic_load_n(&p->h->file_reserved, __ATOMIC_ACQUIRE);
+    while (r >= dst && r < dst + HC_CHUNK_MAX &&
+           !__atomic_compare_exchange_n(&p->h->file_reserved, &r, dst + HC_CHUNK_MAX, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
     hdr.magic = 0;
     struct iovec iov[2] = {{&hdr, sizeof hdr}, {m + sizeof hdr, HC_CHUNK_MAX - sizeof hdr}};
     uint32_t magic = HC_CHUNK_MAGIC;

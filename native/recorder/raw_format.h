@@ -109,7 +109,9 @@ struct hc_header {                 /* page 0 of a raw file */
     /* Shared counters, each on its own cache line. */
     _Alignas(64) volatile uint64_t seq;       /* next sequence number */
     _Alignas(64) volatile uint64_t file_end;  /* next free chunk offset */
-    volatile uint64_t file_reserved;          /* bytes of the file backed by fallocate */
+    volatile uint64_t file_reserved;          /* the reservation frontier: bytes of the file
+                                                 backed by fallocate (recorder.c, reserve_file;
+                                                 copies punched out below it stay holes) */
     volatile uint64_t lost;                   /* events that could not be written */
     volatile uint32_t threads;                /* thread ids handed out */
     volatile uint32_t flags;

@@ -54,6 +54,8 @@ import numpy as np
 
 from ..trace import native_raw
 from ..trace.base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
+from ..trace.format import TraceError
+from ..trace.mods import ModsFile
 from ..trace.raw import (CHUNK_DRAINED, CHUNK_ENDED, CHUNK_KEPT, CHUNK_MAGIC, CHUNK_MAX, CLOCK,
                          CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC, SLOT, SLOT_DTYPE, WINDOW,
                          Chunk, LocationAssigner,
@@ -117,6 +119,8 @@ class LiveProcess:
         self.skipped = frozenset()             # set by finalize: done_chunks()
         self.checked = False                   # set by finalize: the check passed
         self.log = checkpoint.CheckpointLog(self.path.with_suffix(TRACE_SUFFIX))
+        # its .mods parsed as it grows (finalize reads on from there); None once it failed
+        self.mods: ModsFile | None = ModsFile(self.path.with_suffix(".mods"))
         self.marks: deque = deque()            # after each window: (next_lo, emitted, ids,
                                                # prev_seq, last_ts), not yet checkpointed
         self.ends: dict[int, int] = {}         # events in .hct.tmp -> its size then
@@ -336,6 +340,11 @@ class LiveProcess:
     def step(self, copies, stop: threading.Event) -> None:
         """One poll: reads what is new, converts the windows it completes."""
         self._map()
+        if self.mods is not None:
+            try:
+                self.mods.update(final=False)
+            except (OSError, TraceError):   # finalize reads it whole, and reports it
+                self.mods = None
         if copies:
             self.add_copies(copies)
         seq, = struct.unpack_from("<Q", self.mm, 128)

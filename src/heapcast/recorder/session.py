@@ -583,6 +583,7 @@ def _scan_raw(raw: Path, lp, problems: list):
     None when it cannot be read (the problem noted). A LiveProcess that converted nothing still
     saves the scan the chunks it read."""
     from ..trace.raw import RawProcess
+    mods = lp.mods if lp is not None else None   # (parsed while the program ran)
     if lp is not None and (lp.failed or lp.clock is None):
         lp.close()
         lp = None
@@ -590,7 +591,7 @@ def _scan_raw(raw: Path, lp, problems: list):
         if lp is not None:
             lp.skipped = lp.done_chunks()
         rp = RawProcess(raw, skip=lp.skipped if lp is not None else frozenset(),
-                        known=lp.known_chunks() if lp is not None else None)
+                        known=lp.known_chunks() if lp is not None else None, mods=mods)
     except Exception as e:  # a raw file we cannot read must not hide the others
         if lp is not None:
             lp.close()

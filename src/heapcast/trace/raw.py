@@ -21,7 +21,8 @@ from . import format as F
 from . import native_raw
 from .base import RAW_HEADER_SIZE as HEADER_SIZE, RAW_MAGIC
 from .format import TraceError
-from .model import PY_FRAME_TAG, LocationTable, Module, ModuleSnapshot, Process, PyFrame
+from .model import PY_FRAME_TAG, LocationTable, ModuleSnapshot, Process, PyFrame
+from .mods import ModsFile
 
 RAW_VERSION = 1
 SLOT = 32
@@ -73,9 +74,11 @@ class RawProcess:
     Chunk of chunks that never change and were scanned before (chunks that
     heapcast.recorder.live read but did not wholly convert): taken as they are, their location
     definitions not read again (the caller has them) nor their clock pairs (give `known` only
-    for a file whose clock is frozen in its header)."""
+    for a file whose clock is frozen in its header). `mods`: the file's .mods as the caller
+    parsed it so far (heapcast.trace.mods), read on from there."""
 
-    def __init__(self, path: Path, skip=frozenset(), known: dict | None = None):
+    def __init__(self, path: Path, skip=frozenset(), known: dict | None = None,
+                 mods: ModsFile | None = None):
         self.path = Path(path)
         self._skip = skip
         self._known = known or {}
@@ -87,7 +90,7 @@ class RawProcess:
         self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self._parse_header(size)
         self._scan()
-        self._read_mods()
+        self._read_mods(mods)
 
     def close(self) -> None:
         if not self._mm.closed:
@@ -262,45 +265,15 @@ class RawProcess:
 
     # ------------------------------------------------------------------ metadata
 
-    def _read_mods(self) -> None:
-        self.exe, self.argv, self.cwd = "", [], ""
-        self.modules: list[ModuleSnapshot] = []
-        self.python_frames: dict[int, PyFrame] = {}
+    def _read_mods(self, mods: ModsFile | None) -> None:
+        """The .mods file's metadata: `mods` parsed so far by the caller, or the whole file."""
+        mods = mods if mods is not None else ModsFile(self.path.with_suffix(".mods"))
+        mods.update(final=True)
+        self.exe, self.argv, self.cwd = mods.exe, mods.argv, mods.cwd
+        self.modules: list[ModuleSnapshot] = mods.modules
+        self.python_frames: dict[int, PyFrame] = mods.python_frames
+        self.pymalloc_seq = mods.pymalloc_seq
         self._canon = None
-        self.pymalloc_seq = -1
-        mods = self.path.with_suffix(".mods")
-        try:
-            text = mods.read_bytes().decode("ascii", "replace")
-        except OSError:
-            return
-        snap = None
-        for lineno, line in enumerate(text.splitlines(), 1):
-            try:
-                if line.startswith("P "):   # a Python frame (most lines of a Python program's
-                    # file); may fall inside a snapshot's lines
-                    _, fid, src_line, file, func = line.split(" ")
-                    self.python_frames[int(fid, 16)] = PyFrame(_unhex(file), _unhex(func),
-                                                               int(src_line, 16))
-                elif line.startswith("X "):
-                    self.exe = _unhex(line[2:])
-                elif line.startswith("A "):
-                    self.argv = [a for a in _unhex(line[2:]).split("\0")][:-1] if line[2:] else []
-                elif line.startswith("C "):
-                    self.cwd = _unhex(line[2:])
-                elif line.startswith("M "):
-                    snap = ModuleSnapshot(int(line[2:], 16), [])
-                elif line.startswith("m ") and snap is not None:
-                    parts = line.split(" ")
-                    path = _unhex(parts[4]) if len(parts) > 4 else ""
-                    snap.modules.append(Module(path or self.exe, int(parts[1], 16),
-                                               int(parts[2], 16), int(parts[3], 16)))
-                elif line == "E" and snap is not None:
-                    self.modules.append(snap)
-                    snap = None
-                elif line.startswith("Y "):   # pymalloc recorded from this seq on
-                    self.pymalloc_seq = int(line[2:], 16)
-            except (ValueError, IndexError):
-                raise TraceError(mods, None, f"line {lineno}: malformed module map line {line!r}")
 
     def location_table(self) -> tuple[LocationTable, np.ndarray]:
         """The merged location table and the map from raw location ids to table ids."""
@@ -495,10 +468,6 @@ def _few_definitions(path, slots: np.ndarray, off: int, heads: list) -> tuple[di
             frames += (x0 | (x1 << 32), xa, xb)
         out[h >> 8] = tuple(frames[:count])
     return out, n
-
-
-def _unhex(s: str) -> str:
-    return bytes.fromhex(s.strip()).decode("utf-8", "surrogateescape")
 
 
 def _tsc_ghz() -> float:
