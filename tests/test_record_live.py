@@ -10,6 +10,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -839,15 +840,28 @@ def test_copies_punched_out_are_not_reserved_again(build, small_windows, punches
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(recording, "finalize", spy)
-    r = record([build("late_thread"), "12", "60000", "60000"], output=tmp_path / "t",
+    go = tmp_path / "go"
+    punched = lambda: sum(len(d) for regions in list(punches.values())  # noqa: E731
+                          for _, d in list(regions))
+
+    def release():   # the late thread starts once 32 MiB of copies were punched out (or 20 s)
+        deadline = time.monotonic() + 20
+        while punched() < 32 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        go.touch()
+
+    waiter = threading.Thread(target=release, daemon=True)
+    waiter.start()
+    r = record([build("late_thread"), "12", "60000", "20000", str(go)], output=tmp_path / "t",
                progress=False)
+    waiter.join()
     assert r.exit_code == 0 and not r.problems and r.lost_events == 0
     assert r.events >= 13 * 60000 * 2
     (name, (size, allocated)), = held.items()
     freed = sum(len(data) for _, data in punches.get(name, []))
     if not freed:
         pytest.skip("this file system did not punch copies out")
-    assert freed >= 24 << 20, f"only {freed >> 20} MiB of copies were punched out"
+    assert freed >= 32 << 20, f"only {freed >> 20} MiB of copies were punched out"
     # what the file holds is what was not punched out (the reservation ahead of the chunks is in
     # its size too); a few blocks more for the file system's own (extent tree). Before: 11-30 MiB
     # more, the punched copies reserved again.

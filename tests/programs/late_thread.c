@@ -1,7 +1,8 @@
 /* PHASES phases of PAIRS malloc/free pairs on the main thread, sleeping PAUSE_US after each (time
- * for the drainer to copy its chunks and the converter to punch the copies out), then a thread
+ * for the drainer to copy its chunks and the converter to punch the copies out), then, once the
+ * file GO exists (the test creates it when enough copies were punched; 30 s at most), a thread
  * that starts late and makes PAIRS more: its first chunks are fresh space, taken after the copies
- * were punched. Usage: late_thread PHASES PAIRS PAUSE_US. */
+ * were punched. Usage: late_thread PHASES PAIRS PAUSE_US GO. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -22,7 +23,7 @@ static void *late(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) return 2;
+    if (argc != 5) return 2;
     long phases = atol(argv[1]);
     pairs = atol(argv[2]);
     long pause_us = atol(argv[3]);
@@ -30,6 +31,7 @@ int main(int argc, char **argv) {
         run();
         usleep((useconds_t)pause_us);
     }
+    for (int i = 0; i < 3000 && access(argv[4], F_OK) != 0; i++) usleep(10000);
     pthread_t t;
     if (pthread_create(&t, NULL, late, NULL) != 0) return 1;
     pthread_join(t, NULL);
