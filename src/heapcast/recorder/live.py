@@ -598,7 +598,8 @@ class LiveConverter:
         bench/record_ab.py --workloads ring_long).
         Sooner (KEEP_ABOVE_ONE) where every process behind has had a single thread: its fresh
         pages then cost that thread alone, while the drainer's copies take the core the
-        conversion needs (ring: 0.88x the whole wait against KEEP_ABOVE). Several threads of a
+        conversion needs (ring: 0.88x the whole wait against KEEP_ABOVE while fresh pages were
+        slow on the development VM, no gain while they were not). Several threads of a
         process fault their pages against each other, and the cores are theirs anyway (threads:
         1.03-1.07x with the lower threshold, so it keeps KEEP_ABOVE)."""
         if self.drainer is None:

@@ -626,12 +626,13 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
 
     `heapcast record` calls it when the program has ended, with what its converter did while the
     program ran (`live`: LiveProcess by raw file; `early`: the processes it converted whole once
-    they had ended, see _Converter; a .hct of neither is counted as it is); run it by hand (`heapcast finalize`) on a
-    directory whose recording session was itself interrupted: the raw files hold every event
-    that the converter's checkpoints (`*.hct.ckpt`) do not, and the conversion goes on from the
-    last checkpoint's part of `*.hct.tmp` (what an interrupted conversion left beyond it, or
-    without a checkpoint all of it, is replaced). `pymalloc`: the recording
-    asked for pymalloc's allocations (record --pymalloc); a warning when no process wrapped them.
+    they had ended, see _Converter; a .hct of neither is counted as it is); run it by hand
+    (`heapcast finalize`) on a directory whose recording session was itself interrupted: the
+    raw files hold every event that the converter's checkpoints (`*.hct.ckpt`) do not, and the
+    conversion goes on from the last checkpoint's part of `*.hct.tmp` (what an interrupted
+    conversion left beyond it, or without a checkpoint all of it, is replaced). `pymalloc`: the
+    recording asked for pymalloc's allocations (record --pymalloc); a warning when no process
+    wrapped them.
     """
     from ..trace.format import TraceError
     from ..trace.raw import raw_files
