@@ -259,13 +259,30 @@ def test_unwritable_output_path_runs_the_program_untouched(build, untraced, cli,
     result = heapcast.record([prog], output=blocker / "trace")
     assert result.exit_code == plain.returncode == 0
     assert capfd.readouterr().out == plain.stdout.decode()
-    assert result.truncated and result.problems
+    assert result.truncated and not result.traced and result.problems
     assert str(blocker / "trace") in result.problems[0]
     assert not (blocker / "trace").exists()
 
     done = cli("record", "-o", blocker / "trace", "--", prog)
     assert done.returncode == 0 and done.stdout == plain.stdout.decode()
-    assert "TRUNCATED" in done.stderr and "warning" in done.stderr
+    assert done.stderr.startswith("heapcast: warning: nothing recorded: ")
+    assert "ran untraced" in done.stderr and "events" not in done.stderr
+
+
+def test_an_existing_trace_is_never_mixed_with_a_new_one(build, cli, tmp_path):
+    """Recording again into a trace directory leaves the first trace as it was, and the summary
+    says that nothing was recorded (not a summary of 0 events naming the old trace)."""
+    prog = build("threads")
+    out = tmp_path / "trace"
+    first = cli("record", "-o", out, "--", prog)
+    assert first.returncode == 0 and "nothing recorded" not in first.stderr
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    again = cli("record", "-o", out, "--", prog)
+    assert again.returncode == 0
+    assert again.stderr.strip() == (f"heapcast: warning: nothing recorded: {out} already exists "
+                                    "and is not empty: refusing to mix traces; the program ran "
+                                    "untraced")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed")

@@ -57,6 +57,7 @@ class RecordResult:
     trace_bytes: int = 0
     wall_s: float = 0.0
     problems: list = field(default_factory=list)
+    traced: bool = True           # False: the trace directory could not be used, nothing recorded
 
     @property
     def bytes_per_event(self) -> float:
@@ -64,6 +65,8 @@ class RecordResult:
 
     def summary(self) -> str:
         """The one-line summary `heapcast record` prints at the end."""
+        if not self.traced:   # not the summary of a trace: `path` may hold an older one
+            return "\n".join(f"heapcast: warning: nothing recorded: {p}" for p in self.problems)
         s = (f"heapcast: {self.events:,} events, {self.processes} process"
              f"{'es' if self.processes != 1 else ''}, {self.threads} thread"
              f"{'s' if self.threads != 1 else ''} -> {self.path} "
@@ -235,7 +238,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     result = RecordResult(exit_code, path, cmd)
     result.wall_s = time.monotonic() - start
     if problem is not None:
-        result.truncated = True
+        result.truncated, result.traced = True, False
         result.problems.append(problem + "; the program ran untraced")
     else:
         if converter is not None:
