@@ -226,3 +226,34 @@ def test_gru_chooses_memory_and_size_on_validation(runs, tmp_path, capsys, monke
                  runs["c"], "--hidden", "12", "--batch", "8", "--threads", "1", "--json", "-q")
     assert "hidden" not in s["validation"] and load_model(tmp_path / "h.safetensors") \
         .config["hidden"] == 12
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--batch", "-4"], "gru setting 'batch': expected an integer of at least 1, not -4"),
+    (["--set", "warmpu=5"], "model 'gru' has no setting 'warmpu' (its settings: batch, bptt,"),
+    (["--set", "lr=0"], "gru setting 'lr': expected a number above 0, not 0"),
+    (["--set", "ngram_hints=3"], "gru setting 'ngram_hints': expected true or false, not 3"),
+    (["--set", "cache_orders=[4, 0]"], "gru setting 'cache_orders': expected a list of integers"),
+    (["--model", "ngram", "--hidden", "8"], "model 'ngram' has no setting 'hidden'"),
+    (["--model", "ngram", "--set", "orders=[1, 2.5]"], "ngram setting 'orders': expected a list"),
+    (["--model", "seed", "--no-sites"], "--no-sites: model 'seed' reads no call sites"),
+    (["--max-steps", "-1"], "max_steps and max_events must be 0 (no limit) or more"),
+])
+def test_train_refuses_settings_the_model_does_not_have(runs, tmp_path, capsys, args, says):
+    """A misspelt or out-of-range setting is an error naming it before anything is read or
+    trained (before: --set warmpu=5 was ignored, and --batch -4 trained 200,000 steps)."""
+    model = tmp_path / "m.safetensors"
+    capsys.readouterr()
+    assert main(["train", str(runs["a"]), "-o", str(model), "-q", *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert not model.exists()
+
+
+def test_evaluate_refuses_a_negative_sample_count(runs, tmp_path, capsys):
+    model = tmp_path / "m.safetensors"
+    assert main(["train", str(runs["a"]), "-o", str(model), "--model", "majority", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(model), str(runs["b"]), "--protocol", "cross-run",
+                 "--max-samples", "-3"]) == 2
+    assert "max_samples must be 0 (every row) or more, not -3" in capsys.readouterr().err

@@ -269,6 +269,43 @@ def test_unwritable_output_path_runs_the_program_untouched(build, untraced, cli,
     assert "ran untraced" in done.stderr and "events" not in done.stderr
 
 
+def test_finalize_by_hand_of_what_is_not_an_interrupted_recording_is_an_error(cli, tmp_path):
+    """`heapcast finalize` names the path and what it expected: a missing path, a file, and a
+    directory without raw files are errors (exit 2), not a summary of 0 events."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    for name, says in (("missing", "no such directory"), ("file", "not a directory"),
+                       ("empty", "no raw files to convert")):
+        done = cli("finalize", tmp_path / name)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"heapcast finalize: error: {tmp_path / name}: {says}")
+        assert "events" not in done.stderr
+    with pytest.raises(ValueError, match="no raw files"):
+        heapcast.finalize(tmp_path / "empty")
+    assert list((tmp_path / "empty").iterdir()) == []   # nothing written there
+
+
+def test_record_options_that_cannot_work_stop_before_the_program(cli, tmp_path):
+    """Options that cannot work are errors (exit 2) and a command that cannot run exits 127, as
+    a shell's; neither runs anything nor leaves a trace directory."""
+    out = tmp_path / "t"
+    for args, code, says in (
+            (["--rss-interval", "-5"], 2, "heapcast record: error: rss_interval_ms must be at "
+                                          "least 1"),
+            (["--stacks", "65"], 2, "heapcast record: error: stacks must be between 0 and 64"),
+            (["--policy-every", "0", "--policy", tmp_path / "none.policy"], 2,
+             "heapcast record: error: --policy-every 0: expected a positive number"),
+            (["--policy", tmp_path / "none.policy"], 2, "heapcast record: error: --policy: "),
+    ):
+        done = cli("record", "-o", out, *args, "--", "/bin/true")
+        assert done.returncode == code and done.stderr.startswith(says), done.stderr
+        assert not out.exists()
+    done = cli("record", "-o", out, "--", tmp_path / "no-such-program")
+    assert done.returncode == 127
+    assert done.stderr.startswith(f"heapcast record: cannot run {tmp_path / 'no-such-program'}")
+    assert not out.exists()
+
+
 def test_an_existing_trace_is_never_mixed_with_a_new_one(build, cli, tmp_path):
     """Recording again into a trace directory leaves the first trace as it was, and the summary
     says that nothing was recorded (not a summary of 0 events naming the old trace)."""

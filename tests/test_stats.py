@@ -265,3 +265,9 @@ def test_recorded_program_end_to_end(tmp_path, cli, build):
     top_count = d["top_callsites_by_count"][0]
     assert (top_count["function"], top_count["module"], top_count["count"]) == ("make_small", exe.name, 100)
     assert len(d["top_callsites_by_count"]) == 3
+
+
+def test_a_negative_top_is_an_error():
+    with pytest.raises(ValueError, match="top must be 0 or more call sites, not -3"):
+        stats(family_trace(), top=-3)
+    assert stats(family_trace(), top=0)["top_callsites_by_bytes"] == []

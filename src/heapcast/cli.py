@@ -30,8 +30,8 @@ def _cmd_record(a) -> int:
                    log_features=a.log_features, live=not a.convert_at_exit,
                    pymalloc=a.pymalloc)
     except RecordError as e:
-        print(f"heapcast: {e}", file=sys.stderr)
-        return 127
+        print(f"heapcast record: {'error: ' if e.exit_code == 2 else ''}{e}", file=sys.stderr)
+        return e.exit_code
     print(r.summary(), file=sys.stderr)
     return r.exit_code
 

@@ -30,7 +30,13 @@ def _config(a) -> dict:
     if a.orders:
         cfg["orders"] = [int(x) for x in a.orders.split(",")]
     if a.no_sites:
-        cfg.update({"sites": False} if a.model == "ngram" else {"site_embed": 0})
+        model = a.model or DEFAULT_MODEL
+        if model == "ngram":
+            cfg["sites"] = False
+        elif model in ("gru", "lstm", "transformer"):
+            cfg["site_embed"] = 0
+        else:
+            raise ValueError(f"--no-sites: model {model!r} reads no call sites")
     if a.target:
         cfg["target"] = a.target
     for item in a.set or []:

@@ -36,6 +36,8 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
     subset (fixed `seed`) of that many rows (for the slow `seed` model)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
+    if max_samples < 0:
+        raise ValueError(f"max_samples must be 0 (every row) or more, not {max_samples}")
     model = load_model(model_path)
     training = model.meta.get("training", {})
     feats, data = load_task_for(traces, training.get("order", "thread"), model)

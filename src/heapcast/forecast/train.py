@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .dataset import load_features
-from .models import (DEFAULT_MODEL, NEURAL, STREAM_MODELS, create_model, model_class,
+from .models import (DEFAULT_MODEL, NEURAL, STREAM_MODELS, check_config, create_model, model_class,
                      save_model)
 from .protocols import SPLITS, split_masks
 from .select import calibrate_on_validation, choose_free_group, tune_on_validation
@@ -95,6 +95,10 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
         raise ValueError(f"unknown split {split!r} (known: {', '.join(SPLITS)})")
     if epochs < 1:
         raise ValueError("epochs must be at least 1")
+    if max_steps < 0 or max_events < 0:
+        raise ValueError(f"max_steps and max_events must be 0 (no limit) or more, not "
+                         f"{max_steps} and {max_events}")
+    check_config(model, config)
     if free_group is not None and (task != "free" or free_group not in FREE_GROUPS):
         raise ValueError(f"free_group {free_group!r}: only for task 'free', one of "
                          f"{', '.join(FREE_GROUPS)}")

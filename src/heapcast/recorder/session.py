@@ -191,6 +191,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         raise ValueError(f"unwind must be 'fp' or 'dwarf', not {unwind!r}")
     if not 0 <= stacks <= 64:
         raise ValueError(f"stacks must be between 0 and 64 frames, not {stacks}")
+    if not rss_interval_ms >= 1:
+        raise ValueError(f"rss_interval_ms must be at least 1 (ms), not {rss_interval_ms}")
     if policy is not None:
         _check_policy(policy, policy_every)
     elif log_features:
@@ -369,12 +371,13 @@ def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
         try:
             proc = subprocess.Popen(cmd, env=env, restore_signals=True)
         except OSError as e:
-            raise RecordError(f"cannot run {shlex.join(cmd)}: {e.strerror}") from None
+            raise RecordError(f"cannot run {shlex.join(cmd)}: {e.strerror}",
+                              exit_code=127) from None
         old_term = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(s))
         if started is not None:
             started(sampler, proc.pid)
         try:
-            interval = max(rss_interval_ms, 1) / 1000.0
+            interval = rss_interval_ms / 1000.0
             while True:
                 if sampler is not None:
                     sampler.sample()
@@ -415,7 +418,12 @@ def _check_policy(policy, every: int) -> None:
 
 
 class RecordError(Exception):
-    """The program could not be started."""
+    """The program was not started: an option that cannot work (`heapcast record` exits 2), or
+    a command that cannot run (127, as a shell)."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = None):
@@ -643,12 +651,19 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     from ..trace.writer import write_session
 
     path = Path(path)
-    if result is None:
+    by_hand = result is None
+    if by_hand:
+        if not path.is_dir():
+            raise ValueError(f"{path}: {'not a' if path.exists() else 'no such'} directory "
+                             "(expected the trace directory of an interrupted `heapcast record`)")
         result = RecordResult(exit_code=-1, path=path, command=[])
     early = early or []
     raws = raw_files(path)
     if not raws and not early and any(path.glob("*" + TRACE_SUFFIX)):
         raise ValueError(f"{path} is already finalized: it holds no raw files to convert")
+    if not raws and by_hand:
+        raise ValueError(f"{path}: no raw files to convert (expected the trace directory of an "
+                         "interrupted `heapcast record`, with its <pid>.raw files)")
     if not raws and not early:
         result.truncated = True
         result.problems.append("no process wrote a trace (is the program statically linked or "

@@ -207,6 +207,8 @@ def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool =
     `plot`: also draw the live-bytes/RSS/size-class figure into this PNG (needs matplotlib).
     `progress`: a progress bar on stderr. One streaming pass in chunks of `chunk` events.
     """
+    if top < 0:
+        raise ValueError(f"top must be 0 or more call sites, not {top}")
     if plot is not None:
         from .plot import require_matplotlib
         require_matplotlib()

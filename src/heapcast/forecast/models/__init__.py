@@ -47,6 +47,51 @@ def model_class(name: str):
     return getattr(mod, cls)
 
 
+#: Integer settings that count something and must be at least 1 (the other integer settings, such
+#: as site_embed 0 for no call sites or warmup 0, may be 0).
+AT_LEAST_ONE = frozenset(("hidden", "layers", "embed", "batch", "bptt", "threads", "site_buckets",
+                          "heads", "memory", "window", "topk"))
+
+
+def check_config(name: str, config: dict | None) -> None:
+    """Raises ValueError, naming the setting and what it expects, when `config` (settings given
+    for a new model `name`: `heapcast train --set`, --hidden...) names a setting the model does
+    not have, or gives one a value of the wrong kind or out of range. Each setting is checked
+    against the kind of its default: a count at least 1, another integer at least 0, a real
+    number above 0, a list of orders each at least 1. (Model files are not checked: their
+    settings were checked when they were trained.)"""
+    defaults = model_class(name).default_config()
+    for key, value in (config or {}).items():
+        if key not in defaults:
+            raise ValueError(f"model {name!r} has no setting {key!r} (its settings: "
+                             f"{', '.join(sorted(defaults))})")
+        _check_setting(f"{name} setting {key!r}", key, value, defaults[key])
+
+
+def _check_setting(what: str, key: str, value, default) -> None:
+    if isinstance(default, dict):
+        if not isinstance(value, dict):
+            raise ValueError(f"{what}: expected an object of settings, not {value!r}")
+        return   # (a nested model's settings: that model checks its own)
+    if isinstance(default, bool) or default is None:
+        if not isinstance(value, (bool, type(None))):
+            raise ValueError(f"{what}: expected true or false, not {value!r}")
+    elif isinstance(default, int):
+        low = 1 if key in AT_LEAST_ONE else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{what}: expected an integer of at least {low}, not {value!r}")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+                or value == float("inf"):
+            raise ValueError(f"{what}: expected a number above 0, not {value!r}")
+    elif isinstance(default, list):
+        if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+            raise ValueError(f"{what}: expected a list of integers of at least 1, not {value!r}")
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise ValueError(f"{what}: expected a string, not {value!r}")
+
+
 def create_model(name: str, task: str, vocab: str, config: dict | None = None):
     """A new, untrained model."""
     return model_class(name)(task, vocab, config)
