@@ -729,6 +729,32 @@ def write_and_load(tmp_path, events, name="7.hct"):
     return heapcast.load(tmp_path / name).processes[0].events
 
 
+def test_writers_share_the_compressing_workers_and_a_forked_child_starts_its_own(tmp_path):
+    """Every trace file written by a process compresses on the same workers (a shell's short
+    programs each had a pool started and joined); a child forked after they started (whose
+    copies of them are not running) writes its files with workers of its own."""
+    import os
+    ev = realistic(3 * writer.BLOCK_EVENTS // 2, seed=7)   # two EVENTS blocks
+    np.testing.assert_array_equal(write_and_load(tmp_path, ev, "1.hct")["addr"], ev["addr"])
+    pool = writer._pool(0)
+    np.testing.assert_array_equal(write_and_load(tmp_path, ev, "2.hct")["addr"], ev["addr"])
+    assert writer._pool(0) is pool and len(pool[0]._threads) <= pool[1]
+    pid = os.fork()
+    if pid == 0:   # the child: 0 if its file reads back whole, 2 if the writer hangs
+        done = []
+        try:
+            t = threading.Thread(target=lambda: done.append(
+                np.array_equal(write_and_load(tmp_path, ev, "3.hct")["addr"], ev["addr"])),
+                daemon=True)
+            t.start()
+            t.join(30)
+        finally:
+            os._exit(2 if not done else 0 if done[0] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "2: the child's writer waited for workers " \
+        "that are not in it"
+
+
 def test_random_block_through_write_process_file_and_load(tmp_path):
     ev = realistic(100_000, seed=2024)
     got = write_and_load(tmp_path, ev)

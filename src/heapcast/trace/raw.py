@@ -8,6 +8,7 @@ The slots are read by native code (native/codec/raw_decode.c, through heapcast.t
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
 import os
 import struct
@@ -470,8 +471,10 @@ def _few_definitions(path, slots: np.ndarray, off: int, heads: list) -> tuple[di
     return out, n
 
 
+@functools.cache
 def _tsc_ghz() -> float:
-    """Nominal TSC rate, for a process too short to fit its clock pairs."""
+    """Nominal TSC rate, for a process too short to fit its clock pairs (read once: a shell's
+    short programs each need it, and /proc/cpuinfo takes 35 us to read)."""
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("cpu MHz"):

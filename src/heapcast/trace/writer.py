@@ -46,9 +46,8 @@ class _SectionWriter:
     def __init__(self, f, level: int, nice: int = 0):
         self.f = f
         self.level = level
-        self.zstd = zstandard.ZstdCompressor(level=level)
-        self.workers = max(1, min(2, len(os.sched_getaffinity(0))))
-        self.pool = ThreadPoolExecutor(self.workers, initializer=lower_priority, initargs=(nice,))
+        self.zstd = _SCRATCH.take_compressor(level)   # the other sections', given back by close()
+        self.pool, self.workers = _pool(nice)
         self.pending = deque()                   # (future section, its event count)
         self.hint = native_codec.planes_hint()   # this file's blocks are one stream
         self.events_written = 0                  # events of the EVENTS sections in the file
@@ -95,13 +94,38 @@ class _SectionWriter:
     def full_priority(self) -> None:
         """Goes on with workers of normal priority (a thread cannot raise its own back)."""
         self.drain()
-        self.pool.shutdown(wait=True)
-        self.pool = ThreadPoolExecutor(self.workers)
+        self.pool, self.workers = _pool(0)
 
     def close(self) -> None:
+        """Drops the blocks not written (a worker still compressing one only makes a section
+        that nobody writes)."""
         for fut, _ in self.pending:
             fut.cancel()
-        self.pool.shutdown(wait=True)
+        self.pending.clear()
+        if self.zstd is not None:
+            _SCRATCH.give(self.level, self.zstd)
+            self.zstd = None
+
+
+_POOLS: dict = {}   # (pid, nice) -> (ThreadPoolExecutor, workers)
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(nice: int):
+    """The compressing workers of every writer of the process at priority `nice`, started once
+    (up to two, as the CPUs allow): a shell's short programs, each its own trace file, took a
+    pool's start and its threads' join apiece (0.1-0.2 ms of the 1 ms each one's conversion
+    took while the program ran). A forked child starts its own (its parent's threads are not
+    in it)."""
+    key = (os.getpid(), nice)
+    with _POOLS_LOCK:
+        got = _POOLS.get(key)
+        if got is None:
+            workers = max(1, min(2, len(os.sched_getaffinity(0))))
+            got = _POOLS[key] = (ThreadPoolExecutor(workers, thread_name_prefix="heapcast-zstd",
+                                                    initializer=lower_priority,
+                                                    initargs=(nice,)), workers)
+        return got
 
 
 class _Scratch:
@@ -130,11 +154,11 @@ class _Scratch:
                     return zstd
         return zstandard.ZstdCompressor(level=level)
 
-    def give(self, level: int, zstd, buffer) -> None:
+    def give(self, level: int, zstd, buffer=None) -> None:
         with self.lock:
             if len(self.compressors) < self.KEEP:
                 self.compressors.append((level, zstd))
-            if len(self.buffers) < self.KEEP:
+            if buffer is not None and len(self.buffers) < self.KEEP:
                 self.buffers.append(buffer)
 
 
