@@ -13,7 +13,7 @@ class NativeBuild(build_ext):
     def get_ext_filename(self, ext_name):
         if ext_name.endswith(("libheapcast_recorder", "libheapcast_lab", "libheapcast_codec",
                                   "libheapcast_drain", "libheapcast_policy",
-                                  "libheapcast_stats", "libheapcast_alloc",
+                                  "libheapcast_stats", "libheapcast_forecast", "libheapcast_alloc",
                                   "libheapcast_alloc_mimalloc")):
             return ext_name.replace(".", "/") + ".so"
         return super().get_ext_filename(ext_name)
@@ -87,6 +87,14 @@ stats = Extension(
     extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
 )
 
+# The forecasting features' counting kernel (heapcast.forecast.native_ranks): a plain shared
+# library loaded with ctypes.
+forecast = Extension(
+    "heapcast.libheapcast_forecast",
+    sources=["native/forecast/ranks.c"],
+    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
+)
+
 # heapcast's allocator (`heapcast run`): its packer, one set of spans per lifetime group, fed by the
 # policy runtime (native/policy, compiled in), with glibc's own malloc beside it for what the
 # packer does not serve. Nothing else is linked in (no libm, no mimalloc): it is preloaded into
@@ -113,7 +121,7 @@ def _find_header(name):
     return any(os.path.exists(os.path.join(d, name)) for d in dirs)
 
 
-native_exts = [recorder, lab, codec, drain, policy, stats,
+native_exts = [recorder, lab, codec, drain, policy, stats, forecast,
                _alloc_library("libheapcast_alloc", "fallback_glibc", [])]
 # The same allocator with mimalloc beside the packer, or as the backend of every block (`heapcast
 # run --backend mimalloc`: one mimalloc heap per lifetime group and thread). Needs Debian's

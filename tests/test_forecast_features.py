@@ -6,7 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from heapcast.forecast.dataset import build_dataset, load_dataset, load_features
-from heapcast.forecast.features import _dominance_count, free_ranks, location_keys
+from heapcast.forecast.features import free_ranks, location_keys
+from heapcast.forecast.native_ranks import dominance_count
 from heapcast.trace.blocks import match
 from heapcast.trace.format import EVENT_DTYPE, FREE, MALLOC, REALLOC
 from heapcast.trace.model import LocationTable, Module, ModuleSnapshot, Process
@@ -80,12 +81,26 @@ def test_free_ranks_within_groups_match_a_simulated_live_list_per_group():
         assert (rank == want_rank).all() and (live_count == want_live).all()
 
 
-def test_dominance_count_brute_force():
+@pytest.mark.parametrize("n_points, n_queries, span", [(300, 200, 60), (1, 5, 3), (0, 4, 9),
+                                                       (7, 0, 9), (2000, 2000, 5)])
+def test_dominance_count_brute_force(n_points, n_queries, span):
+    """Points and queries in x order (ties between them and among them: a point at a query's x
+    is not before it), against counting every pair."""
     rng = np.random.default_rng(4)
-    px, pv = rng.integers(0, 60, 300), rng.integers(0, 60, 300)
-    qx, qv = rng.integers(0, 60, 200), rng.integers(0, 60, 200)
+    px, pv = np.sort(rng.integers(0, span, n_points)), rng.integers(0, span, n_points)
+    qx, qv = np.sort(rng.integers(0, span, n_queries)), rng.integers(0, span, n_queries)
     want = [int(np.sum((px < x) & (pv > v))) for x, v in zip(qx, qv)]
-    assert _dominance_count(px, pv, qx, qv).tolist() == want
+    assert dominance_count(px, pv, qx, qv).tolist() == want
+
+
+def test_dominance_count_refuses_what_it_cannot_count():
+    x, v = np.array([0, 2, 1]), np.array([1, 1, 1])
+    with pytest.raises(ValueError, match="not in ascending x order"):
+        dominance_count(x, v, np.sort(x), v)
+    with pytest.raises(ValueError, match="not in ascending x order"):
+        dominance_count(np.sort(x), v, x, v)
+    with pytest.raises(ValueError, match="a value below 0"):
+        dominance_count(np.sort(x), np.array([1, -1, 1]), np.sort(x), v)
 
 
 def process_at(base, pid=1):

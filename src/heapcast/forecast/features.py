@@ -37,6 +37,7 @@ from ..stats import size_classes
 from ..trace.format import FREE
 from ..trace.model import Process, Trace, is_python_frame
 from .lifetime import lifetime_labels
+from .native_ranks import dominance_count
 from .names import ORDERS  # noqa: F401 (re-exported)
 from .vocab import rich_tokens, seed64_tokens
 
@@ -180,8 +181,8 @@ def free_ranks(op: np.ndarray, blocks, group: np.ndarray | None = None
     block's group only (bench/free_groups.py).
 
     rank(free f of block allocated at a) = #acquisitions in (a, f) - #{releases r < f of blocks
-    allocated after a}: the second term is a 2-D dominance count, done offline level by level
-    (sorts and binary searches, O(n log^2 n), no Python loop per event). live(f) =
+    allocated after a}: the second term is a 2-D dominance count, one native pass over the events
+    in order with a Fenwick tree over allocation indices (native_ranks, O(n log n)). live(f) =
     #acquisitions before f - #releases before f of blocks allocated in this process.
     """
     n = len(op)
@@ -199,7 +200,7 @@ def free_ranks(op: np.ndarray, blocks, group: np.ndarray | None = None
     between = acq_cum[q] - acq_cum[a + 1]          # acquisitions at indices a+1 .. f-1
     known = blocks.releases & (alloc_of >= 0)
     pts = np.flatnonzero(known)
-    nested = _dominance_count(pts, alloc_of[pts], q, a)
+    nested = dominance_count(pts, alloc_of[pts], q, a)   # (both in event order)
     rank[q] = (between - nested).astype(np.int32)
     rel_cum = np.concatenate([[0], np.cumsum(known, dtype=np.int64)])
     live[q] = (acq_cum[q] - rel_cum[q]).astype(np.int32)
@@ -226,41 +227,12 @@ def _group_ranks(blocks, group: np.ndarray, frees: np.ndarray) -> tuple:
     a = item_of_acq[blocks.alloc_of[ev[rel]]]
     acq_cum = np.concatenate([[0], np.cumsum(kind == 1)])
     rel_cum = np.concatenate([[0], np.cumsum(rel)])
-    rank = (acq_cum[q] - acq_cum[a + 1]) - _dominance_count(q, a, q, a)
+    rank = (acq_cum[q] - acq_cum[a + 1]) - dominance_count(q, a, q, a)
     start = np.maximum.accumulate(np.where(np.r_[True, g[1:] != g[:-1]], pos, 0))[q]
     live = (acq_cum[q] - acq_cum[start]) - (rel_cum[q] - rel_cum[start])
     at = np.searchsorted(releases, frees)      # frees are among the releases, both sorted
     by_event = np.argsort(ev[rel], kind="stable")
     return rank[by_event][at], live[by_event][at]
-
-
-def _dominance_count(px: np.ndarray, pv: np.ndarray, qx: np.ndarray, qv: np.ndarray) -> np.ndarray:
-    """For each query (qx, qv): the number of points with px < qx and pv > qv (ints >= 0)."""
-    x = np.concatenate([px, qx]).astype(np.int64)
-    is_q = np.concatenate([np.zeros(len(px), bool), np.ones(len(qx), bool)])
-    val = np.concatenate([pv, qv]).astype(np.int64)
-    order = np.argsort(x * 2 + ~is_q, kind="stable")   # a query before a point at the same x
-    is_q, val = is_q[order], val[order]
-    m = len(x)
-    pos = np.arange(m, dtype=np.int64)
-    big = int(val.max()) + 2
-    counts = np.zeros(m, np.int64)
-    k = 0
-    while (1 << k) < m:
-        side = (pos >> k) & 1
-        group = pos >> (k + 1)
-        lp = ~is_q & (side == 0)
-        rq = np.flatnonzero(is_q & (side == 1))
-        if len(rq) and lp.any():
-            keys = np.sort(group[lp] * big + val[lp])
-            g = group[rq] * big
-            le = np.searchsorted(keys, g + val[rq], "right")
-            end = np.searchsorted(keys, g + big, "left")
-            counts[rq] += end - le
-        k += 1
-    result = np.empty(len(qx), np.int64)
-    result[order[is_q] - len(px)] = counts[is_q]
-    return result
 
 
 def featurize_process(process: Process, blocks=None, order: str = "thread",
