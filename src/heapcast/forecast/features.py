@@ -320,7 +320,9 @@ def _build(procs: list, order: str, need_ranks, proc0: int) -> Features:
         for c in cols:
             cols[c].append(per[c][perm] if perm is not None else per[c])
         offsets.extend((offsets[-1] + np.cumsum(lengths)).tolist())
-    out = {c: (np.concatenate(v).astype(COLUMNS[c], copy=False) if v else np.zeros(0, COLUMNS[c]))
+    # (one process: its columns as they are where already contiguous and of the column's type)
+    out = {c: (np.ascontiguousarray(v[0] if len(v) == 1 else np.concatenate(v), COLUMNS[c])
+               if v else np.zeros(0, COLUMNS[c]))
            for c, v in cols.items()}
     feats = Features(order, np.asarray(offsets, np.int64), out)
     feats.columns["dt"] = _time_deltas(feats)
