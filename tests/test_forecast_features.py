@@ -163,3 +163,19 @@ def test_dataset_round_trip(tmp_path):
         load_features([out], "process")
     with pytest.raises(FileExistsError):
         build_dataset([src], out)
+
+
+def test_features_carry_the_rank_columns_asked_for_only(tmp_path):
+    """need_ranks False (the next and lifetime tasks) computes no rank column (it computed the
+    global ones all the same: a second per million events for nothing); a grouping asks for the
+    global ranks and its own."""
+    from heapcast.forecast.features import RANK_COLUMNS
+    src = small_trace(tmp_path)
+    assert not set(RANK_COLUMNS) & set(load_features([src], "thread").columns)
+    site = load_features([src], "thread", need_ranks=("site",)).columns
+    assert {"free_rank", "free_live", "free_site", "free_site_rank"} <= set(site)
+    assert "free_class" not in site
+    full = load_features([src], "thread", need_ranks=True).columns
+    assert set(RANK_COLUMNS) <= set(full)
+    for c in site:
+        assert np.array_equal(site[c], full[c]), c

@@ -211,6 +211,15 @@ def test_model_and_lab_sections(recorded, tmp_path, cli):
                             "--json").stdout)
     assert p["model"] == "policy:table" and p["events"] == native["events"]
     assert p["top1"] == pytest.approx(native["top1"])
+    # the model and its policy read the same features: built once for both
+    from heapcast.forecast import dataset
+    real, built = dataset.featurize, []
+    dataset.featurize = lambda *a, **k: built.append(a) or real(*a, **k)
+    try:
+        both = model_section([model, policy], trace)["results"]
+    finally:
+        dataset.featurize = real
+    assert len(built) == 1 and [b["top1"] for b in both] == [r["top1"], p["top1"]]
     lab = lab_section(trace)
     assert {"first-fit", "best-fit", "buddy"} <= set(lab["policies"])
     assert len(lab["series"]) == 2 and all(len(s["t"]) == len(s["live"]) for s in lab["series"])

@@ -338,6 +338,8 @@ _RANKS_OF = {"all": ("free_rank", "free_live"),
 def _rank_groups(need_ranks) -> tuple:
     if need_ranks is True:
         return tuple(_RANKS_OF)
+    if not need_ranks:   # (False, None, ()): no rank column at all
+        return ()
     groups = tuple(need_ranks or ())
     unknown = [g for g in groups if g not in _RANKS_OF]
     if unknown:
