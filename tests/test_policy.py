@@ -19,7 +19,7 @@ from heapcast.forecast.tasks import make_task
 from heapcast.forecast.train import train
 from heapcast.forecast.vocab import fine_size_class
 from heapcast.policy import PolicyError, compile_policy
-from heapcast.policy.compile import context_hash, table_key
+from heapcast.policy.compile import context_hash, context_hashes, table_key
 from heapcast.policy.evaluate import evaluate_policy, predict_streams
 from heapcast.policy.fileformat import ABI, cfg_array, write_policy
 from heapcast.policy.native import Policy, library
@@ -176,6 +176,13 @@ def test_keys_and_tokens_match_the_trace_tools():
     # the context of the first rows of a stream is padded
     h = context_hash(np.array([5, 6, 7], np.uint16), np.array([0, 1, 2]), 2)
     assert h[0] != h[1] != h[2]
+    # several lengths at some rows, in one pass, as each alone at every row
+    tokens = rng.integers(0, 1002, 500).astype(np.uint16)
+    pos = np.r_[np.arange(300), np.arange(200)]        # two streams
+    rows = np.sort(rng.choice(500, 120, replace=False))
+    many = context_hashes(tokens, pos, (9, 2, 4), rows)
+    for k in (2, 4, 9):
+        assert np.array_equal(many[k], context_hash(tokens, pos, k)[rows]), k
 
 
 def test_the_runtime_crc32_is_zlibs():
@@ -288,3 +295,25 @@ def test_compile_onnx_from_the_command_line(gru, tmp_path, capsys):
     from heapcast.policy.onnx_export import onnx_metadata
     assert main(["compile", str(gru), "--onnx", "-o", str(tmp_path / "step.onnx")]) == 0
     assert onnx_metadata(tmp_path / "step.onnx")["task"] == "next"
+
+
+def test_a_policy_is_the_same_bytes_every_time_it_is_written(tmp_path):
+    """The header's keys (tensors, then every metadata string) come sorted: safetensors writes
+    its metadata in a hash map's order, and the same model compiled twice gave other bytes. The
+    padded, aligned layout is kept."""
+    import json
+    import struct
+    tensors = {"cfg": cfg_array(abi=ABI, kind=1, task=2, n_labels=6, tab_bits=4),
+               "w": np.arange(64, dtype=np.float32), "keys": np.arange(16, dtype=np.uint64)}
+    spec = {"kind": "table", "model": {"sha256": "ab" * 32}, "note": "é\"\\\n"}
+    blobs = []
+    for i in range(4):
+        write_policy(tmp_path / f"{i}.policy", tensors, spec, align="w")
+        blobs.append((tmp_path / f"{i}.policy").read_bytes())
+    assert all(b == blobs[0] for b in blobs)
+    n = struct.unpack("<Q", blobs[0][:8])[0]
+    header = json.loads(blobs[0][8:8 + n])
+    assert list(header) == sorted(header)
+    assert list(header["__metadata__"]) == sorted(header["__metadata__"])
+    assert (8 + n + header["w"]["data_offsets"][0]) % 64 == 0
+    assert json.loads(header["__metadata__"]["heapcast_policy"])["note"] == "é\"\\\n"

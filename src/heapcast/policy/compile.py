@@ -255,13 +255,26 @@ def table_key(level: int, site: np.ndarray, token: np.ndarray, ctx) -> np.ndarra
 def context_hash(tokens: np.ndarray, pos: np.ndarray, k: int) -> np.ndarray:
     """The rolling hash of the k tokens before each row (newest first, padding before a stream's
     start), as native/policy/table.c hc_table_ctx_push keeps it for a stream."""
-    h = np.zeros(len(tokens), np.uint64)
+    return context_hashes(tokens, pos, (k,))[k]
+
+
+def context_hashes(tokens: np.ndarray, pos: np.ndarray, lengths, rows=None) -> dict:
+    """{k: context_hash(tokens, pos, k)[rows]} for every k of `lengths`, in one pass: the hash
+    of the k newest tokens is a step of the hash of more (rows: all by default). Computed at
+    `rows` only (a distilled table's 2M rows of a 13.6M-event trace: three contexts 9.6 s ->
+    under 1 s)."""
+    rows = np.arange(len(tokens)) if rows is None else np.asarray(rows, np.int64)
     tok = tokens.astype(np.uint64)
-    for i in range(1, k + 1):
-        ok = pos >= i
-        t = np.where(ok, tok[np.where(ok, np.arange(len(tok)) - i, 0)], np.uint64(_PAD_TOKEN))
+    at = pos[rows]
+    h = np.zeros(len(rows), np.uint64)
+    out = {}
+    for i in range(1, max(lengths, default=0) + 1):
+        t = tok[np.where(at >= i, rows - i, 0)]
+        t[at < i] = np.uint64(_PAD_TOKEN)
         h = h * _P + t + np.uint64(1)
-    return h
+        if i in lengths:
+            out[i] = h.copy()
+    return out
 
 
 def table_inputs(data) -> tuple:
@@ -336,9 +349,8 @@ def _table_tensors(model, path, data, ctx, max_rows: int, spec: dict, min_count:
     site, tok = site[rows], tok[rows]
     zero = np.zeros(len(rows), np.uint64)
     # (level, keys of the rows): longest context first, then (site, token), site, token
-    chain = [(CTX_LEVEL + k, table_key(CTX_LEVEL + k, site, tok,
-                                       context_hash(td.tokens, td.position_in_stream(), k)[rows]))
-             for k in lens]
+    ctx = context_hashes(td.tokens, td.position_in_stream(), tuple(lens), rows)
+    chain = [(CTX_LEVEL + k, table_key(CTX_LEVEL + k, site, tok, ctx[k])) for k in lens]
     chain += [(2, table_key(2, site, tok, zero)), (1, table_key(1, site, tok * 0, zero)),
               (0, table_key(0, site * 0, tok, zero))]
     answers = [_votes(keys, pred) for _, keys in chain]

@@ -70,11 +70,25 @@ def write_policy(path, tensors: dict, spec: dict, align: str | None = None) -> P
             # header (padded to 8 bytes by safetensors) grows by exactly its length
             meta["heapcast_pad"] = " " * (-start % 64)
             hlen += -start % 64
-        blob = save(arrays, metadata=meta)
+        blob = _canonical(save(arrays, metadata=meta))
     except (SafetensorError, ValueError, TypeError) as e:
         raise PolicyError(f"{path}: these tensors cannot be stored in a POLICY: {e}") from None
     assert int.from_bytes(blob[:8], "little") == hlen
     return write_atomic(path, blob)
+
+
+def _canonical(blob: bytes) -> bytes:
+    """The safetensors file `blob` with its header's keys (tensors, metadata) in sorted order:
+    the same model compiles to the same bytes (safetensors writes the metadata in a hash map's
+    order, which changes from run to run). The header keeps its length, so no data moves."""
+    hlen = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + hlen])
+    if isinstance(header.get("__metadata__"), dict):
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(text) > hlen or json.loads(text) != json.loads(blob[8:8 + hlen]):
+        return blob   # (never seen: serde's escapes differ from Python's) as safetensors wrote it
+    return blob[:8] + text.ljust(hlen) + blob[8 + hlen:]
 
 
 def read_spec(path) -> dict:
