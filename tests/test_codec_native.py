@@ -1034,3 +1034,14 @@ def test_a_wrong_mask_is_an_error_naming_file_offset_and_column(tmp_path, column
     rewrite(path, 4, lambda payload, count: with_mask(payload, column, mask))
     with pytest.raises(TraceError, match=r"7\.hct, offset 16: EVENTS block, " + message):
         heapcast.load(path).processes[0].events
+
+
+def test_a_recording_leaves_no_compressing_worker_behind(tmp_path):
+    """heapcast.record called from a program: its trace files' shared workers stop at the end."""
+    import sys
+    import threading as th
+    r = heapcast.record([sys.executable, "-c", "x = [bytes(100) for _ in range(50000)]"],
+                        output=tmp_path / "t", env={"PYTHONMALLOC": "malloc"}, progress=False)
+    assert r.exit_code == 0 and r.events > 0
+    assert not [t for t in th.enumerate() if t.name.startswith("heapcast-zstd")]
+    assert not writer._POOLS

@@ -648,7 +648,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     from ..trace.format import TraceError
     from ..trace.raw import raw_files
     from ..trace.reader import read_process
-    from ..trace.writer import write_session
+    from ..trace.writer import release_workers, write_session
 
     path = Path(path)
     by_hand = result is None
@@ -720,4 +720,5 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     except OSError as e:
         result.problems.append(f"could not write {SESSION_FILE}: {e.strerror}")
     result.trace_bytes = sum(f.stat().st_size for f in path.glob("*" + TRACE_SUFFIX))
+    release_workers()   # (every trace file is written)
     return result

@@ -111,6 +111,16 @@ _POOLS: dict = {}   # (pid, nice) -> (ThreadPoolExecutor, workers)
 _POOLS_LOCK = threading.Lock()
 
 
+def release_workers() -> None:
+    """Stops this process's compressing workers (the next writer starts them again): the end of
+    a recording leaves no thread behind in a program that called heapcast.record."""
+    me = os.getpid()
+    with _POOLS_LOCK:
+        pools = [_POOLS.pop(key)[0] for key in [key for key in _POOLS if key[0] == me]]
+    for pool in pools:
+        pool.shutdown(wait=True)
+
+
 def _pool(nice: int):
     """The compressing workers of every writer of the process at priority `nice`, started once
     (up to two, as the CPUs allow): a shell's short programs, each its own trace file, took a
