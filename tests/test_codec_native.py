@@ -736,9 +736,9 @@ def test_writers_share_the_compressing_workers_and_a_forked_child_starts_its_own
     import os
     ev = realistic(3 * writer.BLOCK_EVENTS // 2, seed=7)   # two EVENTS blocks
     np.testing.assert_array_equal(write_and_load(tmp_path, ev, "1.hct")["addr"], ev["addr"])
-    pool = writer._pool(0)
+    pool = writer._POOLS[(os.getpid(), 0)]
     np.testing.assert_array_equal(write_and_load(tmp_path, ev, "2.hct")["addr"], ev["addr"])
-    assert writer._pool(0) is pool and len(pool[0]._threads) <= pool[1]
+    assert writer._POOLS[(os.getpid(), 0)] is pool and len(pool._threads) <= 2
     pid = os.fork()
     if pid == 0:   # the child: 0 if its file reads back whole, 2 if the writer hangs
         done = []
@@ -1034,6 +1034,21 @@ def test_a_wrong_mask_is_an_error_naming_file_offset_and_column(tmp_path, column
     rewrite(path, 4, lambda payload, count: with_mask(payload, column, mask))
     with pytest.raises(TraceError, match=r"7\.hct, offset 16: EVENTS block, " + message):
         heapcast.load(path).processes[0].events
+
+
+def test_released_workers_finish_their_work_and_the_next_block_starts_others(tmp_path):
+    """release_workers while another thread's writer has blocks in flight: they are written
+    whole, and that writer's next blocks go to new workers."""
+    ev = realistic(3 * writer.BLOCK_EVENTS, seed=11)
+    p = Process(index=0, pid=7, ppid=1, exe="/bin/x", argv=["x"],
+                locations=LocationTable.from_lists([[], [0x401000]]))
+    w = writer.ProcessFileWriter(tmp_path / "7.hct")
+    w.add(ev[:2 * writer.BLOCK_EVENTS])   # (two blocks in flight)
+    writer.release_workers()
+    w.add(ev[2 * writer.BLOCK_EVENTS:])
+    w.finish(p)
+    np.testing.assert_array_equal(heapcast.load(tmp_path / "7.hct").processes[0].events["addr"],
+                                  ev["addr"])
 
 
 def test_a_recording_leaves_no_compressing_worker_behind(tmp_path):

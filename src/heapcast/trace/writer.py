@@ -47,7 +47,8 @@ class _SectionWriter:
         self.f = f
         self.level = level
         self.zstd = _SCRATCH.take_compressor(level)   # the other sections', given back by close()
-        self.pool, self.workers = _pool(nice)
+        self.nice = nice
+        self.workers = max(1, min(2, len(os.sched_getaffinity(0))))
         self.pending = deque()                   # (future section, its event count)
         self.hint = native_codec.planes_hint()   # this file's blocks are one stream
         self.events_written = 0                  # events of the EVENTS sections in the file
@@ -77,7 +78,7 @@ class _SectionWriter:
             section = self._section(EVENTS, raw, count, True, zstd)
             _SCRATCH.give(self.level, zstd, raw.obj)
             return section
-        self.pending.append((self.pool.submit(work), count))
+        self.pending.append((_submit(self.nice, work), count))
         while len(self.pending) > self.workers:
             self._write_next()
 
@@ -94,7 +95,7 @@ class _SectionWriter:
     def full_priority(self) -> None:
         """Goes on with workers of normal priority (a thread cannot raise its own back)."""
         self.drain()
-        self.pool, self.workers = _pool(0)
+        self.nice = 0
 
     def close(self) -> None:
         """Drops the blocks not written (a worker still compressing one only makes a section
@@ -107,35 +108,36 @@ class _SectionWriter:
             self.zstd = None
 
 
-_POOLS: dict = {}   # (pid, nice) -> (ThreadPoolExecutor, workers)
+_POOLS: dict = {}   # (pid, nice) -> ThreadPoolExecutor
 _POOLS_LOCK = threading.Lock()
 
 
-def release_workers() -> None:
-    """Stops this process's compressing workers (the next writer starts them again): the end of
-    a recording leaves no thread behind in a program that called heapcast.record."""
-    me = os.getpid()
-    with _POOLS_LOCK:
-        pools = [_POOLS.pop(key)[0] for key in [key for key in _POOLS if key[0] == me]]
-    for pool in pools:
-        pool.shutdown(wait=True)
-
-
-def _pool(nice: int):
-    """The compressing workers of every writer of the process at priority `nice`, started once
-    (up to two, as the CPUs allow): a shell's short programs, each its own trace file, took a
-    pool's start and its threads' join apiece (0.1-0.2 ms of the 1 ms each one's conversion
-    took while the program ran). A forked child starts its own (its parent's threads are not
-    in it)."""
+def _submit(nice: int, work):
+    """Runs `work` on the compressing workers of every writer of the process at priority `nice`,
+    started at the first block (up to two threads, as the CPUs allow): a shell's short programs,
+    each its own trace file, took a pool's start and its threads' join apiece (0.1-0.2 ms of the
+    1 ms each one's conversion took while the program ran). A forked child starts its own (its
+    parent's threads are not in it). Under the lock: a pool that release_workers took is never
+    given work."""
     key = (os.getpid(), nice)
     with _POOLS_LOCK:
-        got = _POOLS.get(key)
-        if got is None:
-            workers = max(1, min(2, len(os.sched_getaffinity(0))))
-            got = _POOLS[key] = (ThreadPoolExecutor(workers, thread_name_prefix="heapcast-zstd",
-                                                    initializer=lower_priority,
-                                                    initargs=(nice,)), workers)
-        return got
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = ThreadPoolExecutor(
+                max(1, min(2, len(os.sched_getaffinity(0)))), thread_name_prefix="heapcast-zstd",
+                initializer=lower_priority, initargs=(nice,))
+        return pool.submit(work)
+
+
+def release_workers() -> None:
+    """Stops this process's compressing workers once they have done the work they were given
+    (the next block starts them again): the end of a recording leaves no thread behind in a
+    program that called heapcast.record."""
+    me = os.getpid()
+    with _POOLS_LOCK:
+        pools = [_POOLS.pop(key) for key in [key for key in _POOLS if key[0] == me]]
+    for pool in pools:
+        pool.shutdown(wait=True)
 
 
 class _Scratch:
