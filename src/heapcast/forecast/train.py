@@ -98,13 +98,14 @@ def train(traces, output, model: str = DEFAULT_MODEL, task: str = "next", vocab:
     if max_steps < 0 or max_events < 0:
         raise ValueError(f"max_steps and max_events must be 0 (no limit) or more, not "
                          f"{max_steps} and {max_events}")
-    check_config(model, config)
     if free_group is not None and (task != "free" or free_group not in FREE_GROUPS):
         raise ValueError(f"free_group {free_group!r}: only for task 'free', one of "
                          f"{', '.join(FREE_GROUPS)}")
     vocab = vocab or default_vocab(model)
     order = order or DEFAULT_ORDER[task]
     importing = _import_in_background(model)
+    if config:   # before the traces load (a neural model's module then imports here: ~1 s)
+        check_config(model, config)
     # every grouping's ranks only when one is to be chosen on validation runs
     ranks = rank_groupings(task, free_group or (None if validate else "all"))
     feats = load_features(list(traces), order, need_ranks=ranks)
