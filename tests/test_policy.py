@@ -19,7 +19,7 @@ from heapcast.forecast.tasks import make_task
 from heapcast.forecast.train import train
 from heapcast.forecast.vocab import fine_size_class
 from heapcast.policy import PolicyError, compile_policy
-from heapcast.policy.compile import context_hash, context_hashes, table_key
+from heapcast.policy.compile import _P, _PAD_TOKEN, context_hashes, table_key
 from heapcast.policy.evaluate import evaluate_policy, predict_streams
 from heapcast.policy.fileformat import ABI, cfg_array, write_policy
 from heapcast.policy.native import Policy, library
@@ -138,8 +138,8 @@ def test_table_lookups_equal_a_plain_back_off_over_its_entries(runs, tmp_path):
     data = make_task(load_features([runs["b"]], "thread"), "next", "rich")
     site, tok = table_inputs(data)
     pos = data.position_in_stream()
-    levels = [table_key(CTX_LEVEL + k, site, tok, context_hash(data.tokens, pos, k))
-              for k in (16, 4)]
+    ctx = context_hashes(data.tokens, pos, (16, 4))
+    levels = [table_key(CTX_LEVEL + k, site, tok, ctx[k]) for k in (16, 4)]
     levels += [table_key(2, site, tok, 0), table_key(1, site, tok * 0, 0),
                table_key(0, site * 0, tok, 0)]
     want = np.ones(len(data), bool)
@@ -174,15 +174,22 @@ def test_keys_and_tokens_match_the_trace_tools():
         assert [lib.hc_table_key(level, int(s), int(t), int(c)) for s, t, c in
                 zip(site, tok, ctx)] == table_key(level, site, tok, ctx).tolist()
     # the context of the first rows of a stream is padded
-    h = context_hash(np.array([5, 6, 7], np.uint16), np.array([0, 1, 2]), 2)
+    h = context_hashes(np.array([5, 6, 7], np.uint16), np.array([0, 1, 2]), (2,))[2]
     assert h[0] != h[1] != h[2]
-    # several lengths at some rows, in one pass, as each alone at every row
+    # several lengths at some rows, in one pass, as the rolling hash computed row by row
     tokens = rng.integers(0, 1002, 500).astype(np.uint16)
     pos = np.r_[np.arange(300), np.arange(200)]        # two streams
     rows = np.sort(rng.choice(500, 120, replace=False))
     many = context_hashes(tokens, pos, (9, 2, 4), rows)
     for k in (2, 4, 9):
-        assert np.array_equal(many[k], context_hash(tokens, pos, k)[rows]), k
+        want = []
+        for r in rows.tolist():
+            v = 0
+            for i in range(1, k + 1):
+                t = int(tokens[r - i]) if pos[r] >= i else _PAD_TOKEN
+                v = (v * int(_P) + t + 1) % 2**64
+            want.append(v)
+        assert many[k].tolist() == want, k
 
 
 def test_the_runtime_crc32_is_zlibs():

@@ -2,7 +2,10 @@
  * acquisition produced the block that each release gives back. Python sorts the rows that the
  * first pass here makes (np.lexsort by address, position, kind); the second pass walks them in
  * that order. The numpy passes this replaced, a dozen gathers and scatters over every row, took
- * 4-5 s of a Python program's 13.6M events; these take a fraction of a second. */
+ * 4-5 s of a Python program's 13.6M events; these take a fraction of a second.
+ * (native/stats/livemap.c matches a stream chunk by chunk in bounded memory, but pairs a late
+ * realloc release with a shadowed block only within GHOST_SPAN seqs and counts double acquires
+ * net of those: this is the exact whole-process matching it is checked against.) */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

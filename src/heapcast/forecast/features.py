@@ -340,7 +340,7 @@ def _rank_groups(need_ranks) -> tuple:
         return tuple(_RANKS_OF)
     if not need_ranks:   # (False, None, ()): no rank column at all
         return ()
-    groups = tuple(need_ranks or ())
+    groups = tuple(need_ranks)
     unknown = [g for g in groups if g not in _RANKS_OF]
     if unknown:
         raise ValueError(f"need_ranks: unknown grouping {unknown[0]!r} (known: "

@@ -241,7 +241,7 @@ def _ngram_tensors(model, t: dict) -> dict:
 
 def table_key(level: int, site: np.ndarray, token: np.ndarray, ctx) -> np.ndarray:
     """The table's key of each row at `level` (0 token, 1 site, 2 site+token, CTX_LEVEL + K a
-    context of K tokens whose rolling hash is `ctx`, see context_hash), as native/policy/table.c
+    context of K tokens whose rolling hash is `ctx`, see context_hashes), as native/policy/table.c
     hc_table_key computes it: one odd multiplication of (level, site, token, context), a
     bijection, so distinct inputs never share a key."""
     x = (site.astype(np.uint64) << np.uint64(16)) ^ token.astype(np.uint64)
@@ -252,17 +252,12 @@ def table_key(level: int, site: np.ndarray, token: np.ndarray, ctx) -> np.ndarra
     return k
 
 
-def context_hash(tokens: np.ndarray, pos: np.ndarray, k: int) -> np.ndarray:
-    """The rolling hash of the k tokens before each row (newest first, padding before a stream's
-    start), as native/policy/table.c hc_table_ctx_push keeps it for a stream."""
-    return context_hashes(tokens, pos, (k,))[k]
-
-
 def context_hashes(tokens: np.ndarray, pos: np.ndarray, lengths, rows=None) -> dict:
-    """{k: context_hash(tokens, pos, k)[rows]} for every k of `lengths`, in one pass: the hash
-    of the k newest tokens is a step of the hash of more (rows: all by default). Computed at
-    `rows` only (a distilled table's 2M rows of a 13.6M-event trace: three contexts 9.6 s ->
-    under 1 s)."""
+    """{k: the rolling hash of the k tokens before each of `rows` (all by default; newest first,
+    padding before a stream's start), as native/policy/table.c hc_table_ctx_push keeps it for a
+    stream} for every k of `lengths`, in one pass: the hash of the k newest tokens is a step of
+    the hash of more. Computed at `rows` only (a distilled table's 2M rows of a 13.6M-event
+    trace: three contexts 9.6 s -> under 1 s)."""
     rows = np.arange(len(tokens)) if rows is None else np.asarray(rows, np.int64)
     tok = tokens.astype(np.uint64)
     at = pos[rows]

@@ -211,7 +211,7 @@ class ProcessPass:
         self._loc_arrays(int(ev["loc"].max()) + 1)
 
         m = self.live.match(ev, self.index, self.ordinal)
-        acquires = (ev["op"] < FREE) & (ev["addr"] != 0)     # heap.acquire_release_masks
+        acquires = (ev["op"] < FREE) & (ev["addr"] != 0)     # as blocks.match's rows
         acq = np.flatnonzero(acquires)
         sizes = ev["size"][acq]
         locs = ev["loc"][acq].astype(np.int64)

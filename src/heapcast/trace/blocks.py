@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .format import ALLOC_OPS, EVENT_DTYPE, FREE, REALLOC, REALLOCARRAY
+from .format import EVENT_DTYPE
 
 NEVER = -1      # release_of: the block was never released (still live at the end)
 UNKNOWN = -1    # alloc_of: the released address was not live
@@ -51,16 +51,6 @@ class Blocks:
         """Change of live requested bytes at each event (int64)."""
         delta = np.where(self.acquires, sizes.astype(np.int64), 0)
         return delta - self.released_size.astype(np.int64)
-
-
-def acquire_release_masks(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Which events acquire a block and which release one (see the module docstring)."""
-    op = ev["op"]
-    is_realloc = (op == REALLOC) | (op == REALLOCARRAY)
-    acquires = np.isin(op, ALLOC_OPS) & (ev["addr"] != 0)
-    releases = (op == FREE) & (ev["old_addr"] != 0)
-    releases |= is_realloc & (ev["old_addr"] != 0) & ((ev["addr"] != 0) | (ev["size"] == 0))
-    return acquires, releases
 
 
 def match(ev: np.ndarray, inherited_addrs: np.ndarray | None = None,

@@ -10,6 +10,11 @@ import numpy as np
 from .format import ALLOC_OPS, EVENT_DTYPE, FREE, REALLOC, REALLOCARRAY
 from .native_codec import LIBRARY, LoadedOnce, NativeError
 
+# match.c reads these fields at these byte offsets of a row
+assert {f: EVENT_DTYPE.fields[f][1] for f in ("seq", "addr", "old_addr", "size", "free_lag", "op")} \
+    == {"seq": 0, "addr": 16, "old_addr": 24, "size": 32, "free_lag": 56, "op": 62}, \
+    "EVENT_DTYPE changed: update native/codec/match.c's field offsets"
+
 #: What each op code is, for match.c: 1 acquires, 2 resizes (realloc-like), 4 frees.
 OP_KINDS = np.zeros(256, np.uint8)
 OP_KINDS[list(ALLOC_OPS)] |= 1
@@ -42,7 +47,7 @@ def rows(ev: np.ndarray, inherited: np.ndarray) -> tuple:
     contiguous EVENT_DTYPE array) and the `inherited` addresses."""
     n, k = len(ev), len(inherited)
     acquires, releases = np.zeros(n, bool), np.zeros(n, bool)
-    cap = k + 2 * n   # (a realloc both releases and acquires)
+    cap = k + 2 * n   # (a realloc both releases and acquires; pages past the rows stay untouched)
     addr, pos = np.empty(cap, np.uint64), np.empty(cap, np.int64)
     kind, event = np.empty(cap, np.int8), np.empty(cap, np.int64)
     m = library().hc_match_rows(ev.ctypes.data, n, EVENT_DTYPE.itemsize, OP_KINDS.ctypes.data, k,
