@@ -342,6 +342,27 @@ def test_file_size_limit_truncates_the_trace_not_the_program(build, own, untrace
     assert len(ev) <= printed <= len(ev) + traced[0].lost_events
 
 
+def test_a_program_out_of_address_space_keeps_its_errno_and_the_trace_its_size(build, own,
+                                                                             untraced, tmp_path,
+                                                                             capfd):
+    """errno_kept.c limits its address space (RLIMIT_AS) to 256 KiB above what it uses, so that
+    the recorder cannot map its next chunks: the events are lost and counted, errno stays what
+    the program set around every free() and successful malloc(), and the raw file does not grow
+    (it took a fresh 1 MiB of file space for each event it could not map, until the disk was
+    full: here the program's 64 MiB RLIMIT_FSIZE would have truncated the trace). Once the limit
+    is lifted the recording goes on."""
+    prog = build("errno_kept")
+    plain = untraced([prog, "100000"])
+    assert plain.returncode == 0 and plain.stdout == b"0\n"
+    result = heapcast.record([prog, "100000"], output=tmp_path / "t")
+    assert result.exit_code == 0 and capfd.readouterr().out == "0\n"
+    assert result.lost_events > 0 and not result.truncated
+    proc, = heapcast.load(tmp_path / "t").processes
+    assert not proc.truncated and proc.lost_events == result.lost_events
+    recorded = len(own(proc))
+    assert 100000 < recorded <= 2 * (1000 + 2 * 100000) - result.lost_events
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None,
                     reason="needs root to mount a small tmpfs")
 def test_full_disk_runs_the_program_untouched(build, own, untraced, tmp_path, capfd):

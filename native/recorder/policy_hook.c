@@ -15,6 +15,7 @@
  * signal handler's event that interrupts the hook on the same thread is left out (counted).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
 #include <string.h>
@@ -400,6 +401,7 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
     }
     t_inside = 1;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    int saved = errno;   /* the program's (the log's writes and mappings can fail) */
     struct hook_thread *ht = thread_state();
     if (!ht) goto out;
     hc_event ev;
@@ -480,6 +482,7 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
         }
     }
 out:
+    errno = saved;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     t_inside = 0;
 }

@@ -158,6 +158,11 @@ struct tstate {
     int boot;                        /* looking for CPython: what dlsym allocates comes from the
                                         boot arena, never from the program's heap */
     struct thread_maps *maps;        /* its entry in g_maps (threads' mappings), or NULL */
+    uint64_t spare_off;              /* file space whose mapping failed (spare_size bytes, 0:
+                                        none), for the next claim (claim_chunk) */
+    uint32_t spare_size;
+    uint32_t skip, fails;            /* claims failed in a row, and events to lose before the
+                                        next try (slots_slow) */
 };
 static TLS struct tstate T;
 
@@ -871,10 +876,12 @@ static void atfork_child(void) {
     T.busy++;
     g_seq_inside = 0;
     g_seq_mode = seq_start_mode();   /* this thread is the child's only one */
+    int saved = errno;   /* fork() returns 0 in the child with errno as it was */
     int ok = open_process_files(parent, fork_seq);
     if (ok) hc_hook_fork_child();
     /* the wrappers came with the fork (or some of them: another thread was installing them) */
     if (ok && g_pym_state >= 2) pym_note(fork_seq);
+    errno = saved;
     T.busy--;
     if (!ok) __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE);
 }
@@ -955,14 +962,27 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     uint64_t off = 0;
     struct hc_record *m = g_recycle && size == HC_CHUNK_MAX ? reuse_chunk(&off) : NULL;
     if (!m) {
-        off = __atomic_fetch_add(&H->file_end, size, __ATOMIC_RELAXED);
-        if (!reserve_file(off + size)) return 0;
-        write_zeros(g_fd, off, size);
+        if (t->spare_size >= size) {   /* the space of a claim whose mapping failed */
+            off = t->spare_off;
+            size = t->spare_size;
+        } else {
+            off = __atomic_fetch_add(&H->file_end, size, __ATOMIC_RELAXED);
+            if (!reserve_file(off + size)) return 0;
+            write_zeros(g_fd, off, size);
+        }
+        t->spare_size = 0;
         /* Not MAP_POPULATE: it pre-faults the pages for reading, and every page then faults again
          * on its first write. MADV_POPULATE_WRITE (Linux 5.14) maps them writable in one call; on
          * an older kernel it fails harmlessly and the first writes fault instead. */
         m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, (off_t)off);
-        if (m == MAP_FAILED) return 0;
+        if (m == MAP_FAILED) {
+            /* No address space left (RLIMIT_AS, vm.max_map_count): the space is kept for the
+             * next try. Taking fresh space at each try grew the file by a chunk per event
+             * until the disk was full. */
+            t->spare_off = off;
+            t->spare_size = size;
+            return 0;
+        }
         syscall(SYS_madvise, m, size, 23 /* MADV_POPULATE_WRITE */);
     }
     struct hc_chunk *c = (struct hc_chunk *)m;
@@ -988,7 +1008,7 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
 }
 
 /* Makes the calling thread ready to record; 0 means pass the call through unrecorded. */
-static int thread_ready_slow(struct tstate *t) {
+static int thread_ready_body(struct tstate *t) {
     if (t->own) return 0;
     if (g_state == ST_UNINIT || g_state == ST_INITING) init_process();
     if (g_state != ST_ACTIVE) return 0;
@@ -1002,6 +1022,7 @@ static int thread_ready_slow(struct tstate *t) {
     t->rec = NULL;  /* a stale chunk of the parent process was unmapped by atfork_child */
     t->pos = t->cap = 0;
     t->next_size = 0;
+    t->spare_size = t->skip = t->fails = 0;   /* (a spare was in the parent's file) */
     t->tid = __atomic_fetch_add(&H->threads, 1, __ATOMIC_RELAXED);
     if (t->tid != 0 && g_seq_mode != SEQ_LOCKED) seq_go_locked();
     t->self = (uintptr_t)pthread_self();
@@ -1023,6 +1044,16 @@ static int thread_ready_slow(struct tstate *t) {
     t->gen = gen;
     t->busy--;
     return 1;
+}
+
+/* The slow paths keep the program's errno: the hooks return the real call's, and free() and
+ * the functions that succeed leave it as it was (their system calls can fail: a missing
+ * MADV_POPULATE_WRITE, no address space, a full disk). */
+static __attribute__((noinline)) int thread_ready_slow(struct tstate *t) {
+    int saved = errno;
+    int ready = thread_ready_body(t);
+    errno = saved;
+    return ready;
 }
 
 static inline int thread_ready(struct tstate *t) {
@@ -1051,8 +1082,15 @@ static __attribute__((noinline)) struct hc_record *slots_slow(struct tstate *t, 
      * chunk and its time base: this chunk must stay. Its reserve takes the nested event. */
     if (t->emitting > 1)
         return t->rec && i + n <= t->cap + NESTED_RESERVE ? &t->rec[i] : NULL;
+    /* After failed claims, the next events are lost without a try, up to 65,536 before each:
+     * a thread that cannot map a chunk does not make three system calls per event. */
+    if (t->skip) {
+        t->skip--;
+        return NULL;
+    }
     /* Signals wait the few microseconds of a claim, so that a handler that allocates is
      * recorded rather than lost. */
+    int saved = errno;   /* the program's: a failed system call here must not change it */
     sigset_t all, prev;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &prev);
@@ -1060,7 +1098,14 @@ static __attribute__((noinline)) struct hc_record *slots_slow(struct tstate *t, 
     int ok = claim_chunk(t, n);
     t->busy--;
     pthread_sigmask(SIG_SETMASK, &prev, NULL);
-    return ok ? slots(t, n) : NULL;
+    errno = saved;
+    if (!ok) {
+        t->skip = 1u << (t->fails < 16 ? t->fails : 16);
+        t->fails++;
+        return NULL;
+    }
+    t->fails = 0;
+    return slots(t, n);
 }
 
 /* ---------------------------------------------------------------- locations */
@@ -1244,8 +1289,7 @@ static int py_hybrid(struct tstate *t, uintptr_t *frames, int n, const char *f, 
  * most PY_STACK_MAX), and with --stacks the Python frames among the native ones. */
 static void pym_install(struct tstate *t);
 
-static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite,
-                                                        const char *pf) {
+static uint32_t intern_location(struct tstate *t, const void *callsite, const char *pf) {
     /* pymalloc's wrappers wait here, off the per-event path: a new location comes at once when
      * the interpreter starts running the program's code */
     if (UNLIKELY(g_pym_state == 1)) pym_install(t);
@@ -1279,12 +1323,20 @@ static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const 
         n = 0;
         for (const char *f = pf; f && n < PY_STACK_MAX; f = py_previous(f)) {
             uint64_t v = py_frame_value(t, f);
-            if (!v) return location_slow(t, callsite, NULL);
+            if (!v) return intern_location(t, callsite, NULL);
             frames[n++] = (uintptr_t)v;
         }
     }
     uint32_t id = define_loc(t, frames, n);
     if (id) table_put(tab, h, id);
+    return id;
+}
+
+static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite,
+                                                        const char *pf) {
+    int saved = errno;   /* (a stack walk, a .mods write) */
+    uint32_t id = intern_location(t, callsite, pf);
+    errno = saved;
     return id;
 }
 
@@ -1423,10 +1475,8 @@ EXPORT void *malloc(size_t n) {
     if (UNLIKELY(!thread_ready(t)))
         return real_malloc && !t->boot ? real_malloc(n) : boot_alloc(n, 16);
     void *p = real_malloc(n);
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit(t, HC_MALLOC, seq, now, p, n, CALLSITE);
-    errno = e;
     return p;
 }
 
@@ -1451,10 +1501,8 @@ EXPORT void *calloc(size_t nmemb, size_t size) {
         return p;
     }
     void *p = real_calloc(nmemb, size);
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit_ext(t, HC_CALLOC, seq, now, p, mul_sat(nmemb, size), NULL, nmemb, 0, CALLSITE);
-    errno = e;
     return p;
 }
 
@@ -1478,10 +1526,8 @@ EXPORT void *realloc(void *p, size_t n) {
     }
     uint64_t before = next_seq();
     void *q = real_realloc(p, n);
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit_ext(t, HC_REALLOC, seq, now, q, n, p, 0, seq - before, CALLSITE);
-    errno = e;
     return q;
 }
 
@@ -1505,10 +1551,8 @@ EXPORT void *reallocarray(void *p, size_t nmemb, size_t size) {
     } else {
         q = real_realloc(p, (size_t)total);
     }
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit_ext(t, HC_REALLOCARRAY, seq, now, q, total, p, nmemb, seq - before, CALLSITE);
-    errno = e;
     return q;
 }
 
@@ -1522,11 +1566,9 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n) {
         return 0;
     }
     int rc = real_posix_memalign(out, align, n);
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit_ext(t, HC_POSIX_MEMALIGN, seq, now, rc == 0 ? *out : NULL, n, NULL, align, 0,
              CALLSITE);
-    errno = e;
     return rc;
 }
 
@@ -1536,10 +1578,8 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n) {
         if (UNLIKELY(!thread_ready(t)))                                                 \
             return real_##name ? real_##name call : boot_alloc(sz, al);                 \
         void *p = real_##name call;                                                     \
-        int e = errno;                                                                  \
         uint64_t now = now_ticks(), seq = next_seq();                                   \
         emit_ext(t, OP, seq, now, p, sz, NULL, al, 0, CALLSITE);                        \
-        errno = e;                                                                      \
         return p;                                                                       \
     }
 
@@ -1556,11 +1596,9 @@ EXPORT void *mmap(void *a, size_t n, int prot, int flags, int fd, off_t off) {
     struct tstate *t = &T;
     void *p = real_mmap ? real_mmap(a, n, prot, flags, fd, off) : sys_mmap(a, n, prot, flags, fd, off);
     if (!g_mmap || !thread_ready(t)) return p;
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit_ext(t, HC_MMAP, seq, now, p == MAP_FAILED ? NULL : p, n, a,
              ((uint64_t)(uint32_t)prot << 32) | (uint32_t)flags, 0, CALLSITE);
-    errno = e;
     return p;
 }
 EXPORT void *mmap64(void *a, size_t n, int prot, int flags, int fd, off_t off)
@@ -1573,9 +1611,7 @@ EXPORT int munmap(void *a, size_t n) {
     /* before: the range may be mapped again by another thread */
     uint64_t now = now_ticks(), seq = next_seq();
     int rc = real_munmap(a, n);
-    int e = errno;
     emit_ext(t, HC_MUNMAP, seq, now, a, n, NULL, (uint64_t)(rc != 0), 0, CALLSITE);
-    errno = e;
     return rc;
 }
 
@@ -1594,11 +1630,9 @@ EXPORT void *mremap(void *old, size_t old_n, size_t n, int flags, ...) {
     }
     uint64_t before = next_seq();
     void *p = real_mremap(old, old_n, n, flags, target);
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit_ext(t, HC_MREMAP, seq, now, p == MAP_FAILED ? NULL : p, n, old, old_n, seq - before,
              CALLSITE);
-    errno = e;
     return p;
 }
 
@@ -1611,6 +1645,7 @@ __attribute__((constructor)) static void heapcast_start(void) {
 __attribute__((destructor)) static void heapcast_end(void) {
     if (g_state != ST_ACTIVE || !H) return;
     T.busy++;
+    int saved = errno;   /* for the exit handlers that run after this one */
     char buf[4096];
     ssize_t n = read_file("/proc/self/status", buf, sizeof buf - 1);
     if (n > 0) {
@@ -1629,5 +1664,6 @@ __attribute__((destructor)) static void heapcast_end(void) {
     __atomic_fetch_or(&H->flags, HC_FLAG_CLEAN_EXIT, __ATOMIC_RELEASE);
     hc_hook_flush_all();
     g_exited = 1;
+    errno = saved;
     T.busy--;
 }
