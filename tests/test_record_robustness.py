@@ -363,6 +363,26 @@ def test_a_program_out_of_address_space_keeps_its_errno_and_the_trace_its_size(b
     assert 100000 < recorded <= 2 * (1000 + 2 * 100000) - result.lost_events
 
 
+@pytest.mark.parametrize("mode", ["low", "all"])
+def test_a_program_that_closes_every_descriptor_keeps_its_files_and_its_trace(build, own, tmp_path,
+                                                                              capfd, mode):
+    """closes_fds.c closes the descriptors it did not open, as a daemon does ("low": 3 to 255;
+    "all": every one, then its own file duplicated onto 3 to 1100), writes its own file, and
+    forks. The recorder's files sit at high numbers and are checked before each use: it never
+    writes to the program's file (it grew it by 190 MB of chunks, and lost those events without
+    a word), a fork child does not close the program's descriptor taking it for the parent's raw
+    file, and every event is recorded, in both processes."""
+    prog = build("closes_fds")
+    data = tmp_path / "data"
+    result = heapcast.record([prog, str(data), mode], output=tmp_path / "t")
+    assert result.exit_code == 0 and capfd.readouterr().out == "ok\n"
+    assert result.lost_events == 0 and not result.truncated and not result.problems
+    procs = heapcast.load(tmp_path / "t").processes
+    assert len(procs) == 2
+    parent, child = sorted(procs, key=lambda p: p.forked_from != 0)
+    assert len(own(parent)) == 2 * (1000 + 1000000) and len(own(child)) == 2 * 1000000
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None,
                     reason="needs root to mount a small tmpfs")
 def test_full_disk_runs_the_program_untouched(build, own, untraced, tmp_path, capfd):

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "../policy/internal.h"
+#include "own_file.h"
 #include "policy_hook.h"
 #include "raw_format.h"
 
@@ -82,7 +83,8 @@ struct hook_thread {
 
 int hc_hook_on;
 static hc_policy *g_pol;
-static int g_every = 1, g_fd = -1, g_ffd = -1, g_thread_streams, g_uses_time, g_features;
+static int g_every = 1, g_thread_streams, g_uses_time, g_features;
+static struct hc_file g_pred = {.fd = -1}, g_feat = {.fd = -1};   /* (own_file.h) */
 static int g_table_next;                /* a next-event table: the hook steps its stream directly */
 static char g_dir[4096];
 static hc_stream *g_proc_stream;
@@ -192,18 +194,10 @@ done:
 
 /* ---------------------------------------------------------------- the predictions file */
 
-static void write_all(const void *buf, size_t n) {
+/* Writes to f, checked (own_file.h); a full disk ends the file early (its records stay whole). */
+static void write_file(struct hc_file *f, const void *buf, size_t n) {
     const char *p = buf;
-    while (n > 0 && g_fd >= 0) {
-        ssize_t w = write(g_fd, p, n);
-        if (w <= 0) return;   /* disk full: the file ends early (its records stay whole) */
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
-static void write_fd(int fd, const void *buf, size_t n) {
-    const char *p = buf;
+    int fd = n ? hc_file_fd(f) : -1;
     while (n > 0 && fd >= 0) {
         ssize_t w = write(fd, p, n);
         if (w <= 0) return;
@@ -214,11 +208,11 @@ static void write_fd(int fd, const void *buf, size_t n) {
 
 static void flush_thread(struct hook_thread *ht) {
     if (ht && ht->n) {
-        write_all(ht->buf, ht->n * sizeof ht->buf[0]);
+        write_file(&g_pred, ht->buf, ht->n * sizeof ht->buf[0]);
         ht->n = 0;
     }
     if (ht && ht->nf) {
-        write_fd(g_ffd, ht->fbuf, ht->nf * sizeof ht->fbuf[0]);
+        write_file(&g_feat, ht->fbuf, ht->nf * sizeof ht->fbuf[0]);
         ht->nf = 0;
     }
 }
@@ -234,12 +228,14 @@ static int open_pred_file(void) {
     path[d++] = '/';
     while (k) path[d++] = num[--k];
     memcpy(path + d, ".pred", 6);
-    g_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (g_fd < 0) return 0;
+    if (hc_file_keep(&g_pred, open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), path,
+                     O_WRONLY, 1) < 0)
+        return 0;
     if (g_features) {
         memcpy(path + d, ".features", 10);
-        g_ffd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (g_ffd < 0) return 0;
+        if (hc_file_keep(&g_feat, open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600),
+                         path, O_WRONLY, 1) < 0)
+            return 0;
     }
     struct pred_header h;
     memset(&h, 0, sizeof h);
@@ -250,11 +246,11 @@ static int open_pred_file(void) {
     h.kind = (uint32_t)hc_policy_kind(g_pol);
     h.vocab = (uint32_t)g_pol->cfg[CFG_VOCAB];
     strncpy(h.model_sha256, hc_policy_model_hash(g_pol), sizeof h.model_sha256 - 1);
-    write_all(&h, sizeof h);
-    if (g_ffd >= 0) {
+    write_file(&g_pred, &h, sizeof h);
+    if (g_feat.fd >= 0) {
         memcpy(h.magic, "HCFEAT1", 8);
         h.version = 1;
-        write_fd(g_ffd, &h, sizeof h);
+        write_file(&g_feat, &h, sizeof h);
     }
     return 1;
 }
@@ -288,9 +284,8 @@ int hc_hook_init(const char *policy_path, const char *dir, int every, int featur
 void hc_hook_fork_child(void) {
     if (!hc_hook_on) return;
     g_proc_lock = g_map_lock = 0;
-    if (g_fd >= 0) close(g_fd);
-    if (g_ffd >= 0) close(g_ffd);
-    g_fd = g_ffd = -1;
+    hc_file_forget(&g_pred);   /* (the parent's files) */
+    hc_file_forget(&g_feat);
     for (int i = 0; i < g_nthreads; i++)
         if (g_threads[i] && g_threads[i] != t_state)
             g_threads[i]->n = g_threads[i]->nf = 0;                          /* parent's records */
@@ -309,8 +304,9 @@ void hc_hook_flush_all(void) {
     if (!hc_hook_on) return;
     int n = __atomic_load_n(&g_nthreads, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n; i++) flush_thread(g_threads[i]);
-    if (g_fd >= 0)        /* the count of events left out, in the header */
-        pwrite(g_fd, &g_skipped, sizeof g_skipped, offsetof(struct pred_header, skipped));
+    int fd = hc_file_fd(&g_pred);
+    if (fd >= 0)          /* the count of events left out, in the header */
+        pwrite(fd, &g_skipped, sizeof g_skipped, offsetof(struct pred_header, skipped));
 }
 
 static struct hook_thread *thread_state(void) {

@@ -105,10 +105,9 @@ static int pym_holds_gil(uintptr_t self) {
 
 /* Writes "Y <seq>" to the .mods file: pymalloc's allocations are recorded from event seq on. */
 static void pym_note(uint64_t seq) {
-    if (g_mods_fd < 0) return;
+    if (g_mods.fd < 0) return;
     struct textbuf tb;
     tb.n = 0;
-    tb.fd = g_mods_fd;
     tb_str(&tb, "Y ");
     tb_hex(&tb, seq);
     tb_str(&tb, "\n");

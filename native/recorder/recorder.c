@@ -49,6 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "own_file.h"
 #include "policy_hook.h"
 #include "raw_format.h"
 
@@ -124,7 +125,7 @@ enum { ST_UNINIT, ST_INITING, ST_ACTIVE, ST_OFF };
 static volatile int g_state = ST_UNINIT;
 static volatile uint32_t g_gen = 1;  /* bumped in a fork child: every thread state becomes stale */
 static struct hc_header *H;          /* mapped header page of this process's raw file */
-static int g_fd = -1, g_mods_fd = -1;
+static struct hc_file g_raw = {.fd = -1}, g_mods = {.fd = -1};   /* (own_file.h) */
 static int g_stack_depth, g_unwind_dwarf, g_mmap, g_follow, g_use_tsc, g_recycle;
 static char g_dir[4096];
 static volatile int g_grow_lock;
@@ -270,7 +271,7 @@ static void seq_go_locked(void) {
 static size_t str_len(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
 
 /* Buffered text output for the .mods file, written with write(2). */
-struct textbuf { char b[8192]; size_t n; int fd; };
+struct textbuf { char b[8192]; size_t n; };   /* written to the .mods file */
 
 static uint64_t g_mods_bytes;     /* written to the .mods file */
 static uint64_t file_size_limit(void);
@@ -283,8 +284,9 @@ static void tb_flush(struct textbuf *t) {
         return;
     }
     g_mods_bytes += t->n;
-    while (off < t->n) {
-        ssize_t w = write(t->fd, t->b + off, t->n - off);
+    int fd = hc_file_fd(&g_mods);
+    while (fd >= 0 && off < t->n) {
+        ssize_t w = write(fd, t->b + off, t->n - off);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) break;
         off += (size_t)w;
@@ -393,7 +395,7 @@ static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
 
 /* Writes the loaded modules to the .mods file when they changed since the last snapshot. */
 static void snapshot_modules(int force) {
-    if (g_mods_fd < 0) return;
+    if (g_mods.fd < 0) return;
     struct textbuf *tb = NULL;
     struct mods_ctx probe = {0};
     probe.count_only = 1;
@@ -406,7 +408,6 @@ static void snapshot_modules(int force) {
     static struct textbuf buf;  /* under g_mods_lock */
     tb = &buf;
     tb->n = 0;
-    tb->fd = g_mods_fd;
     struct mods_ctx c = {tb, 0, 0, 0};
     tb_str(tb, "M ");
     tb_hex(tb, H ? H->seq : 0);
@@ -423,7 +424,6 @@ static void write_process_meta(void) {
     static struct textbuf tb;  /* called once per process, before other threads can record */
     static char buf[1 << 16];
     tb.n = 0;
-    tb.fd = g_mods_fd;
     ssize_t n = readlink("/proc/self/exe", buf, sizeof buf);
     tb_str(&tb, "X ");
     if (n > 0) tb_hexbytes(&tb, buf, (size_t)n);
@@ -607,7 +607,7 @@ static void path_join(char *out, size_t cap, const char *name) {
 
 static void fmt_name(char *out, int pid, uint32_t image, const char *ext) {
     struct textbuf tb;  /* small: used only as a formatter */
-    tb.n = 0; tb.fd = -1;
+    tb.n = 0;
     char d[16]; int i = 15; d[15] = 0;
     unsigned v = (unsigned)pid;
     do { d[--i] = (char)('0' + v % 10); v /= 10; } while (v);
@@ -664,7 +664,7 @@ static void reserved_up_to(uint64_t end) {
  * does not start below it: it would fallocate again the copies that the converter had punched
  * out once converted (they came back as unwritten extents: disk space held again, and pages
  * that the final scan had to walk one by one, 0.6-1 s after py_dicts' exit). */
-static int reserve_file(uint64_t end) {
+static int reserve_file(int fd, uint64_t end) {
     if (end <= __atomic_load_n(&H->file_reserved, __ATOMIC_ACQUIRE)) return 1;
     spin_lock(&g_grow_lock);
     int ok = 1;
@@ -675,9 +675,9 @@ static int reserve_file(uint64_t end) {
         __atomic_fetch_or(&H->flags, HC_FLAG_TRUNCATED, __ATOMIC_RELAXED);
     } else if (end > have) {
         uint64_t want = end + GROW_BYTES < limit ? end + GROW_BYTES : limit;
-        if (posix_fallocate(g_fd, (off_t)have, (off_t)(want - have)) == 0) {
+        if (posix_fallocate(fd, (off_t)have, (off_t)(want - have)) == 0) {
             reserved_up_to(want);
-        } else if (posix_fallocate(g_fd, (off_t)have, (off_t)(end - have)) == 0) {
+        } else if (posix_fallocate(fd, (off_t)have, (off_t)(end - have)) == 0) {
             reserved_up_to(end);
         } else {
             ok = 0;
@@ -712,27 +712,33 @@ static int open_process_files(int forked_from, uint64_t fork_seq) {
         fd = -1;
     }
     if (fd < 0) return 0;
+    fd = hc_file_keep(&g_raw, fd, path, O_RDWR, 0);
+    if (fd < 0) {
+        unlink(path);
+        return 0;
+    }
     /* The header page written through the file before it is mapped (write_zeros: the first
      * write fault on it cost a program that runs 200 short programs 2 ms each). It stays zero,
      * so a reader still sees no header yet. */
     uint64_t limit = file_size_limit();
     if (limit >= HC_HEADER_SIZE && !write_zeros(fd, 0, HC_HEADER_SIZE)) {
-        close(fd);
+        hc_file_forget(&g_raw);
         unlink(path);
         return 0;
     }
     uint64_t first = HC_HEADER_SIZE + FIRST_BYTES < limit ? HC_HEADER_SIZE + FIRST_BYTES : limit;
     if (first < HC_HEADER_SIZE || (posix_fallocate(fd, 0, (off_t)first) != 0 &&
                                    posix_fallocate(fd, 0, HC_HEADER_SIZE) != 0)) {
-        close(fd);
+        hc_file_forget(&g_raw);
         unlink(path);
         return 0;
     }
     struct hc_header *h = sys_mmap(NULL, HC_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (h == MAP_FAILED) { close(fd); return 0; }
+    if (h == MAP_FAILED) { hc_file_forget(&g_raw); return 0; }
     fmt_name(name, pid, image, ".mods");
     path_join(path, sizeof path, name);
-    int mfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0600);
+    hc_file_keep(&g_mods, open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0600),
+                 path, O_WRONLY | O_APPEND, 0);
     g_mods_bytes = 0;
 
     struct stat st;
@@ -758,11 +764,9 @@ static int open_process_files(int forked_from, uint64_t fork_seq) {
     __atomic_thread_fence(__ATOMIC_RELEASE);
     memcpy(h->magic, HC_RAW_MAGIC, 8);  /* last: a reader sees a complete header or none */
 
-    g_fd = fd;
-    g_mods_fd = mfd;
     H = h;
     g_mods_adds = g_mods_subs = ~0ull;
-    if (mfd >= 0) write_process_meta();
+    if (g_mods.fd >= 0) write_process_meta();
     return 1;
 }
 
@@ -867,9 +871,8 @@ static void atfork_child(void) {
     T.pos = T.cap = 0;
     maps_after_fork(T.maps);
     sys_munmap(old, HC_HEADER_SIZE);
-    close(g_fd);
-    if (g_mods_fd >= 0) close(g_mods_fd);
-    g_fd = g_mods_fd = -1;
+    hc_file_forget(&g_raw);   /* (the parent's files) */
+    hc_file_forget(&g_mods);
     g_grow_lock = 0;
     g_mods_lock = 0;
     __atomic_add_fetch(&g_gen, 1, __ATOMIC_RELEASE);
@@ -962,19 +965,21 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     uint64_t off = 0;
     struct hc_record *m = g_recycle && size == HC_CHUNK_MAX ? reuse_chunk(&off) : NULL;
     if (!m) {
+        int fd = hc_file_fd(&g_raw);   /* (checked: the program may have taken its number) */
+        if (fd < 0) return 0;
         if (t->spare_size >= size) {   /* the space of a claim whose mapping failed */
             off = t->spare_off;
             size = t->spare_size;
         } else {
             off = __atomic_fetch_add(&H->file_end, size, __ATOMIC_RELAXED);
-            if (!reserve_file(off + size)) return 0;
-            write_zeros(g_fd, off, size);
+            if (!reserve_file(fd, off + size)) return 0;
+            write_zeros(fd, off, size);
         }
         t->spare_size = 0;
         /* Not MAP_POPULATE: it pre-faults the pages for reading, and every page then faults again
          * on its first write. MADV_POPULATE_WRITE (Linux 5.14) maps them writable in one call; on
          * an older kernel it fails harmlessly and the first writes fault instead. */
-        m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, (off_t)off);
+        m = sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)off);
         if (m == MAP_FAILED) {
             /* No address space left (RLIMIT_AS, vm.max_map_count): the space is kept for the
              * next try. Taking fresh space at each try grew the file by a chunk per event
@@ -1194,7 +1199,7 @@ static void table_put(uint64_t *tab, uint64_t h, uint32_t id) {
  * .mods file, one write(2), and returns its id (0 if it could not be written). Its users are
  * location definitions written after it, so a reader always finds it. */
 static uint32_t define_pyframe(struct tstate *t, const char *f) {
-    if (g_mods_fd < 0) return 0;
+    if (g_mods.fd < 0) return 0;
     const char *code = PY_PTR(f, PL.fr_code);
     char file[512], func[256], line[16 + 2 * (sizeof file + sizeof func) + 16];
     size_t nf = py_utf8(PY_PTR(code, PL.co_filename), file, sizeof file);
@@ -1227,8 +1232,9 @@ static uint32_t define_pyframe(struct tstate *t, const char *f) {
         return 0;
     }
     t->busy++;   /* O_APPEND: one write lands whole, beside other threads' lines */
-    ssize_t w;
-    do { w = write(g_mods_fd, line, n); } while (w < 0 && errno == EINTR);
+    int fd = hc_file_fd(&g_mods);
+    ssize_t w = -1;
+    do { w = fd >= 0 ? write(fd, line, n) : -1; } while (w < 0 && fd >= 0 && errno == EINTR);
     t->busy--;
     return w == (ssize_t)n ? id : 0;
 }
