@@ -508,3 +508,69 @@ def test_online_table_policy_under_ubsan(build, tmp_path):
         assert logged > (1000 if name == "threads" else 0), (name, logged)
         assert len(preds) == (1 if name == "threads" else len(list(out.glob("*.raw")))), name
 
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_record_waits_for_the_traced_processes_the_program_left_running(build, own, cli):
+    """outlives_parent.c exits at once, leaving a forked child that allocates on, as a daemon's
+    does: `record` waits for it and says so (its events were lost without a word: the trace was
+    finalized at the parent's exit, the child went on writing into a removed raw file)."""
+    import tempfile
+    prog = build("outlives_parent")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "t")
+        done = cli("record", "-o", out, "--", prog, 3000000)
+        assert done.returncode == 0, done.stderr
+        child = int(done.stdout.split()[0])
+        assert (f"the program has ended, but 1 traced process it started still runs (pid {child})"
+                in done.stderr), done.stderr
+        assert "warning" not in done.stderr
+        procs = {p.pid: p for p in heapcast.load(out).processes}
+        assert set(procs) == {child, procs[child].forked_from}
+        assert len(own(procs[child])) == 2 * 3000000 and not procs[child].truncated
+
+
+def test_stopping_the_wait_keeps_what_the_processes_left_running_wrote(build, own, cli_argv,
+                                                                      tmp_path):
+    """^C while `record` waits for a child that never ends: the trace is finalized with what
+    the child wrote so far, marked truncated, and `record` says so; the child runs on."""
+    prog = build("outlives_parent")
+    out = tmp_path / "t"
+    rec = subprocess.Popen([*cli_argv, "record", "-o", str(out), "--", prog, "forever"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = int(rec.stdout.readline())
+    try:
+        line = rec.stderr.readline()
+        assert "waiting for it to end" in line, line
+        rec.send_signal(signal.SIGINT)
+        assert rec.wait(timeout=60) == 0
+        assert os.path.exists(f"/proc/{child}"), "the child must run on"
+    finally:
+        _kill(child)   # (it holds the pipes open: read them once it is gone)
+        if rec.poll() is None:
+            rec.kill()
+    err = rec.stderr.read()
+    assert f"process {child} was still running when the recording stopped" in err, err
+    procs = {p.pid: p for p in heapcast.load(out).processes}
+    assert procs[child].truncated and len(own(procs[child])) > 0
+
+
+def test_a_process_that_execs_a_program_not_traced_is_not_waited_for(build, cli_argv, tmp_path):
+    """The child execs `sleep 30`, which is not traced without --follow-children: `record`
+    ends with the parent, as before. (Output to files: `sleep` holds pipes open.)"""
+    import time
+    prog = build("outlives_parent")
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(out, "w") as o, open(err, "w") as e:
+        start = time.monotonic()
+        rc = subprocess.run([*cli_argv, "record", "-o", str(tmp_path / "t"), "--", prog, "exec"],
+                            stdout=o, stderr=e, timeout=60).returncode
+        took = time.monotonic() - start
+    _kill(int(out.read_text().split()[0]))
+    assert rc == 0 and "waiting" not in err.read_text(), err.read_text()
+    assert took < 20, took

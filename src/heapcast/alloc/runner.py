@@ -146,7 +146,7 @@ def run(cmd, policy: str = "none", log=None, env: dict | None = None,
         # {}: the policy's placement is glibc's malloc
         ours = environment(policy, prefix, backend=backend, align=align)
         full = {**os.environ, **(env or {}), **ours}
-        exit_code, _ = run_program(cmd, full, None, 10)
+        exit_code, _, _ = run_program(cmd, full, None, 10)
         result = RunResult(exit_code)
         if log is not None:
             result.processes = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("log.*.json"))]

@@ -18,6 +18,7 @@ import shlex
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -223,7 +224,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
             pass   # the recorder then takes fresh file space for every chunk
     start = time.monotonic()
     try:
-        exit_code, sampler = _run(cmd, env, path if problem is None else None, rss_interval_ms,
+        exit_code, sampler, cut = _run(cmd, env, path if problem is None else None,
+                                       rss_interval_ms,
                                   (lambda s, pid: converter.begin(drainer, s, pid))
                                   if converter is not None else None)
     except RecordError:
@@ -248,7 +250,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
             result.truncated |= converter.truncated
         finalize(path, result, sampler, progress=progress,
                  live=converter.processes() if converter is not None else None,
-                 pymalloc=pymalloc, early=converter.early if converter is not None else None)
+                 pymalloc=pymalloc, early=converter.early if converter is not None else None,
+                 cut=cut)
     return result
 
 
@@ -354,9 +357,10 @@ def import_quietly() -> None:
 
 
 def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
-    """Runs the program, sampling RSS meanwhile; returns its exit status as a shell reports it
-    and the RSS sampler (None when untraced). `started(sampler, pid)` is called once the
-    program runs."""
+    """Runs the program, sampling RSS meanwhile, then waits for the traced processes it left
+    running (_wait_for_the_rest); returns its exit status as a shell reports it, the RSS sampler
+    (None when untraced) and the raw file names of the processes still running when the waiting
+    was stopped. `started(sampler, pid)` is called once the program runs."""
     # ^C (and ^\) from the terminal reach the program, which decides; we finalize after it. They
     # are caught here by a handler that does nothing, not ignored: exec resets a caught signal
     # to its default in the program, so no code has to run in the child between fork and exec
@@ -391,9 +395,58 @@ def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+    cut = _wait_for_the_rest(trace_dir, sampler, interval) if trace_dir is not None else set()
     if sampler is not None:
         sampler.close()
-    return (128 - rc if rc < 0 else rc), sampler
+    return (128 - rc if rc < 0 else rc), sampler, cut
+
+
+def _still_recording(trace_dir: Path) -> dict:
+    """pid -> raw file name of the traced processes that still record: a process maps its raw
+    file's header until it exits or execs."""
+    running = {}
+    for entry in os.scandir(trace_dir):
+        name = entry.name
+        if not name.endswith(".raw") or not name.split(".", 1)[0].isdigit():
+            continue
+        pid = int(name.split(".", 1)[0])
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                maps = f.read()
+        except OSError:
+            continue   # gone
+        if b" " + os.fsencode(os.path.realpath(entry.path)) + b"\n" in maps:
+            running[pid] = name
+    return running
+
+
+def _wait_for_the_rest(trace_dir: Path, sampler, interval: float) -> set:
+    """Waits while traced processes that the program started still run after it ended (a
+    daemon's forked child; with --follow-children, a program started in the background): their
+    events would be lost without a word. ^C (or SIGTERM) stops waiting; returns the raw file
+    names of those still running then, whose traces end there."""
+    running = _still_recording(trace_dir)
+    if not running:
+        return set()
+    n = len(running)
+    one = n == 1
+    print(f"heapcast: the program has ended, but {n} traced process{'' if one else 'es'} it "
+          f"started still run{'s' if one else ''} (pid {', '.join(map(str, sorted(running)))}): "
+          f"waiting for {'it' if one else 'them'} to end (^C: stop waiting; "
+          f"{'its trace' if one else 'their traces'} then end{'s' if one else ''} there)",
+          file=sys.stderr, flush=True)
+    stop = []
+    old = {s: signal.signal(s, lambda signum, frame: stop.append(signum))
+           for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while running and not stop:
+            sampler.sample()
+            time.sleep(interval)
+            running = _still_recording(trace_dir)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    return set(running.values())
 
 
 def _pass_on(signum, frame) -> None:
@@ -632,7 +685,8 @@ def _finish_raw(raw: Path, rp, lp, sampler, bar, problems: list):
 
 def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | None = None,
              progress: bool | None = None, live: dict | None = None,
-             pymalloc: bool = False, early: list | None = None) -> RecordResult:
+             pymalloc: bool = False, early: list | None = None,
+             cut: set | frozenset = frozenset()) -> RecordResult:
     """Converts the raw files of a trace directory into .hct files and writes session.json.
 
     `heapcast record` calls it when the program has ended, with what its converter did while the
@@ -643,10 +697,11 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     conversion goes on from the last checkpoint's part of `*.hct.tmp` (what an interrupted
     conversion left beyond it, or without a checkpoint all of it, is replaced). `pymalloc`: the
     recording asked for pymalloc's allocations (record --pymalloc); a warning when no process
-    wrapped them.
+    wrapped them. `cut`: the raw files of processes still running when the recording stopped
+    (marked truncated, with a warning).
     """
     from ..trace.format import TraceError
-    from ..trace.raw import raw_files
+    from ..trace.raw import FLAG_TRUNCATED, raw_files
     from ..trace.reader import read_process
     from ..trace.writer import release_workers, write_session
 
@@ -674,6 +729,10 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     bar = _progress_bar(sum(sum(c.n for c in rp.chunks) for _, rp, _ in scanned), progress)
     done = [got for _, got in early]
     for raw, rp, lp in scanned:
+        if raw.name in cut:   # still running when the recording stopped (_wait_for_the_rest)
+            rp.flags |= FLAG_TRUNCATED
+            result.problems.append(f"process {rp.pid} was still running when the recording "
+                                   "stopped: its trace ends there")
         got = _finish_raw(raw, rp, lp, sampler, bar, result.problems)
         if got is None:
             result.truncated = True

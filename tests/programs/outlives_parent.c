@@ -1,0 +1,33 @@
+/* A program whose forked child outlives it, as a daemon's does: the parent exits at once.
+ *
+ *   outlives_parent N        the child makes N malloc/free pairs, then exits
+ *   outlives_parent forever  the child makes pairs until it is killed
+ *   outlives_parent exec     the child execs `sleep 30`, a program not traced without
+ *                            --follow-children
+ * Both print the child's pid first, on a line of its own. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    for (int i = 0; i < 1000; i++) free(malloc(32));
+    pid_t child = fork();
+    if (child < 0) return 2;
+    if (child > 0) {
+        printf("%d\n", (int)child);
+        return 0;
+    }
+    if (strcmp(argv[1], "exec") == 0) {
+        execl("/bin/sleep", "sleep", "30", (char *)NULL);
+        _exit(3);
+    }
+    int forever = strcmp(argv[1], "forever") == 0;
+    long n = forever ? 0 : atol(argv[1]);
+    for (long i = 0; forever || i < n; i++) {
+        free(malloc(16 + i % 64));
+        if (forever && i % 10000 == 0) usleep(1000);
+    }
+    return 0;
+}
