@@ -428,17 +428,17 @@ def _wait_for_the_rest(trace_dir: Path, sampler, interval: float) -> set:
     running = _still_recording(trace_dir)
     if not running:
         return set()
-    n = len(running)
-    one = n == 1
-    print(f"heapcast: the program has ended, but {n} traced process{'' if one else 'es'} it "
-          f"started still run{'s' if one else ''} (pid {', '.join(map(str, sorted(running)))}): "
-          f"waiting for {'it' if one else 'them'} to end (^C: stop waiting; "
-          f"{'its trace' if one else 'their traces'} then end{'s' if one else ''} there)",
-          file=sys.stderr, flush=True)
-    stop = []
+    stop = []   # (the handlers first: a ^C right after the message stops the waiting)
     old = {s: signal.signal(s, lambda signum, frame: stop.append(signum))
            for s in (signal.SIGINT, signal.SIGTERM)}
+    n = len(running)
+    one = n == 1
     try:
+        print(f"heapcast: the program has ended, but {n} traced process{'' if one else 'es'} it "
+              f"started still run{'s' if one else ''} (pid {', '.join(map(str, sorted(running)))}"
+              f"): waiting for {'it' if one else 'them'} to end (^C: stop waiting; "
+              f"{'its trace' if one else 'their traces'} then end{'s' if one else ''} there)",
+              file=sys.stderr, flush=True)
         while running and not stop:
             sampler.sample()
             time.sleep(interval)
