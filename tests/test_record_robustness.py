@@ -575,3 +575,25 @@ def test_a_process_that_execs_a_program_not_traced_is_not_waited_for(build, cli_
     _kill(int(out.read_text().split()[0]))
     assert rc == 0 and "warning" not in err.read_text(), err.read_text()
     assert took < 20, took
+
+
+def test_finalize_by_hand_cuts_a_process_that_still_records(build, own, cli, cli_argv, tmp_path):
+    """`record` SIGKILLed while it waits for a child that goes on allocating: `heapcast
+    finalize` then converts what the child wrote so far and says that its trace ends there
+    (it was converted as if complete, and the rest lost without a word)."""
+    prog = build("outlives_parent")
+    out = tmp_path / "t"
+    rec = subprocess.Popen([*cli_argv, "record", "-o", str(out), "--", prog, "forever"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = int(rec.stdout.readline())
+    try:
+        assert "waiting for it to end" in rec.stderr.readline()
+        rec.kill()
+        rec.wait(timeout=60)
+        done = cli("finalize", out)
+        assert done.returncode == 0, done.stderr
+        assert f"process {child} was still running when the recording stopped" in done.stderr
+    finally:
+        _kill(child)
+    procs = {p.pid: p for p in heapcast.load(out).processes}
+    assert procs[child].truncated and len(own(procs[child])) > 0

@@ -698,7 +698,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     conversion left beyond it, or without a checkpoint all of it, is replaced). `pymalloc`: the
     recording asked for pymalloc's allocations (record --pymalloc); a warning when no process
     wrapped them. `cut`: the raw files of processes still running when the recording stopped
-    (marked truncated, with a warning).
+    (marked truncated, with a warning); by hand, those that a live process still writes.
     """
     from ..trace.format import TraceError
     from ..trace.raw import FLAG_TRUNCATED, raw_files
@@ -714,6 +714,8 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
         result = RecordResult(exit_code=-1, path=path, command=[])
     early = early or []
     raws = raw_files(path)
+    if by_hand:   # a process of an interrupted recording may record still: its trace ends here
+        cut = set(cut) | set(_still_recording(path).values())
     if not raws and not early and any(path.glob("*" + TRACE_SUFFIX)):
         raise ValueError(f"{path} is already finalized: it holds no raw files to convert")
     if not raws and by_hand:
