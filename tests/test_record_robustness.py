@@ -516,37 +516,44 @@ def _kill(pid: int) -> None:
         pass
 
 
-def test_record_waits_for_the_traced_processes_the_program_left_running(build, own, cli):
+def test_record_waits_for_the_traced_processes_the_program_left_running(build, own, cli,
+                                                                       tmp_path):
     """outlives_parent.c exits at once, leaving a forked child that allocates on, as a daemon's
     does: `record` waits for it and says so (its events were lost without a word: the trace was
     finalized at the parent's exit, the child went on writing into a removed raw file)."""
-    import tempfile
-    prog = build("outlives_parent")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "t")
-        done = cli("record", "-o", out, "--", prog, 3000000)
-        assert done.returncode == 0, done.stderr
-        child = int(done.stdout.split()[0])
-        assert (f"the program has ended, but 1 traced process it started still runs (pid {child})"
-                in done.stderr), done.stderr
-        assert "warning" not in done.stderr
-        procs = {p.pid: p for p in heapcast.load(out).processes}
-        assert set(procs) == {child, procs[child].forked_from}
-        assert len(own(procs[child])) == 2 * 3000000 and not procs[child].truncated
+    out = tmp_path / "t"
+    done = cli("record", "-o", out, "--", build("outlives_parent"), 3000000)
+    assert done.returncode == 0, done.stderr
+    child = int(done.stdout.split()[0])
+    assert (f"the program has ended, but 1 traced process it started still runs (pid {child})"
+            in done.stderr), done.stderr
+    assert "warning" not in done.stderr
+    procs = {p.pid: p for p in heapcast.load(out).processes}
+    assert set(procs) == {child, procs[child].forked_from}
+    assert len(own(procs[child])) == 2 * 3000000 and not procs[child].truncated
+
+
+def _waiting_for_a_child(cli_argv, prog, out) -> tuple:
+    """`record` of outlives_parent.c's child that never ends, once it waits for that child:
+    (the record process, the child's pid)."""
+    rec = subprocess.Popen([*cli_argv, "record", "-o", str(out), "--", prog, "forever"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = int(rec.stdout.readline())
+    line = rec.stderr.readline()
+    if "waiting for it to end" not in line:
+        _kill(child)
+        rec.kill()
+        raise AssertionError(line)
+    return rec, child
 
 
 def test_stopping_the_wait_keeps_what_the_processes_left_running_wrote(build, own, cli_argv,
                                                                       tmp_path):
     """^C while `record` waits for a child that never ends: the trace is finalized with what
     the child wrote so far, marked truncated, and `record` says so; the child runs on."""
-    prog = build("outlives_parent")
     out = tmp_path / "t"
-    rec = subprocess.Popen([*cli_argv, "record", "-o", str(out), "--", prog, "forever"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    child = int(rec.stdout.readline())
+    rec, child = _waiting_for_a_child(cli_argv, build("outlives_parent"), out)
     try:
-        line = rec.stderr.readline()
-        assert "waiting for it to end" in line, line
         rec.send_signal(signal.SIGINT)
         assert rec.wait(timeout=60) == 0
         assert os.path.exists(f"/proc/{child}"), "the child must run on"
@@ -581,13 +588,9 @@ def test_finalize_by_hand_cuts_a_process_that_still_records(build, own, cli, cli
     """`record` SIGKILLed while it waits for a child that goes on allocating: `heapcast
     finalize` then converts what the child wrote so far and says that its trace ends there
     (it was converted as if complete, and the rest lost without a word)."""
-    prog = build("outlives_parent")
     out = tmp_path / "t"
-    rec = subprocess.Popen([*cli_argv, "record", "-o", str(out), "--", prog, "forever"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    child = int(rec.stdout.readline())
+    rec, child = _waiting_for_a_child(cli_argv, build("outlives_parent"), out)
     try:
-        assert "waiting for it to end" in rec.stderr.readline()
         rec.kill()
         rec.wait(timeout=60)
         done = cli("finalize", out)
