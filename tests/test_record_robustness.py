@@ -363,6 +363,18 @@ def test_a_program_out_of_address_space_keeps_its_errno_and_the_trace_its_size(b
     assert 100000 < recorded <= 2 * (1000 + 2 * 100000) - result.lost_events
 
 
+def test_threads_are_never_cancelled_inside_malloc_or_free(build, untraced, tmp_path, capfd):
+    """cancelled_threads.c cancels threads that malloc and free while they hold a mutex: they
+    must not die inside malloc or free (no cancellation points), with the mutex held. The
+    recorder's slow paths write and open files, which are cancellation points: a cancelled
+    thread died there in the first round, and a program would then deadlock on its mutex."""
+    prog = build("cancelled_threads")
+    assert untraced([prog, "200"]).stdout == b"ok\n"
+    result = heapcast.record([prog, "200"], output=tmp_path / "t")
+    assert result.exit_code == 0 and capfd.readouterr().out == "ok\n"
+    assert not result.truncated and result.threads == 201
+
+
 @pytest.mark.parametrize("mode", ["low", "all"])
 def test_a_program_that_closes_every_descriptor_keeps_its_files_and_its_trace(build, own, tmp_path,
                                                                               capfd, mode):

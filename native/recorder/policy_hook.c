@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -397,7 +398,10 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
     }
     t_inside = 1;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    int saved = errno;   /* the program's (the log's writes and mappings can fail) */
+    /* errno and the cancellation state as the program left them (recorder.c, struct quiet):
+     * the log's writes are cancellation points, and can fail */
+    int saved = errno, cancel;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
     struct hook_thread *ht = thread_state();
     if (!ht) goto out;
     hc_event ev;
@@ -478,6 +482,7 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
         }
     }
 out:
+    pthread_setcancelstate(cancel, NULL);
     errno = saved;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     t_inside = 0;

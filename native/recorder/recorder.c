@@ -167,6 +167,23 @@ struct tstate {
 };
 static TLS struct tstate T;
 
+/* The slow paths leave the program as they found it: errno (the hooks return the real call's,
+ * and free() and the functions that succeed leave it alone, while the slow paths' system calls
+ * can fail: a missing MADV_POPULATE_WRITE, no address space, a full disk), and cancellation:
+ * malloc and free are no cancellation points, but the writes and opens of a slow path are, and
+ * a thread of the program cancelled there died inside malloc, holding the program's locks. */
+struct quiet { int err, cancel; };
+
+static inline void quiet_begin(struct quiet *q) {
+    q->err = errno;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &q->cancel);
+}
+
+static inline void quiet_end(const struct quiet *q) {
+    pthread_setcancelstate(q->cancel, NULL);
+    errno = q->err;
+}
+
 static inline size_t chunk_bytes(const struct tstate *t) {   /* of the current chunk */
     return (size_t)(t->cap + NESTED_RESERVE) * HC_RECORD_SIZE;
 }
@@ -879,12 +896,13 @@ static void atfork_child(void) {
     T.busy++;
     g_seq_inside = 0;
     g_seq_mode = seq_start_mode();   /* this thread is the child's only one */
-    int saved = errno;   /* fork() returns 0 in the child with errno as it was */
+    struct quiet q;   /* fork() returns 0 in the child with errno as it was, uncancelled */
+    quiet_begin(&q);
     int ok = open_process_files(parent, fork_seq);
     if (ok) hc_hook_fork_child();
     /* the wrappers came with the fork (or some of them: another thread was installing them) */
     if (ok && g_pym_state >= 2) pym_note(fork_seq);
-    errno = saved;
+    quiet_end(&q);
     T.busy--;
     if (!ok) __atomic_store_n(&g_state, ST_OFF, __ATOMIC_RELEASE);
 }
@@ -1051,13 +1069,11 @@ static int thread_ready_body(struct tstate *t) {
     return 1;
 }
 
-/* The slow paths keep the program's errno: the hooks return the real call's, and free() and
- * the functions that succeed leave it as it was (their system calls can fail: a missing
- * MADV_POPULATE_WRITE, no address space, a full disk). */
 static __attribute__((noinline)) int thread_ready_slow(struct tstate *t) {
-    int saved = errno;
+    struct quiet q;   /* (see struct quiet) */
+    quiet_begin(&q);
     int ready = thread_ready_body(t);
-    errno = saved;
+    quiet_end(&q);
     return ready;
 }
 
@@ -1095,7 +1111,8 @@ static __attribute__((noinline)) struct hc_record *slots_slow(struct tstate *t, 
     }
     /* Signals wait the few microseconds of a claim, so that a handler that allocates is
      * recorded rather than lost. */
-    int saved = errno;   /* the program's: a failed system call here must not change it */
+    struct quiet q;   /* (see struct quiet) */
+    quiet_begin(&q);
     sigset_t all, prev;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &prev);
@@ -1103,7 +1120,7 @@ static __attribute__((noinline)) struct hc_record *slots_slow(struct tstate *t, 
     int ok = claim_chunk(t, n);
     t->busy--;
     pthread_sigmask(SIG_SETMASK, &prev, NULL);
-    errno = saved;
+    quiet_end(&q);
     if (!ok) {
         t->skip = 1u << (t->fails < 16 ? t->fails : 16);
         t->fails++;
@@ -1340,9 +1357,10 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
 
 static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite,
                                                         const char *pf) {
-    int saved = errno;   /* (a stack walk, a .mods write) */
+    struct quiet q;   /* (a stack walk, a .mods write: see struct quiet) */
+    quiet_begin(&q);
     uint32_t id = intern_location(t, callsite, pf);
-    errno = saved;
+    quiet_end(&q);
     return id;
 }
 
@@ -1651,7 +1669,8 @@ __attribute__((constructor)) static void heapcast_start(void) {
 __attribute__((destructor)) static void heapcast_end(void) {
     if (g_state != ST_ACTIVE || !H) return;
     T.busy++;
-    int saved = errno;   /* for the exit handlers that run after this one */
+    struct quiet q;   /* for the exit handlers that run after this one */
+    quiet_begin(&q);
     char buf[4096];
     ssize_t n = read_file("/proc/self/status", buf, sizeof buf - 1);
     if (n > 0) {
@@ -1670,6 +1689,6 @@ __attribute__((destructor)) static void heapcast_end(void) {
     __atomic_fetch_or(&H->flags, HC_FLAG_CLEAN_EXIT, __ATOMIC_RELEASE);
     hc_hook_flush_all();
     g_exited = 1;
-    errno = saved;
+    quiet_end(&q);
     T.busy--;
 }
