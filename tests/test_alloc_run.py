@@ -52,6 +52,18 @@ def test_every_entry_point_has_glibcs_semantics(build, untraced, heap_map):
     assert b": 0\n" not in want.stdout   # every property line holds (1) under glibc itself
 
 
+@pytest.mark.parametrize("backend", ["pack", "mimalloc"])
+def test_errno_and_cancellation_are_left_to_the_program(build, backend):
+    """errno_kept.c: errno stays what the program set around every free() and successful
+    malloc(), near its address-space limit too (mimalloc set ENOENT on a new heap's first
+    allocation); cancelled_threads.c: no thread is cancelled inside malloc or free."""
+    extra = {"HEAPCAST_ALLOC_BACKEND": backend}
+    got = under_alloc([build("errno_kept"), "100000"], extra=extra)
+    assert got.returncode == 0 and got.stdout == b"0\n", (got.stdout, got.stderr)
+    got = under_alloc([build("cancelled_threads"), "100"], extra=extra)
+    assert got.returncode == 0 and got.stdout == b"ok\n", (got.stdout, got.stderr)
+
+
 @pytest.mark.parametrize("heap_map", MAPS)
 def test_threads_free_each_others_blocks_and_allocate_after_teardown(build, heap_map):
     got = under_alloc([build("alloc_xthread")], extra=MAPS[heap_map])

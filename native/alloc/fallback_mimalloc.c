@@ -16,6 +16,7 @@
  * ours ran) would see deleted heaps. mimalloc reuses the memory of a thread's heaps, so their
  * addresses cannot tell a live heap from a deleted one. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <mimalloc.h>
 #include <pthread.h>
 #include <string.h>
@@ -75,29 +76,41 @@ static void *aligned_in(mi_heap_t *h, size_t size, size_t align) {
 }
 
 /* glibc aligns every block to 16 bytes; mimalloc's 8-byte size class does not, so the caller
- * asks for at least 16 bytes. */
+ * asks for at least 16 bytes. errno stays as it was on success, as glibc leaves it (mimalloc
+ * sets it on its way: ENOENT from a new heap's first allocation, seen near RLIMIT_AS). */
 void *ha_fallback_alloc(int heap, size_t size, size_t align, int zero) {
+    int saved = errno;
     mi_heap_t *h = heap_at(heap);
+    void *p;
     if (align > 16) {
-        void *p = aligned_in(h, size, align);
+        p = aligned_in(h, size, align);
         if (p && zero)
             memset(p, 0, size);
-        return p;
+    } else if (h) {
+        p = zero ? mi_heap_zalloc(h, size) : mi_heap_malloc(h, size);
+    } else {
+        p = zero ? mi_zalloc(size) : mi_malloc(size);
     }
-    if (h)
-        return zero ? mi_heap_zalloc(h, size) : mi_heap_malloc(h, size);
-    return zero ? mi_zalloc(size) : mi_malloc(size);
+    if (p)
+        errno = saved;
+    return p;
 }
 
 size_t ha_fallback_usable(void *p) {
     return mi_usable_size(p);
 }
 
-void ha_fallback_free(void *p) {
+void ha_fallback_free(void *p) {   /* free() leaves errno alone (POSIX.1-2024) */
+    int saved = errno;
     mi_free(p);
+    errno = saved;
 }
 
 void *ha_fallback_realloc(int heap, void *p, size_t size) {
+    int saved = errno;
     mi_heap_t *h = heap_at(heap);
-    return h ? mi_heap_realloc(h, p, size) : mi_realloc(p, size);
+    void *q = h ? mi_heap_realloc(h, p, size) : mi_realloc(p, size);
+    if (q)
+        errno = saved;
+    return q;
 }
