@@ -424,6 +424,22 @@ def test_full_disk_runs_the_program_untouched(build, own, untraced, tmp_path, ca
         subprocess.run(["umount", "-l", disk], check=True)
 
 
+def test_trace_files_are_the_owners_whatever_the_programs_umask(build, tmp_path):
+    """umask_all.c sets umask(0777) and forks: its child's raw and .mods files (created after
+    that) are 0600 all the same, not 000, which `heapcast record` could not read (as another
+    user than root)."""
+    from heapcast.recorder.session import recorder_library
+    out = tmp_path / "t"
+    out.mkdir()
+    env = dict(os.environ, LD_PRELOAD=str(recorder_library()), HEAPCAST_DIR=str(out))
+    done = subprocess.run([build("umask_all")], env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == b"ok\n", done.stderr
+    made = sorted(p for p in out.iterdir() if p.suffix in (".raw", ".mods"))
+    assert len(made) == 4, made   # parent's and child's
+    for p in made:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+
+
 def test_trace_files_are_private(build, tmp_path):
     prog = build("fork")
     old_umask = os.umask(0)

@@ -39,12 +39,15 @@ static inline int hc_high_fd(int fd) {
     return high;
 }
 
-/* Makes fd (just opened on path) f's own, moved to a high number; the descriptor, or -1 (then
- * closed) when it cannot be identified. */
+/* Makes fd (just created on path) f's own, moved to a high number, readable and writable by
+ * its owner only whatever the program's umask (one of 0777 made it unreadable to `heapcast
+ * record`); the descriptor, or -1 (then closed) when it cannot be identified. */
 static inline int hc_file_keep(struct hc_file *f, int fd, const char *path, int reopen,
                                int at_end) {
     struct stat st;
     size_t n = strlen(path);
+    if (fd >= 0)
+        fchmod(fd, 0600);
     if (fd < 0 || n >= sizeof f->path || fstat(fd, &st) != 0) {
         if (fd >= 0) close(fd);
         __atomic_store_n(&f->fd, -1, __ATOMIC_RELEASE);
