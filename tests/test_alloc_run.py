@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import re
 import shutil
 import subprocess
@@ -62,6 +63,15 @@ def test_errno_and_cancellation_are_left_to_the_program(build, backend):
     assert got.returncode == 0 and got.stdout == b"0\n", (got.stdout, got.stderr)
     got = under_alloc([build("cancelled_threads"), "100"], extra=extra)
     assert got.returncode == 0 and got.stdout == b"ok\n", (got.stdout, got.stderr)
+
+
+def test_the_summaries_are_the_owners_whatever_the_programs_umask(build, tmp_path):
+    """umask_all.c sets umask(0777) and forks: each process's --log summary is 0600, not 000
+    (which `heapcast run` could not read as another user than root)."""
+    got = under_alloc([build("umask_all")], extra={"HEAPCAST_ALLOC_LOG": str(tmp_path / "log")})
+    assert got.returncode == 0 and got.stdout == b"ok\n", got.stderr
+    logs = list(tmp_path.glob("log.*.json"))
+    assert len(logs) == 2 and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in logs), logs
 
 
 @pytest.mark.parametrize("heap_map", MAPS)

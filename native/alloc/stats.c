@@ -3,6 +3,7 @@
  * sites reclassified; with the packer, the pages each heap (lifetime group) gave back. Written at exit as PREFIX.PID.json (0600); `heapcast run` merges them. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -95,6 +96,7 @@ void ha_stats_write(const char *prefix) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return;
+    fchmod(fd, 0600);   /* whatever the program's umask: `heapcast run` reads it */
     ssize_t w = write(fd, out, (size_t)len);
     (void)w;
     close(fd);
