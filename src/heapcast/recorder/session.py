@@ -13,16 +13,13 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import shutil
 import shlex
 import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .drain import ENV as DRAIN_ENV, Drainer
@@ -42,23 +39,24 @@ def recorder_library() -> Path:
     return lib
 
 
-@dataclass
 class RecordResult:
-    """How a recording went: the program's exit code and what the trace holds."""
+    """How a recording went: the program's exit code and what the trace holds. (A plain class:
+    `dataclasses`, with the `inspect` it imports, took 8 ms of `record`'s start, before the
+    program runs.)"""
 
-    exit_code: int
-    path: Path
-    command: list
-    events: int = 0
-    processes: int = 0
-    threads: int = 0
-    lost_events: int = 0
-    live_events: int = 0          # events converted while the program ran (heapcast.recorder.live)
-    truncated: bool = False
-    trace_bytes: int = 0
-    wall_s: float = 0.0
-    problems: list = field(default_factory=list)
-    traced: bool = True           # False: the trace directory could not be used, nothing recorded
+    def __init__(self, exit_code: int, path: Path, command: list):
+        self.exit_code, self.path, self.command = exit_code, path, command
+        self.events = self.processes = self.threads = 0
+        self.lost_events = 0
+        self.live_events = 0      # events converted while the program ran (heapcast.recorder.live)
+        self.truncated = False
+        self.trace_bytes = 0
+        self.wall_s = 0.0
+        self.problems: list = []
+        self.traced = True        # False: the trace directory could not be used, nothing recorded
+
+    def __repr__(self) -> str:
+        return f"RecordResult({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
     @property
     def bytes_per_event(self) -> float:
@@ -230,6 +228,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
                                   if converter is not None else None)
     except RecordError:
         if problem is None and not existed:
+            import shutil
             shutil.rmtree(path, ignore_errors=True)  # nothing ran: leave no empty trace behind
         raise
     finally:
@@ -570,6 +569,7 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
             raise
         if ck is None and live is not None:
             ck = checkpoint.load(out)
+        import tempfile
         staged = Path(tempfile.mkdtemp(prefix="heapcast-")) / out.name
         kept = 0
         # the converted part moves along (the raw file lacks it); resume truncates the copy
@@ -619,6 +619,7 @@ def _finished_process(out: Path, proc):
 
 def _copy_private(src: Path, dst: Path) -> None:
     """Copies src into a new file dst readable by its owner only."""
+    import shutil
     from ..trace.writer import open_private
     with open(src, "rb") as f, open_private(dst) as g:
         shutil.copyfileobj(f, g)
