@@ -224,8 +224,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     try:
         exit_code, sampler, cut = _run(cmd, env, path if problem is None else None,
                                        rss_interval_ms,
-                                  (lambda s, pid: converter.begin(drainer, s, pid))
-                                  if converter is not None else None)
+                                       (lambda s, pid: converter.begin(drainer, s, pid))
+                                       if converter is not None else None)
     except RecordError:
         if problem is None and not existed:
             import shutil
