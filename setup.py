@@ -27,7 +27,7 @@ recorder = Extension(
     sources=["native/recorder/recorder.c", "native/recorder/policy_hook.c",
              *[f"native/policy/{name}.c" for name in ("policy", "rnn", "table", "modmap")]],
     depends=["native/recorder/raw_format.h", "native/recorder/pyframes.h",
-             "native/recorder/pymalloc.h", "native/recorder/own_file.h",
+             "native/recorder/pymalloc.h", "native/recorder/own_file.h", "native/recorder/quiet.h",
              "native/recorder/policy_hook.h", "native/policy/heapcast_policy.h",
              "native/policy/internal.h", "native/recorder/exports.map"],
     extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-fno-omit-frame-pointer",

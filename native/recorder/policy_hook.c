@@ -15,9 +15,7 @@
  * signal handler's event that interrupts the hook on the same thread is left out (counted).
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -27,6 +25,7 @@
 #include "../policy/internal.h"
 #include "own_file.h"
 #include "policy_hook.h"
+#include "quiet.h"
 #include "raw_format.h"
 
 #define PRED_MAGIC "HCPRED1"
@@ -139,11 +138,16 @@ static void map_insert(uint64_t *map, int log2, uint64_t entry) {
 /* Doubles the map (under the lock); 0 if it cannot (then it stays as it is). */
 static int map_grow(void) {
     if (g_map_log2 >= MAP_MAX_LOG2) return 0;
+    struct quiet q;   /* (a mapping: quiet.h) */
+    quiet_begin(&q);
     uint64_t *next = hc_map_anon((size_t)8 << (g_map_log2 + 1));
+    quiet_end(&q);
     if (!next) return 0;
     for (uint64_t i = 0; i < 1ull << g_map_log2; i++)
         if (g_map[i]) map_insert(next, g_map_log2 + 1, g_map[i]);
+    quiet_begin(&q);
     hc_unmap(g_map, (size_t)8 << g_map_log2);
+    quiet_end(&q);
     g_map = next;
     g_map_log2++;
     return 1;
@@ -208,6 +212,8 @@ static void write_file(struct hc_file *f, const void *buf, size_t n) {
 }
 
 static void flush_thread(struct hook_thread *ht) {
+    struct quiet q;   /* (writes are cancellation points, and can fail: quiet.h) */
+    quiet_begin(&q);
     if (ht && ht->n) {
         write_file(&g_pred, ht->buf, ht->n * sizeof ht->buf[0]);
         ht->n = 0;
@@ -216,6 +222,7 @@ static void flush_thread(struct hook_thread *ht) {
         write_file(&g_feat, ht->fbuf, ht->nf * sizeof ht->fbuf[0]);
         ht->nf = 0;
     }
+    quiet_end(&q);
 }
 
 static int open_pred_file(void) {
@@ -313,12 +320,15 @@ void hc_hook_flush_all(void) {
 static struct hook_thread *thread_state(void) {
     struct hook_thread *ht = t_state;
     if (ht) return ht;
+    struct quiet q;   /* (mappings: quiet.h) */
+    quiet_begin(&q);
     ht = hc_map_anon(sizeof *ht);
-    if (!ht) return NULL;
-    if (g_thread_streams && !(ht->s = hc_stream_open(g_pol))) {
+    if (ht && g_thread_streams && !(ht->s = hc_stream_open(g_pol))) {
         hc_unmap(ht, sizeof *ht);
-        return NULL;
+        ht = NULL;
     }
+    quiet_end(&q);
+    if (!ht) return NULL;
     int i = __atomic_fetch_add(&g_nthreads, 1, __ATOMIC_ACQ_REL);
     if (i < MAX_THREADS) g_threads[i] = ht;
     ht->index = (uint32_t)i;
@@ -398,10 +408,6 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
     }
     t_inside = 1;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    /* errno and the cancellation state as the program left them (recorder.c, struct quiet):
-     * the log's writes are cancellation points, and can fail */
-    int saved = errno, cancel;
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
     struct hook_thread *ht = thread_state();
     if (!ht) goto out;
     hc_event ev;
@@ -482,8 +488,6 @@ void hc_hook_event(int op, uint64_t seq, uint64_t addr, uint64_t size, uint64_t 
         }
     }
 out:
-    pthread_setcancelstate(cancel, NULL);
-    errno = saved;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     t_inside = 0;
 }

@@ -40,7 +40,8 @@ static int pym_probe(void) {
 }
 
 /* The wrappers: ctx is the replaced allocator. The calls into it are the recorder's own
- * (t->own): what pymalloc asks of malloc is part of this one event. */
+ * (t->own): what pymalloc asks of malloc is part of this one event. errno: the slow paths keep
+ * it (quiet.h). */
 static void *pym_malloc(void *ctx, size_t n) {
     const pym_allocator *o = ctx;
     struct tstate *t = &T;
@@ -48,10 +49,8 @@ static void *pym_malloc(void *ctx, size_t n) {
     t->own++;
     void *p = o->malloc(o->ctx, n);
     t->own--;
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit(t, HC_MALLOC, seq, now, p, n, CALLSITE);
-    errno = e;
     return p;
 }
 
@@ -62,10 +61,8 @@ static void *pym_calloc(void *ctx, size_t nelem, size_t elsize) {
     t->own++;
     void *p = o->calloc(o->ctx, nelem, elsize);
     t->own--;
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit_ext(t, HC_CALLOC, seq, now, p, mul_sat(nelem, elsize), NULL, nelem, 0, CALLSITE);
-    errno = e;
     return p;
 }
 
@@ -77,10 +74,8 @@ static void *pym_realloc(void *ctx, void *p, size_t n) {
     t->own++;
     void *q = o->realloc(o->ctx, p, n);
     t->own--;
-    int e = errno;
     uint64_t now = now_ticks(), seq = next_seq();
     emit_ext(t, HC_REALLOC, seq, now, q, n, p, 0, seq - before, CALLSITE);
-    errno = e;
     return q;
 }
 

@@ -51,6 +51,7 @@
 
 #include "own_file.h"
 #include "policy_hook.h"
+#include "quiet.h"
 #include "raw_format.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -166,23 +167,6 @@ struct tstate {
                                         next try (slots_slow) */
 };
 static TLS struct tstate T;
-
-/* The slow paths leave the program as they found it: errno (the hooks return the real call's,
- * and free() and the functions that succeed leave it alone, while the slow paths' system calls
- * can fail: a missing MADV_POPULATE_WRITE, no address space, a full disk), and cancellation:
- * malloc and free are no cancellation points, but the writes and opens of a slow path are, and
- * a thread of the program cancelled there died inside malloc, holding the program's locks. */
-struct quiet { int err, cancel; };
-
-static inline void quiet_begin(struct quiet *q) {
-    q->err = errno;
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &q->cancel);
-}
-
-static inline void quiet_end(const struct quiet *q) {
-    pthread_setcancelstate(q->cancel, NULL);
-    errno = q->err;
-}
 
 static inline size_t chunk_bytes(const struct tstate *t) {   /* of the current chunk */
     return (size_t)(t->cap + NESTED_RESERVE) * HC_RECORD_SIZE;
@@ -554,10 +538,8 @@ static void maps_reap_now_and_then(uint64_t now) {
     if (!g_maps || now - __atomic_load_n(&g_maps_reap_ns, __ATOMIC_RELAXED) < REAP_NS ||
         !maps_trylock())
         return;
-    int saved = errno;
-    maps_reap(REAP_MOST);
+    maps_reap(REAP_MOST);   /* (errno: claim_chunk runs inside slots_slow's quiet bracket) */
     maps_unlock();
-    errno = saved;
 }
 
 /* An entry for the calling thread (NULL: none left; its mappings then stay when it ends), after
@@ -565,8 +547,7 @@ static void maps_reap_now_and_then(uint64_t now) {
  * NULL, an ended thread's location table if there is one. */
 static struct thread_maps *maps_register(uint64_t **table) {
     if (!g_maps) return NULL;
-    int saved = errno;
-    maps_lock();
+    maps_lock();   /* (errno: from thread_ready_slow's quiet bracket) */
     if (!*table && g_table_pooled) *table = g_table_pool[--g_table_pooled];
     if (g_maps_used >= 64 && g_maps_used >= 2 * g_maps_reaped) maps_reap(THREAD_MAPS);
     struct thread_maps *e = NULL;
@@ -584,7 +565,6 @@ static struct thread_maps *maps_register(uint64_t **table) {
         g_maps_used++;
     }
     maps_unlock();
-    errno = saved;
     return e;
 }
 
@@ -1070,7 +1050,7 @@ static int thread_ready_body(struct tstate *t) {
 }
 
 static __attribute__((noinline)) int thread_ready_slow(struct tstate *t) {
-    struct quiet q;   /* (see struct quiet) */
+    struct quiet q;   /* (quiet.h) */
     quiet_begin(&q);
     int ready = thread_ready_body(t);
     quiet_end(&q);
@@ -1111,7 +1091,7 @@ static __attribute__((noinline)) struct hc_record *slots_slow(struct tstate *t, 
     }
     /* Signals wait the few microseconds of a claim, so that a handler that allocates is
      * recorded rather than lost. */
-    struct quiet q;   /* (see struct quiet) */
+    struct quiet q;   /* (quiet.h) */
     quiet_begin(&q);
     sigset_t all, prev;
     sigfillset(&all);
@@ -1357,7 +1337,7 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
 
 static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite,
                                                         const char *pf) {
-    struct quiet q;   /* (a stack walk, a .mods write: see struct quiet) */
+    struct quiet q;   /* (a stack walk, a .mods write: quiet.h) */
     quiet_begin(&q);
     uint32_t id = intern_location(t, callsite, pf);
     quiet_end(&q);
