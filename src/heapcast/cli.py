@@ -179,10 +179,64 @@ def _verb(argv) -> str | None:
     return None
 
 
+#: Subcommands that build arrays of a trace's size (events, features, tensors) and free them
+#: again, many times over: their process runs with glibc's malloc told to keep such blocks.
+HEAVY_VERBS = ("stats", "import", "export", "dataset", "train", "evaluate", "simulate", "compile",
+               "report")
+#: glibc's settings for them: blocks up to 1 GiB come from the heap, not from a mapping of their
+#: own, and up to 1 GiB of free heap is kept. By default every block above 32 MiB (a column of
+#: 4 million events) is mapped when allocated and unmapped when freed, so that the kernel zeroes
+#: fresh pages for each of the hundreds of temporaries that a command makes: `heapcast evaluate`
+#: of the main job's GRU took 59 s, 28 of them in the kernel (4.8 million page faults), and 47 s
+#: with these (README, "Heavy commands").
+MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
+_TUNED = "HEAPCAST_MALLOC_TUNED"   # in the process run again: "=" + the user's GLIBC_TUNABLES
+
+
+def _tune_malloc(verb) -> None:
+    """Runs the `heapcast` command of a heavy subcommand once more, at once, with
+    MALLOC_TUNABLES in GLIBC_TUNABLES (glibc reads them only when a program starts: mallopt
+    cannot raise the mapping threshold above 32 MiB); in that process, gives GLIBC_TUNABLES back
+    its value for the programs it may start. Nothing happens without glibc, for other
+    subcommands, when the user's GLIBC_TUNABLES already sets these two, or with
+    HEAPCAST_MALLOC_TUNING=0."""
+    env = os.environ
+    if _TUNED in env:   # the process run again
+        before = env.pop(_TUNED)
+        if before.startswith("="):
+            env["GLIBC_TUNABLES"] = before[1:]
+        else:
+            env.pop("GLIBC_TUNABLES", None)
+        return
+    if verb not in HEAVY_VERBS or env.get("HEAPCAST_MALLOC_TUNING") == "0":
+        return
+    theirs = env.get("GLIBC_TUNABLES")
+    if theirs and ("glibc.malloc.mmap_threshold" in theirs or "glibc.malloc.trim_threshold" in theirs):
+        return   # the user's own choice
+    try:
+        os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError):
+        return   # not glibc: nothing reads GLIBC_TUNABLES
+    if not sys.executable or not getattr(sys, "orig_argv", None):
+        return
+    env[_TUNED] = "" if theirs is None else "=" + theirs
+    env["GLIBC_TUNABLES"] = f"{theirs}:{MALLOC_TUNABLES}" if theirs else MALLOC_TUNABLES
+    try:
+        os.execv(sys.executable, sys.orig_argv)
+    except OSError:   # run as it is
+        env.pop(_TUNED)
+        if theirs is None:
+            env.pop("GLIBC_TUNABLES")
+        else:
+            env["GLIBC_TUNABLES"] = theirs
+
+
 def main(argv=None) -> int:
     """Entry point of the `heapcast` command."""
     command = argv is None   # the command itself, not a call from Python code
     argv = sys.argv[1:] if argv is None else list(argv)
+    if command:
+        _tune_malloc(_verb(argv))
     parser = build_parser(_verb(argv))
     a = parser.parse_args(argv)
     a.own_process = command
