@@ -223,10 +223,13 @@ def test_model_and_lab_sections(recorded, tmp_path, cli):
     lab = lab_section(trace)
     assert {"first-fit", "best-fit", "buddy"} <= set(lab["policies"])
     assert len(lab["series"]) == 2 and all(len(s["t"]) == len(s["live"]) for s in lab["series"])
-    done = cli("report", d / "churn.trace", "--model", model, "--lab", "-o", tmp_path / "m.html")
+    # (a POLICY given to the command was refused as "not a heapcast forecasting model")
+    done = cli("report", d / "churn.trace", "--model", model, "--model", policy, "--lab",
+               "-o", tmp_path / "m.html")
     assert done.returncode == 0, done.stderr
     html = (tmp_path / "m.html").read_text()
     assert '"model":{"results"' in html and '"lab":{"policies"' in html
+    assert '"model":"policy:table"' in html
 
 
 def test_mapped_bytes_over_time_with_mmap():

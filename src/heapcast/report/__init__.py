@@ -15,8 +15,8 @@ def report(trace, output=None, model=None, lab: bool = False, diff=None,
     """Writes the report of `trace` (a Trace or a path) to `output` (default: report.html beside
     the trace directory, named after it) and returns its path.
 
-    `model`: a forecasting model file (.safetensors), or a list of them, to score on the trace
-    (heapcast evaluate's metrics, over time, per class); `lab`: replay the
+    `model`: a forecasting model file (.safetensors) or a compiled POLICY, or a list of them, to
+    score on the trace (heapcast evaluate's metrics, over time, per class); `lab`: replay the
     trace through every allocator-lab policy; `diff`: another trace to compare with.
     """
     from ..trace.reader import load
@@ -29,8 +29,12 @@ def report(trace, output=None, model=None, lab: bool = False, diff=None,
     models = [] if not model else list(model) if isinstance(model, (list, tuple)) else [model]
     if models:
         from ..forecast.models import load_model
+        from ..policy.fileformat import is_policy, read_spec
         for path in models:
-            load_model(path)
+            if is_policy(path):
+                read_spec(path)
+            else:
+                load_model(path)
     data = build(trace, progress=progress)
     if other is not None:
         data["diff"] = diff_section(data, build(other, progress=progress), str(other.path))
