@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from ..trace import cache
 from .dataset import load_task_for
 from .modelfile import ModelError
 from .models import load_model
@@ -27,6 +28,7 @@ from .tasks import FREE_OLD, FREE_YOUNG, label_names
 from .vocab import article_target, is_allocation_token, rich_to_seed64
 
 PER_CLASS_ROWS = 30
+TIME_BINS = 100      # top-1 over time, in the report
 
 
 def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5,
@@ -58,8 +60,55 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
               "events_available": int(total), "sampled": bool(len(rows) < total),
               "trained_on_these_traces": bool(trained), "predict_seconds": seconds,
               "predict_events_per_s": len(rows) / max(seconds, 1e-9)}
-    result.update(metrics(model, data.labels[rows], pred))
+    y = data.labels[rows]
+    scored = metrics(model, y, pred)
+    result.update(scored)
+    if len(feats.sources) == 1 and len(rows) == total:
+        keep_for_report(model_path, feats.sources[0]["path"], model, y, pred, protocol,
+                        bool(trained), scored)
     return result
+
+
+def model_result(model, y: np.ndarray, pred: np.ndarray, protocol: str, path: str,
+                 scored: dict | None = None) -> dict:
+    """What `heapcast report` shows of a model on a trace (its forecast section): heapcast
+    evaluate's metrics (`scored`: metrics() of these rows, if computed already) plus top-1 over
+    the scored events."""
+    out = {"model": model.kind, "task": model.task, "vocab": model.vocab, "protocol": protocol,
+           "path": path, "events": int(len(y))}
+    out.update(metrics(model, y, pred) if scored is None else scored)
+    hit = pred[:, 0] == y if len(y) else np.zeros(0, bool)
+    bins = np.array_split(np.arange(len(y)), min(TIME_BINS, max(len(y), 1)))
+    out["over_time"] = {"position": [float(b[0] / max(len(y), 1)) if len(b) else 0.0 for b in bins],
+                        "top1": [float(hit[b].mean()) if len(b) else None for b in bins]}
+    if "confusion" in out:
+        out["confusion_names"] = list(label_names(model.task, model.vocab))
+    return out
+
+
+def keep_for_report(model_path, trace_path, model, y, pred, protocol: str, trained: bool,
+                    scored: dict) -> None:
+    """Keeps the report's view of a whole evaluation on one trace (model_result, every scored
+    row) in the trace's directory (heapcast.trace.cache), where `heapcast report --model` finds
+    it instead of predicting again."""
+    k = cache.key(trace_path, model=cache.file_digest(model_path), protocol=protocol)
+    r = model_result(model, y, pred, protocol, str(model_path), scored)
+    r["trained_on_these_traces"] = trained
+    cache.save(trace_path, "forecast", k, r)
+
+
+def kept_for_report(model_path, trace_path, split: str) -> dict | None:
+    """The report's view of `model_path` on the trace, if an evaluation left it
+    (keep_for_report) under the protocol the report scores with: the model's split on the
+    recordings it was trained on, cross-run on others."""
+    digest = cache.file_digest(model_path)
+    for protocol, trained in (((split, True),) if split in ("time", "article") else ()) + \
+            (("cross-run", False),):
+        r = cache.load(trace_path, "forecast", cache.key(trace_path, model=digest,
+                                                         protocol=protocol))
+        if r is not None and r.get("trained_on_these_traces") == trained:
+            return {**r, "path": str(model_path)}
+    return None
 
 
 def scored_rows(model_path, protocol: str, data, training: dict, sources: list):

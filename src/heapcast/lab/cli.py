@@ -11,19 +11,26 @@ from .names import ALL_POLICIES, LabError
 def _cmd_simulate(a) -> int:
     from ..stats.plot import PlotError
     from .replay import simulate
-    from .report import format_simulation, plot_simulation
+    from .report import format_simulation, keep_for_report, plot_simulation, report_view
     if a.plot:   # fail before a long replay, not after it
         from ..stats.plot import require_matplotlib
         try:
             require_matplotlib()
         except PlotError as e:
             raise LabError(str(e)) from None
-    d = simulate(a.trace, policies=a.policy, train=a.train, model=a.model, checked=a.check,
-                 series=a.plot is not None, grain=a.align)
+    from ..trace.reader import load
+    trace = load(a.trace)
+    # The replay `heapcast report --lab` shows (every policy, default options): kept for it.
+    for_report = a.policy in (None, "all") and a.train is None and a.model is None \
+        and a.align == 16
+    d = simulate(trace, policies=a.policy, train=a.train, model=a.model, checked=a.check,
+                 series=a.plot is not None or for_report, grain=a.align)
     if a.plot:
         plot_simulation(d, a.plot)
         print(f"heapcast: wrote {a.plot}", file=sys.stderr)
-        del d["series"]
+    if for_report:
+        keep_for_report(trace.path, report_view(d, trace))
+    d.pop("series", None)
     print(json.dumps(d, indent=2) if a.json else format_simulation(d))
     return 0
 

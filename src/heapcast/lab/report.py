@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 
 MIB = 1024.0 * 1024.0
+REPORT_POINTS = 1500    # points of each footprint curve in `heapcast report --lab`
 
 
 def _mib(x) -> str:
@@ -85,3 +86,42 @@ def plot_simulation(d: dict, out: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def report_view(d: dict, trace) -> dict:
+    """What `heapcast report --lab` shows of simulate(trace, series=True)'s result `d`: the
+    table, and every policy's footprint at REPORT_POINTS moments, in seconds since the trace
+    began (as the report's memory chart has them)."""
+    raw = d["series"]
+    starts = [p.start_ns for p in trace.processes if p.start_ns]
+    firsts = [int(s["ts"][0]) for s in raw if len(s["ts"])]
+    t0 = min(starts or firsts or [0])
+    series = []
+    for s in raw:
+        n = len(s["ts"])
+        keep = np.linspace(0, n - 1, min(n, REPORT_POINTS)).astype(np.int64) if n else np.zeros(0, np.int64)
+        t = (np.asarray(s["ts"], np.int64)[keep] - t0) / 1e9
+        series.append({"pid": s["pid"], "t": [round(v, 9) for v in t.tolist()],
+                       "live": np.asarray(s["live"])[keep].tolist(),
+                       "policies": {name: np.asarray(v["extent"])[keep].tolist()
+                                    for name, v in s["policies"].items()}})
+    return {"policies": d["policies"], "series": series, "peak_live_bytes": d["peak_live_bytes"]}
+
+
+def _report_key(trace_path):
+    from ..trace import cache
+    from .replay import parse_policies
+    return cache.key(trace_path, policies=parse_policies(None), grain=16)
+
+
+def keep_for_report(trace_path, view: dict) -> None:
+    """Keeps report_view() of a replay through every policy, with the default options, in the
+    trace's directory (heapcast.trace.cache) for `heapcast report --lab`."""
+    from ..trace import cache
+    cache.save(trace_path, "lab", _report_key(trace_path), view)
+
+
+def kept_for_report(trace_path) -> dict | None:
+    """report_view() of the trace as keep_for_report() left it, or None."""
+    from ..trace import cache
+    return cache.load(trace_path, "lab", _report_key(trace_path))

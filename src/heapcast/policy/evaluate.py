@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..forecast.dataset import load_task_for
-from ..forecast.evaluate import metrics, scored_rows
+from ..forecast.evaluate import keep_for_report, metrics, scored_rows
 from ..forecast.protocols import PROTOCOLS
 from ..forecast.tasks import DEFAULT_ORDER
 from .fileformat import read_spec
@@ -72,7 +72,13 @@ def evaluate_policy(policy_path, traces, protocol: str) -> dict:
               # predicted), without preparing its input in numpy
               "runtime_seconds": policy.run_seconds,
               "runtime_ns_per_prediction": policy.run_seconds / max(len(rows), 1) * 1e9}
-    result.update(metrics(labels, data.labels[rows], pred))
+    y = data.labels[rows]
+    scored = metrics(labels, y, pred)
+    result.update(scored)
+    if len(feats.sources) == 1:
+        labels.kind = f"policy:{spec['kind']}"    # as the report names it
+        keep_for_report(policy_path, feats.sources[0]["path"], labels, y, pred, protocol,
+                        bool(overlap), scored)
     return result
 
 

@@ -2,15 +2,16 @@
 in the run they fail, per class and (lifetimes) as a confusion matrix.
 
 Everything is computed from one function's output, `predictions(model, trace)`: the true label and
-the model's top-5 of each scored event. Anything that yields that (a compiled policy's
-per-event predictions too) can feed `model_result`.
+the model's top-5 of each scored event, fed to heapcast.forecast.evaluate.model_result (a
+compiled policy's per-event predictions too). When `heapcast evaluate` scored the model on this
+trace already, under the protocol the report uses, the section takes what it kept in the trace's
+directory (heapcast.trace.cache): every scored row, not a sample, and no prediction again.
 """
 from __future__ import annotations
 
 import numpy as np
 
 MAX_ROWS = 300_000      # scored events per model (evenly spread over the scorable ones)
-TIME_BINS = 100
 
 
 def predictions(model_path, trace, features: dict | None = None
@@ -67,27 +68,26 @@ def predictions(model_path, trace, features: dict | None = None
     return model, data.labels[rows], pred, protocol
 
 
-def model_result(model, y: np.ndarray, pred: np.ndarray, protocol: str, path: str) -> dict:
-    """The section's numbers for one model: heapcast evaluate's metrics plus top-1 over time."""
-    from ..forecast.evaluate import metrics
-    from ..forecast.tasks import label_names
-    out = {"model": model.kind, "task": model.task, "vocab": model.vocab, "protocol": protocol,
-           "path": path, "events": int(len(y))}
-    out.update(metrics(model, y, pred))
-    hit = pred[:, 0] == y if len(y) else np.zeros(0, bool)
-    bins = np.array_split(np.arange(len(y)), min(TIME_BINS, max(len(y), 1)))
-    out["over_time"] = {"position": [float(b[0] / max(len(y), 1)) if len(b) else 0.0 for b in bins],
-                        "top1": [float(hit[b].mean()) if len(b) else None for b in bins]}
-    if "confusion" in out:
-        out["confusion_names"] = list(label_names(model.task, model.vocab))
-    return out
-
-
 def model_section(models, trace) -> dict:
     """The forecast section for one or more model files."""
     paths = models if isinstance(models, (list, tuple)) else [models]
+    from ..forecast.evaluate import kept_for_report, model_result
     results, features = [], {}
     for path in paths:
+        kept = kept_for_report(path, trace.path, _split(path))
+        if kept is not None:   # `heapcast evaluate` scored every row of it already
+            kept.pop("trained_on_these_traces", None)
+            results.append(kept)
+            continue
         model, y, pred, protocol = predictions(path, trace, features)
         results.append(model_result(model, y, pred, protocol, str(path)))
     return {"results": results}
+
+
+def _split(path) -> str:
+    """The split a model file (or the model a POLICY was compiled from) was trained with."""
+    from ..policy.fileformat import is_policy, read_spec
+    if is_policy(path):
+        return read_spec(path).get("training", {}).get("split", "all")
+    from ..forecast.models import load_model
+    return load_model(path).meta.get("training", {}).get("split", "all")

@@ -2,30 +2,18 @@
 forecasting model (--model)."""
 from __future__ import annotations
 
-import numpy as np
-
-LAB_POINTS = 1500
-
 
 def lab_section(trace) -> dict:
-    """Every lab policy's footprint over time and the lab's table (heapcast simulate)."""
+    """Every lab policy's footprint over time and the lab's table (heapcast simulate), as
+    `heapcast simulate` left them in the trace's directory if it ran with every policy."""
     from ..lab.replay import simulate
-    d = simulate(trace, series=True)
-    raw = d.pop("series")
-    # Seconds since the trace began, as the memory chart has them (trace_clock: process starts).
-    starts = [p.start_ns for p in trace.processes if p.start_ns]
-    firsts = [int(s["ts"][0]) for s in raw if len(s["ts"])]
-    t0 = min(starts or firsts or [0])
-    series = []
-    for s in raw:
-        n = len(s["ts"])
-        keep = np.linspace(0, n - 1, min(n, LAB_POINTS)).astype(np.int64) if n else np.zeros(0, np.int64)
-        t = (np.asarray(s["ts"], np.int64)[keep] - t0) / 1e9
-        series.append({"pid": s["pid"], "t": [round(v, 9) for v in t.tolist()],
-                       "live": np.asarray(s["live"])[keep].tolist(),
-                       "policies": {name: np.asarray(v["extent"])[keep].tolist()
-                                    for name, v in s["policies"].items()}})
-    return {"policies": d["policies"], "series": series, "peak_live_bytes": d["peak_live_bytes"]}
+    from ..lab.report import keep_for_report, kept_for_report, report_view
+    kept = kept_for_report(trace.path)
+    if kept is not None:
+        return kept
+    view = report_view(simulate(trace, series=True), trace)
+    keep_for_report(trace.path, view)
+    return view
 
 
 def _key(site: dict) -> tuple:
