@@ -122,11 +122,12 @@ def test_a_fork_child_gives_back_the_other_threads_mappings(build, tmp_path, cap
     result = heapcast.record([build("fork_threads_maps"), "8"], output=tmp_path / "t",
                              progress=False)
     assert result.exit_code == 0
-    out = dict(line.split() for line in capfd.readouterr().out.splitlines())
-    parent, child = int(out["parent"]), int(out["child"])
-    # 16 mappings given back (fewer areas: a location table may merge with its neighbours);
-    # the child's own raw file header and chunks are new ones. Without it: parent + 2 or more.
-    assert child <= parent - 8, (parent, child)
+    out = {k: int(v) for k, v in (line.split() for line in capfd.readouterr().out.splitlines())}
+    # No mapping of the parent's raw file is left (its header, the chunks of all nine threads),
+    # and eight location tables of 256 KiB are given back. (Counted in bytes: the test counted
+    # lines of /proc/self/maps, and failed about one run in 25 when areas merged.)
+    assert out["parent_raw_in_child"] == 0, out
+    assert out["parent"] - out["child"] >= 8 * 256 * 1024 - 64 * 1024, out   # 2 MiB here
     trace = heapcast.load(tmp_path / "t")
     assert len(trace.processes) == 2
     for proc in trace.processes:
