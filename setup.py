@@ -88,11 +88,11 @@ stats = Extension(
     extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
 )
 
-# The forecasting features' counting kernel (heapcast.forecast.native_ranks): a plain shared
-# library loaded with ctypes.
+# The forecasting kernels (heapcast.forecast.native): a freed block's recency rank, the n-gram's
+# context hashes; a plain shared library loaded with ctypes.
 forecast = Extension(
     "heapcast.libheapcast_forecast",
-    sources=["native/forecast/ranks.c"],
+    sources=["native/forecast/ranks.c", "native/forecast/contexts.c"],
     extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
 )
 

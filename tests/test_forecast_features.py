@@ -7,7 +7,7 @@ import pytest
 
 from heapcast.forecast.dataset import build_dataset, load_dataset, load_features
 from heapcast.forecast.features import free_ranks, location_keys
-from heapcast.forecast.native_ranks import dominance_count
+from heapcast.forecast.native import dominance_count
 from heapcast.trace.blocks import match
 from heapcast.trace.format import EVENT_DTYPE, FREE, MALLOC, REALLOC
 from heapcast.trace.model import LocationTable, Module, ModuleSnapshot, Process

@@ -285,3 +285,47 @@ def test_threaded_step_is_the_single_thread_gradient(cell):
     assert loss1 == pytest.approx(loss3, rel=1e-6)
     for a, c in zip(grads1, grads3):
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-6)
+
+
+def _contexts_numpy(sym, rows, pos, orders, shift):
+    """The n-gram's context hashes as they were computed with numpy before contexts.c: one
+    vectorized pass per order (the reference the native hashes must equal, bit for bit)."""
+    from heapcast.forecast.features import mix64
+    P, PAD = np.uint64(0x100000001B3), np.uint64(0xFFFFFFFFFFFF)
+    pos = pos[rows]
+    h = np.zeros(len(rows), np.uint64)
+    out = {}
+    for m in range(1, max(orders) + 1):
+        back = m if shift else m - 1
+        valid = pos >= back
+        s = np.where(valid, sym[np.where(valid, rows - back, 0)], PAD)
+        h = h * P + s + np.uint64(1)
+        if m in orders:
+            out[m] = mix64(h ^ np.uint64(m)) >> np.uint64(16)
+    return out
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_native_context_hashes_equal_numpys(shift):
+    """native/forecast/contexts.c gives the hashes the numpy code gave, for every order, rows
+    near streams' starts (padding) and subsets of rows, in either context (before the row, or
+    ending at it)."""
+    from heapcast.forecast.native import Contexts
+    rng = np.random.default_rng(7)
+    n = 20_000
+    sym = rng.integers(0, 1 << 48, n, dtype=np.uint64) & np.uint64(0xFFFFFFFFFFFE)
+    starts = np.sort(rng.choice(np.arange(1, n), 40, replace=False))
+    offsets = np.concatenate([[0], starts, [n]])
+    pos = np.arange(n) - np.repeat(offsets[:-1], np.diff(offsets))
+    orders = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    for rows in (np.arange(n), np.sort(rng.choice(n, 3000, replace=False)), np.arange(0)):
+        want = _contexts_numpy(sym, rows, pos, orders, shift)
+        got = Contexts(sym, rows, pos[rows], shift)
+        for m in orders:
+            assert np.array_equal(got.next(m), want[m]), m
+    with pytest.raises(ValueError, match="order 3 after 4"):
+        c = Contexts(sym, np.arange(5), pos[:5], shift)
+        c.next(4)
+        c.next(3)
+    with pytest.raises(ValueError, match="outside"):
+        Contexts(sym, np.array([n]), np.array([0]), shift).next(1)

@@ -37,7 +37,7 @@ from ..stats import size_classes
 from ..trace.format import FREE
 from ..trace.model import Process, Trace, is_python_frame
 from .lifetime import lifetime_labels
-from .native_ranks import dominance_count
+from .native import dominance_count
 from .names import ORDERS  # noqa: F401 (re-exported)
 from .vocab import rich_tokens, seed64_tokens
 
@@ -182,8 +182,8 @@ def free_ranks(op: np.ndarray, blocks, group: np.ndarray | None = None
 
     rank(free f of block allocated at a) = #acquisitions in (a, f) - #{releases r < f of blocks
     allocated after a}: the second term is a 2-D dominance count, one native pass over the events
-    in order with a Fenwick tree over allocation indices (native_ranks, O(n log n)). live(f) =
-    #acquisitions before f - #releases before f of blocks allocated in this process.
+    in order with a Fenwick tree over allocation indices (native/forecast/ranks.c, O(n log n)).
+    live(f) = #acquisitions before f - #releases before f of blocks allocated in this process.
     """
     n = len(op)
     rank = np.full(n, -1, np.int32)

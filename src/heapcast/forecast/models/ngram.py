@@ -5,7 +5,7 @@ symbols before it in its stream (for `lifetime`: the row's own symbol and the k-
 positions before the stream's start are padding. A symbol is the event's token (next, free) or a
 hash of its token and call site (lifetime, or `sites=True`), and with `dt=True` of its time-delta
 bucket too (bit_length of the ns since the previous event, // 4). Training hashes the contexts of all
-rows at once with numpy (a rolling 64-bit hash, one vectorized pass per order), sorts
+rows at once (a rolling 64-bit hash, natively: one pass over the rows per order), sorts
 (context, label) keys and keeps, per context, its count n, its number of distinct labels d and
 its `topk` most frequent labels.
 
@@ -23,9 +23,7 @@ from ..features import mix64
 from ..tasks import TaskData
 from .base import Model, pad_k, top_k
 
-_P = np.uint64(0x100000001B3)       # FNV-1 prime: rolling hash multiplier
-_PAD = np.uint64(0xFFFFFFFFFFFF)    # symbol before a stream's start
-_LABEL_BITS = 16
+_LABEL_BITS = 16                    # context hashes leave room for a label (contexts.c too)
 _CHUNK = 8192
 
 
@@ -55,19 +53,14 @@ class NGram(Model):
 
     def _contexts(self, data: TaskData, sym: np.ndarray, pos: np.ndarray, rows: np.ndarray):
         """Yields (order, context hash of each row in `rows`) for every order, ascending;
-        `pos`: every row's position in its stream."""
-        pos = pos[rows]
-        h = np.zeros(len(rows), np.uint64)
-        wanted = set(self.config["orders"])
-        for m in range(1, max(wanted) + 1):
-            # The m-th newest symbol: rows j-1 .. j-m, or j .. j-m+1 when the row's own event
-            # is an input (lifetime).
-            back = m if data.shift else m - 1
-            valid = pos >= back
-            s = np.where(valid, sym[np.where(valid, rows - back, 0)], _PAD)
-            h = h * _P + s + np.uint64(1)
-            if m in wanted:
-                yield m, mix64(h ^ np.uint64(m)) >> np.uint64(_LABEL_BITS)
+        `pos`: every row's position in its stream. The hash of order m is a rolling 64-bit hash
+        of the row's m newest symbols (rows j-1 .. j-m, or j .. j-m+1 when the row's own event
+        is an input: lifetime), padding before the stream's start, computed natively
+        (native/forecast/contexts.c) order after order."""
+        from ..native import Contexts
+        hashes = Contexts(sym, rows, pos[rows], data.shift)
+        for m in sorted(set(self.config["orders"])):
+            yield m, hashes.next(m)
 
     def contexts(self, data: TaskData, orders=None) -> dict:
         """The context hash of every row of `data`, per order (`orders`, default the model's):
