@@ -44,7 +44,8 @@ lab = Extension(
                                                  "pol_pack", "predictor", "driver")],
     depends=["native/lab/lab.h", "native/alloc/pack_params.h"],
     extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra",
-                        "-Wno-unused-parameter"],
+                        "-Wno-unused-parameter", "-pthread"],
+    extra_link_args=["-pthread"],
 )
 
 # The trace writer's EVENTS block encoder and the raw-file decoder of `heapcast finalize`: a plain

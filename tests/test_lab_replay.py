@@ -59,6 +59,29 @@ def test_streamed_in_small_blocks_gives_the_same_result(recorded, monkeypatch):
             assert whole["policies"][name][key] == streamed["policies"][name][key], (name, key)
 
 
+def _figures(d):
+    """A simulate() result without its timings (and its series as lists)."""
+    if isinstance(d, dict):
+        return {k: _figures(v) for k, v in d.items()
+                if k not in ("seconds", "events_per_s", "driver_events_per_s", "wall_s", "driver_ns",
+                             "ns")}
+    if isinstance(d, (list, tuple)):
+        return [_figures(v) for v in d]
+    return d.tolist() if isinstance(d, np.ndarray) else d
+
+
+def test_policies_side_by_side_give_what_each_gives_alone(recorded, monkeypatch):
+    """The policies of a batch run on several threads (one per CPU): each has its own heap and
+    reads the batch only, so every figure, the series too, is the one a single thread gives."""
+    runs = []
+    for threads in ("1", "4"):
+        monkeypatch.setenv("HEAPCAST_LAB_THREADS", threads)   # (4: on batches of any size)
+        runs.append(_figures(simulate(recorded, checked=True, series=True)))
+    assert (runs[0].pop("threads"), runs[1].pop("threads")) == (1, 4)
+    assert runs[0] == runs[1]
+    assert len(runs[0]["policies"]) >= 9
+
+
 def test_lifetime_classes_match_the_forecasting_labels(recorded):
     lifetime = pytest.importorskip("heapcast.forecast.lifetime")
     from heapcast.trace.blocks import match

@@ -49,6 +49,8 @@ void *lab_grow(void *p, size_t *cap, size_t need, size_t elsize);
 void *lab_dup(const void *p, size_t bytes);
 void lab_fatal(const char *what);
 u64 lab_now_ns(void);
+u64 lab_thread_ns(void);   /* CPU time of the calling thread: a policy's own cost, whatever
+                              runs beside it (policies run side by side, driver.c) */
 
 /* ---- hash map u64 -> u64 (open addressing; key ~0 is reserved) ---- */
 typedef struct {

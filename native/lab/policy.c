@@ -210,7 +210,7 @@ static void note_peaks(policy *p) {
 }
 
 void pol_run(policy *p, const lab_op *ops, size_t n) {
-    u64 t0 = lab_now_ns();
+    u64 t0 = lab_thread_ns();
     for (size_t i = 0; i < n; i++) {
         const lab_op *o = &ops[i];
         u8 cls = p->use_oracle ? o->cls_oracle : o->cls_pred;
@@ -232,7 +232,7 @@ void pol_run(policy *p, const lab_op *ops, size_t n) {
     p->m.ops += n;
     if (p->checked && p->ops->check)
         p->ops->check(p);
-    p->m.ns += lab_now_ns() - t0;
+    p->m.ns += lab_thread_ns() - t0;
 }
 
 u64 pol_mmap_base(void) { return MMAP_BASE; }

@@ -18,6 +18,12 @@ u64 lab_now_ns(void) {
     return (u64)t.tv_sec * 1000000000ULL + (u64)t.tv_nsec;
 }
 
+u64 lab_thread_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (u64)t.tv_sec * 1000000000ULL + (u64)t.tv_nsec;
+}
+
 void *lab_grow(void *p, size_t *cap, size_t need, size_t elsize) {
     if (need <= *cap)
         return p;

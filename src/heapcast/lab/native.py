@@ -86,6 +86,7 @@ def library() -> ctypes.CDLL:
         "lab_failure": (ctypes.c_char_p, [vp, i32]),
         "lab_get_series": (u64, [vp, i32, vp, vp, u64]),
         "lab_sizeof": (u64, [i32]),
+        "lab_threads": (i32, [vp]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -161,6 +162,10 @@ class Replay:
         """A copy of the state just before `fork_seq`: a forked child's starting heap."""
         child = Replay(self.policies, None, _handle=self.lib.lab_fork(self.handle, fork_seq))
         return child
+
+    def threads(self) -> int:
+        """The threads this replay runs its policies on, side by side."""
+        return int(self.lib.lab_threads(self.handle))
 
     def stats(self) -> dict:
         s = Stats()

@@ -197,7 +197,7 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
                            f"{sizes} events; its processes have {want}")
     forks = _fork_plan(trace)
     started = time.perf_counter()
-    replays, per_process, all_series = {}, [], []
+    replays, per_process, all_series, threads = {}, [], [], 1
     for i, p in enumerate(trace.processes):
         loaded_here = (p._events is None and p.event_count <= IN_MEMORY_EVENTS
                        and (need_oracle or use_model))
@@ -217,12 +217,14 @@ def simulate(trace, policies=None, train=None, model=None, checked: bool = False
         per_process.append(_process_result(p, r, kernels))
         if series:
             all_series.append(_series(p, r, kernels))
+        threads = max(threads, r.threads())
         r.close()
         if loaded_here:
             p._events = None
     for r in replays.values():   # children whose own trace file is missing
         r.close()
     result = _trace_result(trace, kernels, per_process, time.perf_counter() - started)
+    result["threads"] = threads   # the policies of a batch ran side by side on these
     result["policies"] = clairvoyant(result["policies"], names, learned_over)
     result["summary"] = summarize(result["policies"])
     result["summary"]["lower_bound_bytes"] = result["peak_live_bytes"]

@@ -55,7 +55,8 @@ def format_simulation(d: dict) -> str:
                      f"{pr['blocks']:,} blocks, too short for {100 * pr['predicted_shorter']:.1f}%")
     lines.append(f"{d['unknown_frees']:,} unknown frees, {d['double_acquires']:,} double "
                  f"acquisitions; driver {(d['driver_events_per_s'] or 0) / 1e6:.1f} Mevents/s, "
-                 f"{d['wall_s']:.2f} s in all")
+                 f"policies on {d.get('threads', 1)} thread{'s' if d.get('threads', 1) > 1 else ''}"
+                 f", {d['wall_s']:.2f} s in all")
     return "\n".join(lines)
 
 
