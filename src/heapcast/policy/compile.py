@@ -13,11 +13,11 @@
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
+from ..trace.cache import file_digest
 from .fileformat import ABI, KINDS, TASK_IDS, VOCAB_IDS, PolicyError, cfg_array, write_policy
 from .names import COMPILE_KINDS, DEFAULT_CTX  # noqa: F401 (re-exported)
 from .native import TOPK, index_build
@@ -27,14 +27,6 @@ _PAD_TOKEN = 0xFFFF
 _P = np.uint64(0x100000001B3)
 _CTX_MUL = np.uint64(0x9E3779B97F4A7C15)
 _KEY_MUL = np.uint64(0xD6E8FEB86659FD93)
-
-
-def _sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 
@@ -73,7 +65,7 @@ def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, pr
     model = load_model(model_path)
     spec = {"kind": kind, "task": model.task, "vocab": model.vocab,
             "vocab_version": model.meta.get("vocab_version"),
-            "model": {"path": str(model_path), "sha256": _sha256(model_path), "kind": model.kind,
+            "model": {"path": str(model_path), "sha256": file_digest(model_path), "kind": model.kind,
                       "config": model.config, "target": model.target},
             "training": model.meta.get("training", {}),
             "outputs": {"labels": int(model.n_labels), "topk": TOPK,
