@@ -96,6 +96,9 @@ def test_a_changed_trace_model_or_option_is_computed_again(build, capsys, tmp_pa
     run_json(capsys, "evaluate", model, trace_dir, "--protocol", "cross-run", "--json",
              "--max-samples", "10")
     assert kept_for_report(model, trace_dir, "time") is None
+    from heapcast.forecast.evaluate import evaluate
+    evaluate(model, [trace_dir], "cross-run", k=3)      # another top-k than the report's
+    assert kept_for_report(model, trace_dir, "time") is None
     run_json(capsys, "evaluate", model, trace_dir, "--protocol", "cross-run", "--json")
     assert kept_for_report(model, trace_dir, "time") is not None
     # the trace written again (a .hct with another modification time)

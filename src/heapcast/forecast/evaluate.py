@@ -63,7 +63,7 @@ def evaluate(model_path, traces, protocol: str, max_samples: int = 0, k: int = 5
     y = data.labels[rows]
     scored = metrics(model, y, pred)
     result.update(scored)
-    if len(feats.sources) == 1 and len(rows) == total:
+    if len(feats.sources) == 1 and len(rows) == total and k == 5:   # (the report's top-5)
         keep_for_report(model_path, feats.sources[0]["path"], model, y, pred, protocol,
                         bool(trained), scored)
     return result
