@@ -73,6 +73,7 @@ typedef struct {
     int threads;                    /* threads for a batch's policies (run_batch) */
     size_t parallel_min;            /* batches of fewer ops run on the calling thread */
     int next_pol;                   /* the next policy a thread of run_batch takes */
+    int threads_used;               /* the most threads a batch ran on (lab_threads) */
 } lab_replay;
 
 /* Threads for the policies: HEAPCAST_LAB_THREADS if set (then for batches of any size: the
@@ -328,6 +329,8 @@ static void run_batch(lab_replay *r) {
     run_policies(r);
     for (int i = 0; i < started; i++)
         pthread_join(t[i], NULL);
+    if (started + 1 > r->threads_used)
+        r->threads_used = started + 1;
     r->st.ops += r->batch_n;
     r->batch_n = 0;
 }
@@ -514,13 +517,13 @@ LAB_API u64 lab_get_series(const lab_replay *r, int i, u64 *a, u64 *b, u64 cap) 
     return n;
 }
 
-/* Struct sizes, for the Python side to check its mirrors: 0 lab_stats, 1 lab_metrics, else
- * lab_event. */
-/* The threads a batch's policies run on (choose_threads). */
+/* The most threads a batch's policies ran on so far (1 when every batch was too small). */
 LAB_API int lab_threads(const lab_replay *r) {
-    return r->npol < r->threads ? (r->npol ? r->npol : 1) : r->threads;
+    return r->threads_used > 1 ? r->threads_used : 1;
 }
 
+/* Struct sizes, for the Python side to check its mirrors: 0 lab_stats, 1 lab_metrics, else
+ * lab_event. */
 LAB_API u64 lab_sizeof(int what) {
     return what == 0 ? sizeof(lab_stats) : what == 1 ? sizeof(lab_metrics) : sizeof(lab_event);
 }

@@ -236,47 +236,42 @@ static void vadd(float *restrict y, const float *restrict x, int n) {
     for (int i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* y[i:i+8*nb) += sum over kept units j of h[j] * wt[j][i:i+8*nb): nb <= BLK vectors of 8
+ * outputs held in registers over all the units (nb a constant where it is BLK). */
+static inline __attribute__((always_inline)) void
+matvec_block(float *restrict y, const float *restrict wt, const float *restrict h,
+             const int32_t *kept, int nk, int n, int i, int nb) {
+    v8f acc[BLK];
+    memcpy(acc, y + i, (size_t)nb * sizeof *acc);
+    for (int k = 0; k < nk; k++) {
+        int j = kept[k];
+        const float *w = wt + (size_t)j * (size_t)n + i;
+        v8f a = {h[j], h[j], h[j], h[j], h[j], h[j], h[j], h[j]};
+        for (int b = 0; b < nb; b++) {
+            v8f x;
+            memcpy(&x, w + 8 * b, sizeof x);
+            acc[b] += a * x;
+        }
+    }
+    memcpy(y + i, acc, (size_t)nb * sizeof *acc);
+}
+
 /* y[0:n) += sum over kept units j of h[j] * wt[j][0:n): the transposed product, one unit at a
- * time, 64 outputs at a time held in registers. Every y[i] adds its terms in the order of `kept`
- * in every build and in the scalar tail, so all builds give the same bits. */
+ * time, 64 outputs at a time held in registers, then the fewer than 64 left (a head of 127
+ * labels: 63) as whole vectors of 8 together and the last few together. Every y[i] adds its
+ * terms in the order of `kept` in every build and in the scalar tail, so all builds give the
+ * same bits. (The outputs past the last 64 were summed one at a time, each a chain of nk
+ * dependent additions: 40% of the kernel's time in `heapcast evaluate` of the main job's
+ * policy.) */
 __attribute__((target_clones("avx512f", "avx2", "default")))
 static void matvec_t(float *restrict y, const float *restrict wt, const float *restrict h,
                      const int32_t *kept, int nk, int n) {
     int i = 0;
-    for (; i + 8 * BLK <= n; i += 8 * BLK) {
-        v8f acc[BLK];
-        memcpy(acc, y + i, sizeof acc);
-        for (int k = 0; k < nk; k++) {
-            int j = kept[k];
-            const float *w = wt + (size_t)j * (size_t)n + i;
-            v8f a = {h[j], h[j], h[j], h[j], h[j], h[j], h[j], h[j]};
-            for (int b = 0; b < BLK; b++) {
-                v8f x;
-                memcpy(&x, w + 8 * b, sizeof x);
-                acc[b] += a * x;
-            }
-        }
-        memcpy(y + i, acc, sizeof acc);
-    }
-    /* Fewer than 64 outputs left (a head of 127 labels: 63 here): their whole vectors of 8
-     * together, then the last few, every output still summed in the order of `kept`. One
-     * output at a time, each a chain of nk dependent additions, this tail took 40% of the
-     * kernel's time in `heapcast evaluate` of the main job's policy. */
+    for (; i + 8 * BLK <= n; i += 8 * BLK)
+        matvec_block(y, wt, h, kept, nk, n, i, BLK);
     int nb = (n - i) / 8;
     if (nb) {
-        v8f acc[BLK];
-        memcpy(acc, y + i, (size_t)nb * sizeof *acc);
-        for (int k = 0; k < nk; k++) {
-            int j = kept[k];
-            const float *w = wt + (size_t)j * (size_t)n + i;
-            v8f a = {h[j], h[j], h[j], h[j], h[j], h[j], h[j], h[j]};
-            for (int b = 0; b < nb; b++) {
-                v8f x;
-                memcpy(&x, w + 8 * b, sizeof x);
-                acc[b] += a * x;
-            }
-        }
-        memcpy(y + i, acc, (size_t)nb * sizeof *acc);
+        matvec_block(y, wt, h, kept, nk, n, i, nb);
         i += 8 * nb;
     }
     if (i < n) {

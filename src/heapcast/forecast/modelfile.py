@@ -91,6 +91,19 @@ def read_model_file(path) -> tuple[dict, dict]:
     return tensors, meta
 
 
+def read_model_meta(path) -> dict:
+    """The heapcast metadata of a model file, without reading its tensors (ModelError as
+    read_model_file)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ModelError(f"{path}: is a directory, expected a model file (.safetensors)")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return _meta(path, f.metadata())
+    except SafetensorError as e:
+        raise ModelError(f"{path}: not a valid safetensors file, or truncated ({e})") from None
+
+
 def _meta(path: Path, block) -> dict:
     if not isinstance(block, dict) or META_KEY not in block:
         raise ModelError(f"{path}: no heapcast metadata: a safetensors file, but not a heapcast "

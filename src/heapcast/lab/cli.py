@@ -11,7 +11,8 @@ from .names import ALL_POLICIES, LabError
 def _cmd_simulate(a) -> int:
     from ..stats.plot import PlotError
     from .replay import simulate
-    from .report import format_simulation, keep_for_report, plot_simulation, report_view
+    from .report import (format_simulation, is_report_replay, keep_for_report,
+                         plot_simulation, report_view)
     if a.plot:   # fail before a long replay, not after it
         from ..stats.plot import require_matplotlib
         try:
@@ -20,9 +21,7 @@ def _cmd_simulate(a) -> int:
             raise LabError(str(e)) from None
     from ..trace.reader import load
     trace = load(a.trace)
-    # The replay `heapcast report --lab` shows (every policy, default options): kept for it.
-    for_report = a.policy in (None, "all") and a.train is None and a.model is None \
-        and a.align == 16
+    for_report = is_report_replay(a.policy, a.train, a.model, a.align)
     d = simulate(trace, policies=a.policy, train=a.train, model=a.model, checked=a.check,
                  series=a.plot is not None or for_report, grain=a.align)
     if a.plot:

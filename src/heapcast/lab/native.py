@@ -164,7 +164,7 @@ class Replay:
         return child
 
     def threads(self) -> int:
-        """The threads this replay runs its policies on, side by side."""
+        """The most threads this replay ran its policies on, side by side, so far."""
         return int(self.lib.lab_threads(self.handle))
 
     def stats(self) -> dict:

@@ -109,6 +109,13 @@ def report_view(d: dict, trace) -> dict:
     return {"policies": d["policies"], "series": series, "peak_live_bytes": d["peak_live_bytes"]}
 
 
+def is_report_replay(policies, train, model, grain: int) -> bool:
+    """Whether simulate() with these options is the replay `heapcast report --lab` shows (every
+    policy, no other recording or model, the default packer grain), whose report_view() is
+    kept for it."""
+    return policies in (None, "all") and train is None and model is None and grain == 16
+
+
 def _report_key(trace_path):
     from ..trace import cache
     from .replay import parse_policies

@@ -85,9 +85,11 @@ def model_section(models, trace) -> dict:
 
 
 def _split(path) -> str:
-    """The split a model file (or the model a POLICY was compiled from) was trained with."""
+    """The split a model file (or the model a POLICY was compiled from) was trained with, from
+    its metadata alone (report() has checked the file already; predictions() loads it if
+    needed)."""
     from ..policy.fileformat import is_policy, read_spec
     if is_policy(path):
         return read_spec(path).get("training", {}).get("split", "all")
-    from ..forecast.models import load_model
-    return load_model(path).meta.get("training", {}).get("split", "all")
+    from ..forecast.modelfile import read_model_meta
+    return read_model_meta(path).get("training", {}).get("split", "all")
