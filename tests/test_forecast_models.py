@@ -1,6 +1,7 @@
 """Forecasting models on small synthetic streams: they learn what is learnable, write the same
 bytes for the same seed, resume exactly, and refuse damaged or mismatched model files."""
 import json
+import os
 import struct
 
 import numpy as np
@@ -148,6 +149,10 @@ def test_model_file_is_safetensors(tmp_path):
     assert loaded["w"].tolist() == [[0, 1, 2], [3, 4, 5]] and loaded["k"].tolist() == [1, 2]
     tensors, meta = read_model_file(path)
     assert meta["model"] == "x" and meta["format"] == "heapcast-forecast"
+    # Written from the arrays' own memory, with the mode the umask gives any new file.
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 @pytest.fixture
@@ -329,3 +334,85 @@ def test_native_context_hashes_equal_numpys(shift):
         c.next(3)
     with pytest.raises(ValueError, match="outside"):
         Contexts(sym, np.array([n]), np.array([0]), shift).next(1)
+
+
+def random_trace(n=6000, seed=3):
+    """Random mallocs of 40 sizes, each freed a few events later: contexts with one label and
+    contexts with more labels than the n-gram keeps."""
+    rng = np.random.default_rng(seed)
+    rows, live, addr = [], [], 0x1000
+    while len(rows) < n:
+        if live and rng.random() < 0.45:
+            rows.append((FREE, 0, 0, live.pop(rng.integers(len(live)))))
+        else:
+            rows.append((MALLOC, int(16 * rng.integers(1, 41)), addr, 0))
+            live.append(addr)
+            addr += 0x1000
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for k, name in enumerate(("op", "size", "addr", "old_addr")):
+        ev[name] = [r[k] for r in rows]
+    ev["seq"] = np.arange(1, len(ev) + 1)
+    ev["ts"] = 1000 * ev["seq"]
+    p = Process(index=0, pid=1, _events=ev, event_count=len(ev),
+                locations=LocationTable.from_lists([[]]))
+    return Trace("random", [p])
+
+
+def dense_ppm(m, data, rows, k=5):
+    """PPM-C over the dense (contexts, topk) tables, as the n-gram scored before its labels were
+    stored ragged: the reference its ragged tables must reproduce bit for bit."""
+    ctxs = dict(m._contexts(data, m.symbols(data), data.position_in_stream(), rows))
+    scores = np.zeros((len(rows), len(m.classes) + 1))
+    weight = np.ones(len(rows))
+    for order in sorted(ctxs, reverse=True):
+        t, (tok, cnt) = m.tables[order], m.dense_table(order)
+        i = np.minimum(np.searchsorted(t["ctx"], ctxs[order]), len(t["ctx"]) - 1)
+        hit = np.flatnonzero(t["ctx"][i] == ctxs[order])
+        j = i[hit]
+        n, d = t["n"][j].astype(np.float64), t["d"][j].astype(np.float64)
+        w = weight[hit] / (n + d)
+        scores[hit[:, None], tok[j]] += w[:, None] * cnt[j]
+        weight[hit] *= d / (n + d)
+    scores[:, :-1] += weight[:, None] * (m.unigram / m.unigram.sum())[None, :]
+    best = np.argsort(-scores[:, :-1], axis=1, kind="stable")[:, :k]
+    return m.classes[best], np.take_along_axis(scores, best, 1).astype(np.float32)
+
+
+def test_ngram_ragged_tables_score_as_dense_ones_and_read_dense_files(tmp_path):
+    data = make_task(featurize([random_trace()], order="process"), "next", "rich")
+    train = np.arange(len(data)) < 4000
+    m = create_model("ngram", "next", "rich", {"topk": 3})
+    m.fit(data, train)
+    d = np.concatenate([t["d"] for t in m.tables.values()])
+    assert (d == 1).any() and ((d > 1) & (d < 3)).any() and (d > 3).any()   # every case
+    kept = sum(len(t["tok"]) for t in m.tables.values())
+    assert kept == np.minimum(d, 3).sum() < 3 * len(d)      # no padding stored
+    rows = np.arange(4000, len(data))
+    labels, probs = m.predict_proba(data, rows)
+    ref_labels, ref_probs = dense_ppm(m, data, rows)
+    assert np.array_equal(probs, ref_probs) and np.array_equal(labels, ref_labels)
+    # A model file of the dense layout (format version 1) reads to the same tables.
+    path = save_model(m, tmp_path / "ragged.safetensors", {"traces": []})
+    tensors, meta = read_model_file(path)
+    for order in m.tables:
+        tensors[f"order{order}.tok"], tensors[f"order{order}.cnt"] = m.dense_table(order)
+    meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "crc32")}
+    old = save_model_file(tmp_path / "dense.safetensors", tensors, meta)
+    blob = old.read_bytes().replace(b'\\"format_version\\": 2', b'\\"format_version\\": 1')
+    old.write_bytes(blob)
+    assert read_model_file(old)[1]["format_version"] == 1
+    again = load_model(old)
+    for order, t in m.tables.items():
+        for name, arr in t.items():
+            assert np.array_equal(again.tables[order][name], arr), (order, name)
+    assert np.array_equal(again.predict_proba(data, rows)[1], probs)
+    # A version this heapcast does not know is refused, naming the versions it reads.
+    old.write_bytes(blob.replace(b'\\"format_version\\": 1', b'\\"format_version\\": 7'))
+    with pytest.raises(ModelError, match=r"model format version 7; this heapcast reads versions "
+                                         r"1, 2"):
+        load_model(old)
+    # Tables whose labels do not add up are refused, not misread.
+    tensors = {**m.tensors(), f"order{order}.tok": m.tables[order]["tok"][:-1]}
+    save_model_file(tmp_path / "bad.safetensors", tensors, meta)
+    with pytest.raises(ModelError, match="do not fit a ngram model.*expected"):
+        load_model(tmp_path / "bad.safetensors")

@@ -136,7 +136,7 @@ def run(cmd, policy: str = "none", log=None, env: dict | None = None,
         backend: str = "pack", align: int | None = None) -> RunResult:
     """Runs `cmd` under heapcast's allocator and returns its exit status (and with `log`, a path,
     the merged summary written there as JSON)."""
-    from ..recorder.session import _run as run_program
+    from ..recorder.session import run_program
     from .summary import merge_logs
     cmd = [str(c) for c in cmd]
     if not cmd:

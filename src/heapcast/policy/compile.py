@@ -213,8 +213,7 @@ def _ngram_tensors(model, t: dict) -> dict:
         t[f"ng{m}.ctx"] = tab["ctx"].astype(np.uint64)
         t[f"ng{m}.n"] = tab["n"].astype(np.uint32)
         t[f"ng{m}.d"] = tab["d"].astype(np.uint32)
-        t[f"ng{m}.cnt"] = tab["cnt"].astype(np.uint32)
-        tok = tab["tok"]
+        tok, t[f"ng{m}.cnt"] = ng.dense_table(m)
         t[f"ng{m}.tok"] = tok.astype(np.uint16 if tok.dtype == np.uint16 else np.uint32)
         bits = max(4, (2 * E).bit_length())
         t[f"ng{m}.slots"] = index_build(t[f"ng{m}.ctx"], bits)
@@ -225,7 +224,7 @@ def _ngram_tensors(model, t: dict) -> dict:
     t["ng.base"] = base.astype(np.float64)
     t["ng.base_order"] = np.lexsort((np.arange(len(base)), -base)).astype(np.int32)
     return {"ng_orders": len(orders), "ng_sites": ng._use_sites(), "ng_dt": bool(ng.config["dt"]),
-            "ng_topk": t[f"ng{orders[0]}.cnt"].shape[1] if orders else 1,
+            "ng_topk": int(ng.config["topk"]) if orders else 1,
             "ng_classes": len(labels)}
 
 

@@ -222,10 +222,10 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
             pass   # the recorder then takes fresh file space for every chunk
     start = time.monotonic()
     try:
-        exit_code, sampler, cut = _run(cmd, env, path if problem is None else None,
-                                       rss_interval_ms,
-                                       (lambda s, pid: converter.begin(drainer, s, pid))
-                                       if converter is not None else None)
+        exit_code, sampler, cut = run_program(cmd, env, path if problem is None else None,
+                                              rss_interval_ms,
+                                              (lambda s, pid: converter.begin(drainer, s, pid))
+                                              if converter is not None else None)
     except RecordError:
         if problem is None and not existed:
             import shutil
@@ -355,11 +355,12 @@ def import_quietly() -> None:
     from . import live  # noqa: F401
 
 
-def _run(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
+def run_program(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
     """Runs the program, sampling RSS meanwhile, then waits for the traced processes it left
     running (_wait_for_the_rest); returns its exit status as a shell reports it, the RSS sampler
     (None when untraced) and the raw file names of the processes still running when the waiting
-    was stopped. `started(sampler, pid)` is called once the program runs."""
+    was stopped. `started(sampler, pid)` is called once the program runs. `heapcast run` runs
+    its programs through this too (trace_dir None: no sampler, nothing waited for)."""
     # ^C (and ^\) from the terminal reach the program, which decides; we finalize after it. They
     # are caught here by a handler that does nothing, not ignored: exec resets a caught signal
     # to its default in the program, so no code has to run in the child between fork and exec

@@ -7,7 +7,13 @@ hash of its token and call site (lifetime, or `sites=True`), and with `dt=True` 
 bucket too (bit_length of the ns since the previous event, // 4). Training hashes the contexts of all
 rows at once (a rolling 64-bit hash, natively: one pass over the rows per order), sorts
 (context, label) keys and keeps, per context, its count n, its number of distinct labels d and
-its `topk` most frequent labels.
+its min(d, topk) most frequent labels with their counts.
+
+A table stores those labels ragged: `tok` and `cnt` hold min(d, topk) entries per context, one
+context after the other (the offsets follow from d). Most contexts of the long orders were seen
+once (on ring's 20M events, every context of orders 12 to 32), and a row of `topk` slots each
+made the model 2.4x larger: 5.9 GB against 2.5 GB there. Files of the dense layout (tok and cnt
+of shape (contexts, topk)) are still read.
 
 Prediction blends the orders as PPM method C does (without exclusions): from the longest context
 seen in training down, a label gets weight * c(label) / (n + d), and the weight passed down is
@@ -25,6 +31,7 @@ from .base import Model, pad_k, top_k
 
 _LABEL_BITS = 16                    # context hashes leave room for a label (contexts.c too)
 _CHUNK = 8192
+_STORED = ("ctx", "n", "d", "tok", "cnt")    # a table's arrays in a model file
 
 
 class NGram(Model):
@@ -129,25 +136,46 @@ class NGram(Model):
         keys, counts = np.unique((ctx << np.uint64(_LABEL_BITS)) | yc, return_counts=True)
         c = keys >> np.uint64(_LABEL_BITS)
         lab = (keys & np.uint64((1 << _LABEL_BITS) - 1)).astype(np.int64)
+        del keys
         first = np.ones(len(c), bool)
         first[1:] = c[1:] != c[:-1]
         starts = np.flatnonzero(first)
         group = np.cumsum(first) - 1
         n = np.add.reduceat(counts, starts)
         d = np.diff(np.append(starts, len(c)))
-        # Within each context, labels by decreasing count (ties: lower label), first `topk` kept.
+        # Within each context, labels by decreasing count (ties: lower label), first `topk` kept,
+        # context after context (lexsort is stable, and the keys were sorted by label).
         order = np.lexsort((-counts, group))
-        rank = np.arange(len(c)) - starts[group[order]]
-        keep = order[rank < self.config["topk"]]
-        kk = self.config["topk"]
+        keep = order[np.arange(len(c)) - starts[group[order]] < self.config["topk"]]
         small = len(self.classes) < np.iinfo(np.uint16).max
-        tok = np.full((len(starts), kk), len(self.classes), np.uint16 if small else np.uint32)
-        cnt = np.zeros((len(starts), kk), np.uint32)
-        r = (np.arange(len(c)) - starts[group[order]])[rank < kk]
-        tok[group[keep], r] = lab[keep]
-        cnt[group[keep], r] = counts[keep]
-        return {"ctx": c[starts], "n": n.astype(np.uint32), "d": d.astype(np.uint32),
-                "tok": tok, "cnt": cnt}
+        return self._table(c[starts], n.astype(np.uint32), d.astype(np.uint32),
+                           lab[keep].astype(np.uint16 if small else np.uint32),
+                           counts[keep].astype(np.uint32))
+
+    def _table(self, ctx, n, d, tok, cnt) -> dict:
+        """A table from its stored arrays, with `start`: where each context's labels begin in
+        tok and cnt (E + 1 offsets)."""
+        kept = np.minimum(d, self.config["topk"]).astype(np.int64)
+        start = np.zeros(len(kept) + 1, np.int64)
+        np.cumsum(kept, out=start[1:])
+        if not (len(ctx) == len(n) == len(d)) or len(tok) != start[-1] or len(cnt) != start[-1]:
+            raise ValueError(f"an n-gram table of {len(ctx)} contexts, {len(n)} counts and "
+                             f"{len(d)} label counts holds {len(tok)} labels and {len(cnt)} "
+                             f"counts, expected {start[-1]} of each")
+        return {"ctx": ctx, "n": n, "d": d, "tok": tok, "cnt": cnt, "start": start}
+
+    def dense_table(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Order m's labels and counts as (contexts, topk) arrays, the padding label
+        len(classes) with count 0 (the layout of the compiled policy's tables)."""
+        t, kk = self.tables[m], self.config["topk"]
+        kept = np.diff(t["start"])
+        slot = np.arange(len(t["tok"])) - np.repeat(t["start"][:-1], kept)
+        row = np.repeat(np.arange(len(kept)), kept)
+        tok = np.full((len(kept), kk), len(self.classes), t["tok"].dtype)
+        cnt = np.zeros((len(kept), kk), np.uint32)
+        tok[row, slot] = t["tok"]
+        cnt[row, slot] = t["cnt"]
+        return tok, cnt
 
     def restricted(self, orders) -> "NGram":
         """The same fitted model blending only `orders` (a subset of its own)."""
@@ -185,7 +213,11 @@ class NGram(Model):
                 j = i[hit]
                 n, d = t["n"][j].astype(np.float64), t["d"][j].astype(np.float64)
                 w = weight[hit] / (n + d)
-                scores[hit[:, None], t["tok"][j]] += w[:, None] * t["cnt"][j]
+                # Each hit row's labels (distinct within a context, so += adds once per pair).
+                kept = t["start"][j + 1] - t["start"][j]
+                at = np.repeat(np.arange(len(j)), kept)
+                e = np.arange(len(at)) + np.repeat(t["start"][j] - (np.cumsum(kept) - kept), kept)
+                scores[hit[at], t["tok"][e]] += w[at] * t["cnt"][e]
                 weight[hit] *= d / (n + d)
             scores[:, :-1] += weight[:, None] * base[None, :]
             best = top_k(scores[:, :-1], k)
@@ -196,8 +228,8 @@ class NGram(Model):
     def tensors(self) -> dict:
         out = {"classes": self.classes.astype(np.int64), "unigram": self.unigram}
         for m, t in self.tables.items():
-            for name, arr in t.items():
-                out[f"order{m}.{name}"] = arr
+            for name in _STORED:
+                out[f"order{m}.{name}"] = t[name]
         return out
 
     def load_tensors(self, tensors: dict) -> None:
@@ -205,5 +237,8 @@ class NGram(Model):
         self.unigram = np.asarray(tensors["unigram"], np.int64)
         self.tables = {}
         for m in self.config["orders"]:
-            self.tables[int(m)] = {name: np.asarray(tensors[f"order{m}.{name}"])
-                                   for name in ("ctx", "n", "d", "tok", "cnt")}
+            ctx, n, d, tok, cnt = (np.asarray(tensors[f"order{m}.{name}"]) for name in _STORED)
+            if tok.ndim == 2:   # the dense layout of earlier files: each context's first min(d, topk)
+                keep = np.arange(tok.shape[1])[None, :] < np.minimum(d, tok.shape[1])[:, None]
+                tok, cnt = tok[keep], cnt[keep]
+            self.tables[int(m)] = self._table(ctx, n, d, tok, cnt)
