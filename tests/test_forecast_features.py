@@ -123,8 +123,9 @@ def test_location_keys_are_stable_across_aslr():
     assert s1[3] == s1[1] and k1[3] != k1[1]            # same call site, another stack
 
 
-def small_trace(tmp_path, name="t", n=300):
-    """A trace directory on disk (the real file format) with two threads."""
+def small_trace(tmp_path, name="t", n=300, ts=None):
+    """A trace directory on disk (the real file format) with two threads (`ts`: the events'
+    times, default every 100 ns)."""
     rows = []
     for i in range(n):
         rows.append(dict(op=MALLOC, size=16 + (i % 5) * 8, addr=0x1000 + 16 * i, tid=i % 2, loc=1))
@@ -134,7 +135,7 @@ def small_trace(tmp_path, name="t", n=300):
         for k, v in r.items():
             ev[i][k] = v
     ev["seq"] = np.arange(1, len(ev) + 1)
-    ev["ts"] = 10_000 + 100 * np.arange(len(ev))
+    ev["ts"] = 10_000 + 100 * np.arange(len(ev)) if ts is None else ts
     p = process_at(0x400000)
     p._events = None
     d = tmp_path / name
@@ -179,3 +180,20 @@ def test_features_carry_the_rank_columns_asked_for_only(tmp_path):
     assert set(RANK_COLUMNS) <= set(full)
     for c in site:
         assert np.array_equal(site[c], full[c]), c
+
+
+def test_time_deltas_are_bit_lengths_of_each_streams_gaps_in_any_block_size(tmp_path):
+    """dt: bit_length of the ns since the stream's previous row, 0 at its start and where time
+    went back (threads' clocks), computed in blocks without changing a value."""
+    from heapcast.forecast.features import _time_deltas
+    rng = np.random.default_rng(5)
+    ts = 10_000 + np.cumsum(rng.integers(0, 1 << rng.integers(1, 40, 600), dtype=np.int64))
+    ts[[50, 51, 300]] = ts[[50, 51, 300]] - 5_000     # a few steps back
+    feats = load_features([small_trace(tmp_path, ts=ts)], "thread")
+    t = feats.columns["ts"].astype(np.int64)
+    want = np.zeros(len(t), np.int64)
+    want[1:] = [max(int(b) - int(a), 0).bit_length() for a, b in zip(t[:-1], t[1:])]
+    want[feats.stream_starts()] = 0
+    assert len(set(want.tolist())) > 10 and np.array_equal(feats.columns["dt"], want)
+    for block in (1, 7, 64, 599, 600, 1 << 20):
+        assert np.array_equal(_time_deltas(feats, block), want), block

@@ -51,6 +51,8 @@ def test_seed64_and_rich_tokens_by_hand():
     assert seed64_tokens(ev, b).tolist() == SEED
     assert rich_tokens(ev, b).tolist() == RICH
     assert seed64_tokens(ev, b).dtype == np.uint8 and rich_tokens(ev, b).dtype == np.uint16
+    for block in (1, 5, len(ROWS) - 1):      # computed in blocks, the same tokens
+        assert rich_tokens(ev, b, block).tolist() == RICH, block
 
 
 def test_article_target_is_bit_length_of_the_class():

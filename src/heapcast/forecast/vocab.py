@@ -107,22 +107,26 @@ def fine_size_class(sizes: np.ndarray) -> np.ndarray:
     return np.where(bl > 32, RICH_SIZES - 1, cls)
 
 
-def rich_tokens(ev: np.ndarray, blocks: Blocks) -> np.ndarray:
+def rich_tokens(ev: np.ndarray, blocks: Blocks, block: int = 1 << 20) -> np.ndarray:
     """The rich token of every event (uint16): kind * 125 + fine size class.
 
     Allocations (and mmap, mremap) use the requested size, a free the size of the block it
     releases, munmap its length; free(NULL) and frees of blocks that were not live have their
-    own tokens.
+    own tokens. Computed `block` events at a time: at once, its int64 temporaries were 1.3 GB
+    on a trace of 20M events, when featurize holds the most.
     """
-    op = ev["op"]
-    kind = _KIND_OF_OP[op]
-    is_free = op == FREE
-    sizes = np.where(is_free, blocks.released_size, ev["size"])
-    tok = kind * RICH_SIZES + fine_size_class(sizes)
-    known = blocks.alloc_of != -1   # matched, or inherited from a fork parent (size known)
-    tok[is_free & ~known] = RICH_FREE_UNKNOWN
-    tok[is_free & (ev["old_addr"] == 0)] = RICH_FREE_NULL
-    return tok.astype(np.uint16)
+    out = np.empty(len(ev), np.uint16)
+    for s in range(0, len(ev), block):
+        e = min(s + block, len(ev))
+        op = ev["op"][s:e]
+        is_free = op == FREE
+        sizes = np.where(is_free, blocks.released_size[s:e], ev["size"][s:e])
+        tok = _KIND_OF_OP[op] * RICH_SIZES + fine_size_class(sizes)
+        known = blocks.alloc_of[s:e] != -1   # matched, or inherited from a fork parent (size known)
+        tok[is_free & ~known] = RICH_FREE_UNKNOWN
+        tok[is_free & (ev["old_addr"][s:e] == 0)] = RICH_FREE_NULL
+        out[s:e] = tok
+    return out
 
 
 def _rich_lower_bounds() -> np.ndarray:

@@ -154,22 +154,24 @@ class NGram(Model):
 
     def _table(self, ctx, n, d, tok, cnt) -> dict:
         """A table from its stored arrays, with `start`: where each context's labels begin in
-        tok and cnt (E + 1 offsets)."""
-        kept = np.minimum(d, self.config["topk"]).astype(np.int64)
-        start = np.zeros(len(kept) + 1, np.int64)
-        np.cumsum(kept, out=start[1:])
-        if not (len(ctx) == len(n) == len(d)) or len(tok) != start[-1] or len(cnt) != start[-1]:
+        tok and cnt (E + 1 offsets; uint32 while they fit, half the memory of int64)."""
+        kept = np.minimum(d, self.config["topk"])
+        total = int(kept.sum(dtype=np.int64))
+        start = np.zeros(len(kept) + 1, np.uint32 if total < 2**32 else np.int64)
+        np.cumsum(kept, out=start[1:], dtype=start.dtype)
+        if not (len(ctx) == len(n) == len(d)) or len(tok) != total or len(cnt) != total:
             raise ValueError(f"an n-gram table of {len(ctx)} contexts, {len(n)} counts and "
                              f"{len(d)} label counts holds {len(tok)} labels and {len(cnt)} "
-                             f"counts, expected {start[-1]} of each")
+                             f"counts, expected {total} of each")
         return {"ctx": ctx, "n": n, "d": d, "tok": tok, "cnt": cnt, "start": start}
 
     def dense_table(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Order m's labels and counts as (contexts, topk) arrays, the padding label
         len(classes) with count 0 (the layout of the compiled policy's tables)."""
         t, kk = self.tables[m], self.config["topk"]
-        kept = np.diff(t["start"])
-        slot = np.arange(len(t["tok"])) - np.repeat(t["start"][:-1], kept)
+        start = t["start"].astype(np.int64)
+        kept = np.diff(start)
+        slot = np.arange(len(t["tok"])) - np.repeat(start[:-1], kept)
         row = np.repeat(np.arange(len(kept)), kept)
         tok = np.full((len(kept), kk), len(self.classes), t["tok"].dtype)
         cnt = np.zeros((len(kept), kk), np.uint32)
@@ -214,9 +216,10 @@ class NGram(Model):
                 n, d = t["n"][j].astype(np.float64), t["d"][j].astype(np.float64)
                 w = weight[hit] / (n + d)
                 # Each hit row's labels (distinct within a context, so += adds once per pair).
-                kept = t["start"][j + 1] - t["start"][j]
+                first = t["start"][j].astype(np.int64)
+                kept = t["start"][j + 1] - first
                 at = np.repeat(np.arange(len(j)), kept)
-                e = np.arange(len(at)) + np.repeat(t["start"][j] - (np.cumsum(kept) - kept), kept)
+                e = np.arange(len(at)) + np.repeat(first - (np.cumsum(kept) - kept), kept)
                 scores[hit[at], t["tok"][e]] += w[at] * t["cnt"][e]
                 weight[hit] *= d / (n + d)
             scores[:, :-1] += weight[:, None] * base[None, :]
