@@ -403,8 +403,8 @@ def test_ngram_ragged_tables_score_as_dense_ones_and_read_dense_files(tmp_path):
     assert read_model_file(old)[1]["format_version"] == 1
     again = load_model(old)
     for order, t in m.tables.items():
-        for name, arr in t.items():
-            assert np.array_equal(again.tables[order][name], arr), (order, name)
+        for name in ("ctx", "n", "d", "tok", "cnt", "start"):
+            assert np.array_equal(again.tables[order][name], t[name]), (order, name)
     assert np.array_equal(again.predict_proba(data, rows)[1], probs)
     # A version this heapcast does not know is refused, naming the versions it reads.
     old.write_bytes(blob.replace(b'\\"format_version\\": 1', b'\\"format_version\\": 7'))
@@ -416,3 +416,37 @@ def test_ngram_ragged_tables_score_as_dense_ones_and_read_dense_files(tmp_path):
     save_model_file(tmp_path / "bad.safetensors", tensors, meta)
     with pytest.raises(ModelError, match="do not fit a ngram model.*expected"):
         load_model(tmp_path / "bad.safetensors")
+
+
+@pytest.mark.parametrize("spread", ["even", "bunched", "tiny", "one"])
+def test_sorted_find_is_searchsorted_and_compare(spread):
+    """The n-gram's table lookup (a directory by the values' top bits, bisection in long
+    buckets) finds exactly what a bisection finds, on values spread evenly (context hashes),
+    bunched anywhere, or few; and refuses a table that is not sorted and distinct."""
+    from heapcast.forecast.native import SortedFind
+    rng = np.random.default_rng(11)
+    if spread == "even":
+        table = np.unique(rng.integers(0, 1 << 48, 200_000, dtype=np.uint64))
+    elif spread == "bunched":   # runs of neighbours, far apart, and the extremes
+        base = rng.integers(0, 1 << 60, 50, dtype=np.uint64)
+        table = np.unique(np.concatenate([b + np.arange(4000, dtype=np.uint64) * 3 for b in base]
+                                         + [np.array([2**64 - 1, 2**64 - 2, 0], np.uint64)]))
+    else:
+        table = np.array([5, 9] if spread == "tiny" else [7], np.uint64)
+    queries = np.concatenate([table[rng.integers(0, len(table), 50_000)],
+                              table + np.uint64(1), table - np.uint64(1),
+                              rng.integers(0, 2**63, 50_000, dtype=np.uint64),
+                              np.array([0, 2**64 - 1, table[0], table[-1]], np.uint64)])
+    i = np.minimum(np.searchsorted(table, queries), len(table) - 1)
+    want = np.where(table[i] == queries, i, -1)
+    got = SortedFind(table).find(queries)
+    assert np.array_equal(got, want) and (got >= 0).sum() > 50_000
+    for chunk in (np.zeros(0, np.uint64), queries[:3], queries[:17]):   # shorter than the look-ahead
+        assert np.array_equal(SortedFind(table).find(chunk), want[:len(chunk)])
+    assert np.array_equal(SortedFind(np.zeros(0, np.uint64)).find(queries),
+                          np.full(len(queries), -1))
+    if len(table) > 1:
+        with pytest.raises(ValueError, match="not sorted and distinct"):
+            SortedFind(table[::-1])
+        with pytest.raises(ValueError, match="not sorted and distinct"):
+            SortedFind(np.sort(np.concatenate([table, table[:1]])))

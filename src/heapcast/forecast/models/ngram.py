@@ -34,6 +34,15 @@ _CHUNK = 8192
 _STORED = ("ctx", "n", "d", "tok", "cnt")    # a table's arrays in a model file
 
 
+def _finder(table: dict):
+    """The table's lookup of contexts (native.SortedFind: a directory of a byte or two per
+    context, built on first use and kept with the table, not in the model file)."""
+    if "find" not in table:
+        from ..native import SortedFind
+        table["find"] = SortedFind(table["ctx"])
+    return table["find"]
+
+
 class NGram(Model):
     """PPM-C blended n-gram model (see the module docstring)."""
 
@@ -210,8 +219,8 @@ class NGram(Model):
                 t = self.tables[m]
                 if not len(t["ctx"]):
                     continue
-                i = np.minimum(np.searchsorted(t["ctx"], ctx), len(t["ctx"]) - 1)
-                hit = np.flatnonzero(t["ctx"][i] == ctx)
+                i = _finder(t).find(ctx)
+                hit = np.flatnonzero(i >= 0)
                 j = i[hit]
                 n, d = t["n"][j].astype(np.float64), t["d"][j].astype(np.float64)
                 w = weight[hit] / (n + d)
