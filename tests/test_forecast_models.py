@@ -441,7 +441,7 @@ def test_sorted_find_is_searchsorted_and_compare(spread):
     want = np.where(table[i] == queries, i, -1)
     got = SortedFind(table).find(queries)
     assert np.array_equal(got, want) and (got >= 0).sum() > 50_000
-    for chunk in (np.zeros(0, np.uint64), queries[:3], queries[:17]):   # shorter than the look-ahead
+    for chunk in (np.zeros(0, np.uint64), queries[:3], queries[:17]):  # < look-ahead
         assert np.array_equal(SortedFind(table).find(chunk), want[:len(chunk)])
     assert np.array_equal(SortedFind(np.zeros(0, np.uint64)).find(queries),
                           np.full(len(queries), -1))

@@ -122,7 +122,7 @@ def rich_tokens(ev: np.ndarray, blocks: Blocks, block: int = 1 << 20) -> np.ndar
         is_free = op == FREE
         sizes = np.where(is_free, blocks.released_size[s:e], ev["size"][s:e])
         tok = _KIND_OF_OP[op] * RICH_SIZES + fine_size_class(sizes)
-        known = blocks.alloc_of[s:e] != -1   # matched, or inherited from a fork parent (size known)
+        known = blocks.alloc_of[s:e] != -1   # matched, or inherited from a fork parent
         tok[is_free & ~known] = RICH_FREE_UNKNOWN
         tok[is_free & (ev["old_addr"][s:e] == 0)] = RICH_FREE_NULL
         out[s:e] = tok

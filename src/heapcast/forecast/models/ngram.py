@@ -12,7 +12,7 @@ its min(d, topk) most frequent labels with their counts.
 A table stores those labels ragged: `tok` and `cnt` hold min(d, topk) entries per context, one
 context after the other (the offsets follow from d). Most contexts of the long orders were seen
 once (on ring's 20M events, every context of orders 12 to 32), and a row of `topk` slots each
-made the model 2.4x larger: 5.9 GB against 2.5 GB there. Files of the dense layout (tok and cnt
+made the model 2.8x larger: 5.9 GB against 2.1 GB there. Files of the dense layout (tok and cnt
 of shape (contexts, topk)) are still read.
 
 Prediction blends the orders as PPM method C does (without exclusions): from the longest context
@@ -250,7 +250,7 @@ class NGram(Model):
         self.tables = {}
         for m in self.config["orders"]:
             ctx, n, d, tok, cnt = (np.asarray(tensors[f"order{m}.{name}"]) for name in _STORED)
-            if tok.ndim == 2:   # the dense layout of earlier files: each context's first min(d, topk)
+            if tok.ndim == 2:   # version 1's dense layout: each context's first min(d, topk)
                 keep = np.arange(tok.shape[1])[None, :] < np.minimum(d, tok.shape[1])[:, None]
                 tok, cnt = tok[keep], cnt[keep]
             self.tables[int(m)] = self._table(ctx, n, d, tok, cnt)
