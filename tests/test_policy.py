@@ -324,3 +324,47 @@ def test_a_policy_is_the_same_bytes_every_time_it_is_written(tmp_path):
     assert list(header["__metadata__"]) == sorted(header["__metadata__"])
     assert (8 + n + header["w"]["data_offsets"][0]) % 64 == 0
     assert json.loads(header["__metadata__"]["heapcast_policy"])["note"] == "é\"\\\n"
+
+
+def test_a_policy_is_written_in_safetensors_own_layout_from_the_arrays(tmp_path):
+    """write_policy writes the file itself, from the arrays' memory (safetensors' `save` built
+    it in memory four times over): the data section is byte for byte the one safetensors lays
+    out, the header parses with safetensors, and every dtype and shape (0-d and empty too) reads
+    back; the CRC in the header is the data section's."""
+    import json
+    import struct
+    import zlib
+    from safetensors import safe_open
+    from safetensors.numpy import save
+    rng = np.random.default_rng(2)
+    tensors = {"cfg": cfg_array(abi=ABI, kind=1, task=2, n_labels=6, tab_bits=4),
+               "a.u64": rng.integers(0, 2**63, (3, 5), dtype=np.uint64),
+               "b.i64": np.array(-7, np.int64), "c.f64": rng.random(3),
+               "d.f32": rng.random((2, 3)).astype(np.float32),
+               "e.u32": np.arange(3, dtype=np.uint32),
+               "f.i32": np.zeros(0, np.int32), "g.u16": np.arange(5, dtype=np.uint16),
+               "h.i16": -np.arange(3, dtype=np.int16), "i.i8": np.arange(-3, 4, dtype=np.int8),
+               "j.u8": np.arange(7, dtype=np.uint8), "k.bool": np.array([True, False, True]),
+               "l.f16": np.arange(3, dtype=np.float16), "m.big": np.arange(4, dtype=">i4")}
+    path = write_policy(tmp_path / "all.policy", tensors, {"kind": "table"}, align="e.u32")
+    blob = path.read_bytes()
+    n = struct.unpack("<Q", blob[:8])[0]
+    assert n % 8 == 0 and (8 + n + json.loads(blob[8:8 + n])["e.u32"]["data_offsets"][0]) % 64 == 0
+    theirs = save({k: np.ascontiguousarray(v, v.dtype.newbyteorder("<")) for k, v in
+                   tensors.items()})
+    assert blob[8 + n:] == theirs[8 + struct.unpack("<Q", theirs[:8])[0]:]
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata()
+        for name, want in tensors.items():
+            got = f.get_tensor(name)     # (a 0-d array is stored as one value, as before)
+            assert np.array_equal(got, np.atleast_1d(want)), name
+    assert int(meta["heapcast_crc32"]) == zlib.crc32(blob[8 + n:])
+    # A tensor whose offset no padding of the header can align: written unpadded, readable.
+    odd = write_policy(tmp_path / "odd.policy", tensors, {"kind": "table"}, align="j.u8")
+    n = struct.unpack("<Q", odd.read_bytes()[:8])[0]
+    header = json.loads(odd.read_bytes()[8:8 + n])
+    assert header["j.u8"]["data_offsets"][0] % 8 and header["__metadata__"]["heapcast_pad"] == ""
+    with safe_open(str(odd), framework="numpy") as f:
+        assert np.array_equal(f.get_tensor("j.u8"), tensors["j.u8"])
+    with pytest.raises(PolicyError, match="dtype complex128, which a POLICY cannot hold"):
+        write_policy(tmp_path / "c.policy", {"z": np.zeros(2, complex)}, {"kind": "table"})

@@ -78,18 +78,6 @@ def _umask() -> int:
     return 0o022
 
 
-def write_atomic(path, data: bytes) -> Path:
-    """Writes `data` to `path` under a temporary name, then renames it: a reader sees the whole
-    file or none (model and policy files)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-    return path
-
-
 def read_model_file(path) -> tuple[dict, dict]:
     """Reads a model file: (tensors: name -> numpy array, meta: the heapcast metadata dict).
 

@@ -210,11 +210,11 @@ def _ngram_tensors(model, t: dict) -> dict:
     for m in orders:
         tab = ng.tables[m]
         E = len(tab["ctx"])
-        t[f"ng{m}.ctx"] = tab["ctx"].astype(np.uint64)
-        t[f"ng{m}.n"] = tab["n"].astype(np.uint32)
-        t[f"ng{m}.d"] = tab["d"].astype(np.uint32)
+        t[f"ng{m}.ctx"] = tab["ctx"].astype(np.uint64, copy=False)   # (the model's own arrays)
+        t[f"ng{m}.n"] = tab["n"].astype(np.uint32, copy=False)
+        t[f"ng{m}.d"] = tab["d"].astype(np.uint32, copy=False)
         tok, t[f"ng{m}.cnt"] = ng.dense_table(m)
-        t[f"ng{m}.tok"] = tok.astype(np.uint16 if tok.dtype == np.uint16 else np.uint32)
+        t[f"ng{m}.tok"] = tok.astype(np.uint16 if tok.dtype == np.uint16 else np.uint32, copy=False)
         bits = max(4, (2 * E).bit_length())
         t[f"ng{m}.slots"] = index_build(t[f"ng{m}.ctx"], bits)
     labels = ng.classes
