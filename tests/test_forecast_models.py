@@ -450,3 +450,41 @@ def test_sorted_find_is_searchsorted_and_compare(spread):
             SortedFind(table[::-1])
         with pytest.raises(ValueError, match="not sorted and distinct"):
             SortedFind(np.sort(np.concatenate([table, table[:1]])))
+
+
+def numpy_count(ctx, yc, topk):
+    """The n-gram's table counted with numpy, as before the native count: the reference."""
+    keys, counts = np.unique((ctx << np.uint64(16)) | yc, return_counts=True)
+    c = keys >> np.uint64(16)
+    lab = (keys & np.uint64(0xFFFF)).astype(np.int64)
+    first = np.ones(len(c), bool)
+    first[1:] = c[1:] != c[:-1]
+    starts = np.flatnonzero(first)
+    group = np.cumsum(first) - 1
+    order = np.lexsort((-counts, group))
+    keep = order[np.arange(len(c)) - starts[group[order]] < topk]
+    return (c[starts], np.add.reduceat(counts, starts), np.diff(np.append(starts, len(c))),
+            lab[keep], counts[keep])
+
+
+@pytest.mark.parametrize("topk", [1, 3, 8, 64])
+def test_native_label_counts_equal_numpys(topk):
+    """Per context: rows, distinct labels, the most frequent labels by decreasing count with
+    ties to the lower label, exactly as numpy's unique + lexsort counted them; on contexts seen
+    once, contexts with many labels and many ties, and the empty table."""
+    from heapcast.forecast.native import count_labels
+    rng = np.random.default_rng(topk)
+    ctx = np.concatenate([rng.integers(0, 1 << 40, 3000, dtype=np.uint64),     # seen once
+                          rng.integers(0, 50, 20000).astype(np.uint64)])        # many labels
+    yc = np.concatenate([rng.integers(0, 90, 3000), rng.integers(0, 120, 20000) // 7]
+                        ).astype(np.uint64)
+    keys = np.sort((ctx << np.uint64(16)) | yc)
+    for wide in (False, True):
+        got = count_labels(keys, 16, topk, wide)
+        want = numpy_count(ctx, yc, topk)
+        assert got[3].dtype == (np.uint32 if wide else np.uint16)
+        for g, w, name in zip(got, want, ("ctx", "n", "d", "tok", "cnt")):
+            assert np.array_equal(g, w), (name, wide)
+    assert all(len(a) == 0 for a in count_labels(np.zeros(0, np.uint64), 16, topk))
+    with pytest.raises(ValueError, match="keys not sorted"):
+        count_labels(keys[::-1], 16, topk)

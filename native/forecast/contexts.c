@@ -137,3 +137,65 @@ HC_API int hc_sorted_find(const uint64_t *t, uint64_t n, const uint32_t *dir, ui
     }
     return 0;
 }
+
+/* ---------------------------------------------------------------- counting a table's labels
+ *
+ * NGram._count: from the sorted keys (context << label_bits | label) of the training rows, per
+ * context: ctx, n (rows), d (distinct labels) and its min(d, topk) most frequent labels with
+ * their counts, by decreasing count, a tie to the lower label. numpy took ten passes over the
+ * keys after sorting them (groups, reduceat, a lexsort, gathers): 3.8 of the 5.8 s a table of
+ * 20M contexts seen once cost. Here it is one pass. */
+#define MAX_TOPK 64
+
+/* keys: n sorted values; the outputs hold room for n contexts and n labels (tok16 or tok32,
+ * the other NULL). *ne and *nk: contexts and labels written. Returns 0, or -1 for bad
+ * arguments (keys not sorted, label_bits or topk out of range, a count past 2^32). */
+HC_API int hc_count_labels(const uint64_t *keys, uint64_t n, unsigned label_bits, unsigned topk,
+                           uint64_t *ctx, uint32_t *cn, uint32_t *cd, uint16_t *tok16,
+                           uint32_t *tok32, uint32_t *cnt, uint64_t *ne, uint64_t *nk) {
+    if (label_bits == 0 || label_bits > 32 || topk == 0 || topk > MAX_TOPK || !ne || !nk ||
+        (n && (!keys || !ctx || !cn || !cd || !cnt || (!tok16 == !tok32))))
+        return -1;
+    const uint64_t lmask = (1ull << label_bits) - 1;
+    uint64_t e = 0, k = 0, i = 0;
+    uint32_t bc[MAX_TOPK], bl[MAX_TOPK];
+    while (i < n) {
+        const uint64_t c = keys[i] >> label_bits;
+        uint64_t rows = 0, distinct = 0;
+        unsigned m = 0;                               /* labels kept so far, best first */
+        while (i < n && (keys[i] >> label_bits) == c) {
+            const uint64_t key = keys[i];
+            uint64_t j = i + 1;
+            while (j < n && keys[j] == key) j++;
+            if (j < n && keys[j] < key) return -1;
+            const uint64_t run = j - i;
+            if (run > UINT32_MAX) return -1;
+            rows += run;
+            distinct++;
+            /* labels come in increasing order: a tie stays behind the lower label */
+            unsigned p = m;
+            while (p > 0 && bc[p - 1] < run) p--;
+            if (p < topk) {
+                unsigned last = m < topk ? m : topk - 1;
+                for (unsigned q = last; q > p; q--) { bc[q] = bc[q - 1]; bl[q] = bl[q - 1]; }
+                bc[p] = (uint32_t)run;
+                bl[p] = (uint32_t)(key & lmask);
+                if (m < topk) m++;
+            }
+            i = j;
+        }
+        if (i < n && (keys[i] >> label_bits) < c) return -1;
+        if (rows > UINT32_MAX) return -1;
+        ctx[e] = c;
+        cn[e] = (uint32_t)rows;
+        cd[e] = (uint32_t)distinct;
+        e++;
+        for (unsigned q = 0; q < m; q++, k++) {
+            if (tok16) tok16[k] = (uint16_t)bl[q]; else tok32[k] = bl[q];
+            cnt[k] = bc[q];
+        }
+    }
+    *ne = e;
+    *nk = k;
+    return 0;
+}

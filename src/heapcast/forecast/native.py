@@ -33,6 +33,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.hc_sorted_index.argtypes = [p, u64, p, u64]
     lib.hc_sorted_find.restype = ctypes.c_int
     lib.hc_sorted_find.argtypes = [p, u64, p, u64, p, u64, p]
+    lib.hc_count_labels.restype = ctypes.c_int
+    lib.hc_count_labels.argtypes = [p, u64, ctypes.c_uint, ctypes.c_uint, p, p, p, p, p, p, p, p]
     return lib
 
 
@@ -84,7 +86,7 @@ class Contexts:
 
 class SortedFind:
     """Finds values in a table of sorted, distinct uint64 values (an n-gram table's contexts)
-    through a directory built once (contexts.c: a byte per value): find(queries) gives the
+    through a directory built once (contexts.c: a byte or two per value): find(queries) gives the
     int64 index of each query, -1 where it is absent, as searchsorted + a comparison would,
     with two reads per query, fetched ahead, instead of a bisection's twenty-odd."""
 
@@ -106,3 +108,29 @@ class SortedFind:
                                     out.ctypes.data):
             raise ValueError("sorted_find: bad arguments")
         return out
+
+
+def count_labels(keys: np.ndarray, label_bits: int, topk: int, wide: bool = False) -> tuple:
+    """An n-gram table from the sorted keys (context << label_bits | label) of its rows: (ctx,
+    n, d, tok, cnt), per context its rows, distinct labels and min(d, topk) most frequent
+    labels (uint16, or uint32 if `wide`) with their counts, by decreasing count, a tie to the
+    lower label; one pass (contexts.c)."""
+    keys = np.ascontiguousarray(keys, np.uint64)
+    n = len(keys)
+    ctx, cn, cd = np.empty(n, np.uint64), np.empty(n, np.uint32), np.empty(n, np.uint32)
+    tok, cnt = np.empty(n, np.uint32 if wide else np.uint16), np.empty(n, np.uint32)
+    ne, nk = ctypes.c_uint64(), ctypes.c_uint64()
+    rc = library().hc_count_labels(keys.ctypes.data, n, label_bits, topk, ctx.ctypes.data,
+                                   cn.ctypes.data, cd.ctypes.data,
+                                   None if wide else tok.ctypes.data,
+                                   tok.ctypes.data if wide else None, cnt.ctypes.data,
+                                   ctypes.byref(ne), ctypes.byref(nk))
+    if rc:
+        raise ValueError(f"count_labels: keys not sorted, topk {topk} outside 1..64, or a "
+                         f"count past 2^32")
+    # The used part, in place (realloc: no copy, and the rest of the buffer is given back;
+    # nothing else refers to these arrays yet).
+    for a, m in ((ctx, ne.value), (cn, ne.value), (cd, ne.value), (tok, nk.value),
+                 (cnt, nk.value)):
+        a.resize(m, refcheck=False)
+    return ctx, cn, cd, tok, cnt

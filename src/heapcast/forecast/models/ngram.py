@@ -142,24 +142,12 @@ class NGram(Model):
                 "contexts": int(sum(len(t["ctx"]) for t in self.tables.values()))}
 
     def _count(self, ctx: np.ndarray, yc: np.ndarray) -> dict:
-        keys, counts = np.unique((ctx << np.uint64(_LABEL_BITS)) | yc, return_counts=True)
-        c = keys >> np.uint64(_LABEL_BITS)
-        lab = (keys & np.uint64((1 << _LABEL_BITS) - 1)).astype(np.int64)
-        del keys
-        first = np.ones(len(c), bool)
-        first[1:] = c[1:] != c[:-1]
-        starts = np.flatnonzero(first)
-        group = np.cumsum(first) - 1
-        n = np.add.reduceat(counts, starts)
-        d = np.diff(np.append(starts, len(c)))
-        # Within each context, labels by decreasing count (ties: lower label), first `topk` kept,
-        # context after context (lexsort is stable, and the keys were sorted by label).
-        order = np.lexsort((-counts, group))
-        keep = order[np.arange(len(c)) - starts[group[order]] < self.config["topk"]]
-        small = len(self.classes) < np.iinfo(np.uint16).max
-        return self._table(c[starts], n.astype(np.uint32), d.astype(np.uint32),
-                           lab[keep].astype(np.uint16 if small else np.uint32),
-                           counts[keep].astype(np.uint32))
+        """The table of one order from its rows' contexts and label indexes (native count)."""
+        from ..native import count_labels
+        keys = (ctx << np.uint64(_LABEL_BITS)) | yc
+        keys.sort()
+        wide = len(self.classes) >= np.iinfo(np.uint16).max
+        return self._table(*count_labels(keys, _LABEL_BITS, self.config["topk"], wide))
 
     def _table(self, ctx, n, d, tok, cnt) -> dict:
         """A table from its stored arrays, with `start`: where each context's labels begin in
