@@ -6,8 +6,8 @@ positions before the stream's start are padding. A symbol is the event's token (
 hash of its token and call site (lifetime, or `sites=True`), and with `dt=True` of its time-delta
 bucket too (bit_length of the ns since the previous event, // 4). Training hashes the contexts of all
 rows at once (a rolling 64-bit hash, natively: one pass over the rows per order), sorts
-(context, label) keys and keeps, per context, its count n, its number of distinct labels d and
-its min(d, topk) most frequent labels with their counts.
+(context, label) keys and, in one native pass over them, keeps per context its count n, its
+number of distinct labels d and its min(d, topk) most frequent labels with their counts.
 
 A table stores those labels ragged: `tok` and `cnt` hold min(d, topk) entries per context, one
 context after the other (the offsets follow from d). Most contexts of the long orders were seen
