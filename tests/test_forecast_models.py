@@ -28,14 +28,19 @@ def periodic_trace(periods=300):
         addr += 0x1000
         rows += [(MALLOC, 16, a, 0), (MALLOC, 100, b, 0), (FREE, 0, 0, a), (CALLOC, 40, c, 0),
                  (FREE, 0, 0, b), (FREE, 0, 0, c)]
+    return rows_trace("periodic", rows)
+
+
+def rows_trace(name, rows):
+    """A one-process trace of (op, size, addr, old_addr) rows, one event every 1000 ns."""
     ev = np.zeros(len(rows), EVENT_DTYPE)
-    for k, name in enumerate(("op", "size", "addr", "old_addr")):
-        ev[name] = [r[k] for r in rows]
+    for k, column in enumerate(("op", "size", "addr", "old_addr")):
+        ev[column] = [r[k] for r in rows]
     ev["seq"] = np.arange(1, len(ev) + 1)
     ev["ts"] = 1000 * ev["seq"]
     p = Process(index=0, pid=1, _events=ev, event_count=len(ev),
                 locations=LocationTable.from_lists([[]]))
-    return Trace("periodic", [p])
+    return Trace(name, [p])
 
 
 @pytest.fixture(scope="module")
@@ -348,14 +353,7 @@ def random_trace(n=6000, seed=3):
             rows.append((MALLOC, int(16 * rng.integers(1, 41)), addr, 0))
             live.append(addr)
             addr += 0x1000
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for k, name in enumerate(("op", "size", "addr", "old_addr")):
-        ev[name] = [r[k] for r in rows]
-    ev["seq"] = np.arange(1, len(ev) + 1)
-    ev["ts"] = 1000 * ev["seq"]
-    p = Process(index=0, pid=1, _events=ev, event_count=len(ev),
-                locations=LocationTable.from_lists([[]]))
-    return Trace("random", [p])
+    return rows_trace("random", rows)
 
 
 def dense_ppm(m, data, rows, k=5):
