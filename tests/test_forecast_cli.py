@@ -236,6 +236,8 @@ def test_gru_chooses_memory_and_size_on_validation(runs, tmp_path, capsys, monke
     (["--set", "cache_orders=[4, 0]"], "gru setting 'cache_orders': expected a list of integers"),
     (["--model", "ngram", "--hidden", "8"], "model 'ngram' has no setting 'hidden'"),
     (["--model", "ngram", "--set", "orders=[1, 2.5]"], "ngram setting 'orders': expected a list"),
+    (["--model", "ngram", "--set", "topk=65"],
+     "ngram setting 'topk': expected an integer from 1 to 64, not 65"),
     (["--model", "seed", "--no-sites"], "--no-sites: model 'seed' reads no call sites"),
     (["--max-steps", "-1"], "max_steps and max_events must be 0 (no limit) or more"),
 ])

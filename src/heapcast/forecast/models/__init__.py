@@ -51,6 +51,9 @@ def model_class(name: str):
 #: as site_embed 0 for no call sites or warmup 0, may be 0).
 AT_LEAST_ONE = frozenset(("hidden", "layers", "embed", "batch", "bptt", "threads", "site_buckets",
                           "heads", "memory", "window", "topk"))
+#: Upper bounds (the n-gram's labels per context: its native count and the policy runtime keep
+#: at most 64).
+AT_MOST = {"topk": 64}
 
 
 def check_config(name: str, config: dict | None) -> None:
@@ -80,6 +83,9 @@ def _check_setting(what: str, key: str, value, default) -> None:
         low = 1 if key in AT_LEAST_ONE else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{what}: expected an integer of at least {low}, not {value!r}")
+        if key in AT_MOST and value > AT_MOST[key]:
+            raise ValueError(f"{what}: expected an integer from {low} to {AT_MOST[key]}, not "
+                             f"{value!r}")
     elif isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
                 or value == float("inf"):
