@@ -180,8 +180,9 @@ def test_align_8_gives_8_byte_blocks_only_where_the_size_allows(build, cli):
     def least(extra):
         got = under([exe], extra=extra)
         assert got.returncode == 0, got.stderr
-        first, second = got.stdout.decode().splitlines()
+        first, second, third = got.stdout.decode().splitlines()
         assert second == "misaligned 0"
+        assert third == "null", f"malloc returned NULL (size:count){third[4:]}; {got.stderr}"
         return {int(s): int(a) for s, a in (p.split(":") for p in first.split())}
 
     default = least({})

@@ -1,6 +1,7 @@
 /* Alignment of the blocks heapcast's packer gives (`heapcast run --align 8` against the
  * default): per size 1..64 the least alignment of 2,000 blocks (capped at 16), then how many
- * blocks of the memalign family, asked for 16, were not 16-byte aligned. */
+ * blocks of the memalign family, asked for 16, were not 16-byte aligned, then the sizes whose
+ * malloc returned NULL (none expected; a NULL once made a size's least alignment 0 in CI). */
 #include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -8,12 +9,16 @@
 static unsigned low(void *p) { uintptr_t a = (uintptr_t)p; return (unsigned)(a & -a); }
 int main(void) {
     static void *keep[64][2000];
+    static char nulls[64 * 24];
+    int at = 0;
     for (int s = 1; s <= 64; s++) {
-        unsigned least = 4096;
+        unsigned least = 4096, none = 0;
         for (int i = 0; i < 2000; i++) {
             keep[s - 1][i] = malloc((size_t)s);
+            if (!keep[s - 1][i]) { none++; continue; }
             if (low(keep[s - 1][i]) < least) least = low(keep[s - 1][i]);
         }
+        if (none) at += snprintf(nulls + at, sizeof nulls - (size_t)at, " %d:%u", s, none);
         printf("%d:%u ", s, least < 16 ? least : 16);
     }
     unsigned bad = 0;
@@ -23,6 +28,6 @@ int main(void) {
             if (posix_memalign(&r, 16, (size_t)s)) return 2;
             bad += low(p) < 16 || low(q) < 16 || low(r) < 16;
         }
-    printf("\nmisaligned %u\n", bad);
+    printf("\nmisaligned %u\nnull%s\n", bad, nulls);
     return 0;
 }
