@@ -1,8 +1,12 @@
-/* The n-gram's context hashes (heapcast.forecast.models.ngram, NGram._contexts) in one pass over
- * the rows: for each row, the rolling 64-bit hash of the symbols before it in its stream, read
- * at every wanted order. numpy computed it one order at a time, five passes over every row per
- * order (gather, select, multiply, add, mix), 32 orders deep: 7.4 s of `heapcast report`'s
- * 96 on a Python program's 13.7M events; here the hash stays in a register.
+/* The n-gram's native kernels (heapcast.forecast.models.ngram), each below under its own rule:
+ * its context hashes (hc_contexts), the lookup of contexts in its tables (hc_sorted_index,
+ * hc_sorted_find) and the counting of a table's labels (hc_count_labels).
+ *
+ * The context hashes (NGram._contexts) in one pass over the rows: for each row, the rolling
+ * 64-bit hash of the symbols before it in its stream, read at every wanted order. numpy
+ * computed it one order at a time, five passes over every row per order (gather, select,
+ * multiply, add, mix), 32 orders deep: 7.4 s of `heapcast report`'s 96 on a Python program's
+ * 13.7M events; here the hash stays in a register.
  *
  * The arithmetic is numpy's uint64 arithmetic, wrapping, so the hashes are bit-identical
  * (tests/test_forecast_models.py compares the two). heapcast.forecast.native binds it through
@@ -60,7 +64,11 @@ HC_API int hc_contexts(const uint64_t *sym, uint64_t nsym, const int64_t *rows,
  * lookup reads its bucket's start, then a cache line or two of the table; both reads are
  * fetched ahead, for the queries AHEAD and 2 * AHEAD further on, so that the misses of
  * successive queries overlap. Values bunched anywhere only make some buckets long: those are
- * bisected, so no table costs more than bisection. */
+ * bisected, so no table costs more than bisection. (The compiled policy finds the same contexts
+ * through the open-addressing index it stores, native/policy/policy.c hc_index_build: 8 to 16
+ * bytes per context and a random write per context to build, which a POLICY pays once at
+ * compile time; here a table of a model in memory gets a directory of a byte or two per
+ * context, built in one sequential pass.) */
 #define AHEAD 8
 
 /* The directory's shape for a table of n values from a to b: 2^k buckets, bucket of v =

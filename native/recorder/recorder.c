@@ -1179,8 +1179,6 @@ static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n) {
     return id;
 }
 
-/* Keeps key h -> id in the thread's table; a crowded table starts over (the reader merges the
- * duplicate definitions that follow). */
 /* The id under key h (odd) in a location table, or 0. */
 static inline uint32_t table_find(const uint64_t *tab, uint64_t h) {
     uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
@@ -1191,6 +1189,8 @@ static inline uint32_t table_find(const uint64_t *tab, uint64_t h) {
     return 0;
 }
 
+/* Keeps key h -> id in the thread's table; a crowded table starts over (the reader merges the
+ * duplicate definitions that follow). */
 static void table_put(uint64_t *tab, uint64_t h, uint32_t id) {
     uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
     for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {

@@ -29,8 +29,6 @@ _CTX_MUL = np.uint64(0x9E3779B97F4A7C15)
 _KEY_MUL = np.uint64(0xD6E8FEB86659FD93)
 
 
-
-
 def compile_policy(model_path, output, kind: str = "rnn", int8: bool = False, prune: float = 0.0,
                    data=None, ctx=DEFAULT_CTX, max_rows: int = 2_000_000,
                    min_count: int = 2, placement: str = "lab", align: int = 16) -> dict:
@@ -213,8 +211,7 @@ def _ngram_tensors(model, t: dict) -> dict:
         t[f"ng{m}.ctx"] = tab["ctx"].astype(np.uint64, copy=False)   # (the model's own arrays)
         t[f"ng{m}.n"] = tab["n"].astype(np.uint32, copy=False)
         t[f"ng{m}.d"] = tab["d"].astype(np.uint32, copy=False)
-        tok, t[f"ng{m}.cnt"] = ng.dense_table(m)
-        t[f"ng{m}.tok"] = tok.astype(np.uint16 if tok.dtype == np.uint16 else np.uint32, copy=False)
+        t[f"ng{m}.tok"], t[f"ng{m}.cnt"] = ng.dense_table(m)   # (uint16 or uint32 labels)
         bits = max(4, (2 * E).bit_length())
         t[f"ng{m}.slots"] = index_build(t[f"ng{m}.ctx"], bits)
     labels = ng.classes

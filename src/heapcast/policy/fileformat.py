@@ -60,7 +60,7 @@ def write_policy(path, tensors: dict, spec: dict, align: str | None = None) -> P
     safetensors' own writer gives (tensors by dtype then name; the header's keys sorted, so that
     the same model compiles to the same bytes: safetensors writes its metadata in a hash map's
     order). Building it in memory with safetensors' `save` held a policy four times over: a GRU
-    with the hints of ring's 20M events (a 4.7 GB policy) ran out of 24 GB. The data section's
+    with the hints of ring's 20M events (a 5.3 GB policy) ran out of 24 GB. The data section's
     CRC-32 is in the header (`heapcast_crc32`). With `align`, the header is padded (metadata
     `heapcast_pad`, spaces) so that that tensor's data starts on a 64-byte boundary of the file
     where its offset allows: the runtime then reads it in place, with no aligned copy."""
