@@ -9,7 +9,7 @@ import pytest
 
 from heapcast.forecast.features import featurize
 from heapcast.forecast.modelfile import ModelError, read_model_file, save_model_file
-from heapcast.forecast.models import create_model, load_model, save_model
+from heapcast.forecast.models import check_config, create_model, load_model, save_model
 from heapcast.forecast.models.simple import fill_after, last_known_labels
 from heapcast.forecast.protocols import split_masks
 from heapcast.forecast.tasks import make_task
@@ -364,6 +364,8 @@ def dense_ppm(m, data, rows, k=5):
     weight = np.ones(len(rows))
     for order in sorted(ctxs, reverse=True):
         t, (tok, cnt) = m.tables[order], m.dense_table(order)
+        if not len(t["ctx"]):
+            continue
         i = np.minimum(np.searchsorted(t["ctx"], ctxs[order]), len(t["ctx"]) - 1)
         hit = np.flatnonzero(t["ctx"][i] == ctxs[order])
         j = i[hit]
@@ -410,7 +412,7 @@ def test_ngram_ragged_tables_score_as_dense_ones_and_read_dense_files(tmp_path):
                                          r"1, 2"):
         load_model(old)
     # Tables whose labels do not add up are refused, not misread.
-    tensors = {**m.tensors(), f"order{order}.tok": m.tables[order]["tok"][:-1]}
+    tensors = {**m.tensors(), "order1.tok": m.tables[1]["tok"][:-1]}
     save_model_file(tmp_path / "bad.safetensors", tensors, meta)
     with pytest.raises(ModelError, match="do not fit a ngram model.*expected"):
         load_model(tmp_path / "bad.safetensors")
@@ -486,3 +488,54 @@ def test_native_label_counts_equal_numpys(topk):
     assert all(len(a) == 0 for a in count_labels(np.zeros(0, np.uint64), 16, topk))
     with pytest.raises(ValueError, match="keys not sorted"):
         count_labels(keys[::-1], 16, topk)
+
+
+def test_ngram_orders_that_do_not_repeat_keep_only_contexts_seen_again(tmp_path):
+    """An order whose contexts seen once hold more than half of its rows, and which Good-Turing
+    expects fewer than 0.2% of new rows to meet again (2 N2 / N), keeps only the contexts seen
+    more than once; the orders that repeat keep every context, and prune_once false keeps them
+    all. The model then predicts as PPM-C over the tables it has (a row whose context is gone
+    escapes to the shorter ones). A model file written before the setting existed reads as
+    prune_once false, which is what its tables hold."""
+    rng = np.random.default_rng(3)
+    # a loop of 8 sizes (it repeats at every order), then random sizes (no long context repeats)
+    sizes = np.concatenate([np.tile([16, 32, 48, 64, 96, 128, 256, 512], 40),
+                            rng.choice([16, 24, 40, 72, 136, 264, 520, 1032], 5680)])
+    data = make_task(featurize([rows_trace("loop", [(MALLOC, int(s), 0x1000 * (i + 1), 0)
+                                                    for i, s in enumerate(sizes)])],
+                               order="process"), "next", "rich")
+    train = np.arange(len(data)) < 5000
+    full = create_model("ngram", "next", "rich", {"prune_once": False})
+    full.fit(data, train)
+    model = create_model("ngram", "next", "rich")
+    assert model.config["prune_once"] is True
+    stats = model.fit(data, train)
+    dropped, pruned = 0, []
+    for m, t in full.tables.items():
+        once, twice = t["n"] == 1, (t["n"] == 2).sum()
+        if once.sum() > 0.5 * train.sum() and 2 * twice < 0.002 * train.sum():
+            keep = ~once
+            pruned.append(m)
+        else:
+            keep = np.ones(len(once), bool)
+        dropped += int(len(once) - keep.sum())
+        for name in ("ctx", "n", "d"):
+            assert np.array_equal(model.tables[m][name], t[name][keep]), (m, name)
+    assert stats["contexts_seen_once_dropped"] == dropped > 0
+    assert pruned == [8, 12, 16, 24, 32]
+    # order 6: 92% of its rows' contexts seen once, but 1.3% expected to be met again: kept
+    assert (full.tables[6]["n"] == 1).sum() > 0.9 * 5000
+    assert 2 * (full.tables[6]["n"] == 2).sum() > 0.01 * 5000
+    assert 0 < len(model.tables[32]["ctx"]) < len(full.tables[32]["ctx"]) // 10
+    rows = np.arange(5000, len(data))
+    labels, probs = model.predict_proba(data, rows)
+    ref_labels, ref_probs = dense_ppm(model, data, rows)
+    assert np.array_equal(probs, ref_probs) and np.array_equal(labels, ref_labels)
+    path = save_model(full, tmp_path / "before.safetensors", {"traces": []})
+    tensors, meta = read_model_file(path)
+    meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "crc32")}
+    meta["config"] = {k: v for k, v in meta["config"].items() if k != "prune_once"}
+    save_model_file(path, tensors, meta)
+    assert load_model(path).config["prune_once"] is False
+    with pytest.raises(ValueError, match="'prune_once': expected true or false"):
+        check_config("ngram", {"prune_once": 1})

@@ -118,6 +118,21 @@ def save_model(model, path, training: dict) -> Path:
     return save_model_file(path, tensors, meta)
 
 
+#: Settings that model files written before them lack, with the value that says what such a
+#: file's tables hold: the n-gram kept every context before `prune_once` (a GRU's hints too).
+_BEFORE = {"prune_once": False}
+
+
+def _as_trained(kind: str, config: dict | None) -> dict:
+    """A model file's settings, with what a file written before a setting existed did."""
+    config = dict(config or {})
+    if kind == "ngram":
+        return {**_BEFORE, **config}
+    if isinstance(config.get("ngram"), dict):   # a learned model's hint n-gram
+        config["ngram"] = {**_BEFORE, **config["ngram"]}
+    return config
+
+
 def load_model(path, task: str | None = None, vocab: str | None = None):
     """Reads a model file; ModelError when it is corrupt, of an unknown kind or version, or not
     of the `task`/`vocab` asked for (when given). The model's metadata is in `.meta`."""
@@ -142,7 +157,7 @@ def load_model(path, task: str | None = None, vocab: str | None = None):
         raise ModelError(f"{path}: a model for task {meta.get('task')!r}, not {task!r}")
     if vocab is not None and v != vocab:
         raise ModelError(f"{path}: a model of vocabulary {v!r}, not {vocab!r}")
-    model = create_model(kind, meta["task"], v, meta.get("config"))
+    model = create_model(kind, meta["task"], v, _as_trained(kind, meta.get("config")))
     model.target = meta.get("target", "true")
     if model.task == "free":
         _load_free_labels(path, model, meta, tensors)
