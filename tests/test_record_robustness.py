@@ -135,6 +135,30 @@ def test_a_fork_child_gives_back_the_other_threads_mappings(build, tmp_path, cap
         _replays_cleanly(proc)
 
 
+def test_forks_in_a_library_constructor_beside_its_thread_are_traced(build, tmp_path, capfd):
+    """A library the program needs is initialized before the preloaded recorder's constructor
+    runs: its constructor starts a thread that allocates and forks 200 children at once. The
+    recorder starts at the first allocation, whichever thread makes it; a child must never wait
+    for a start that another thread of its parent had begun (that thread is not in the child).
+    Every child exits, and each is traced with its one malloc and free."""
+    lib = build("fork_in_constructor", "-DLIB", "-shared", "-fPIC")
+    prog = build("fork_in_constructor", "-Wl,--no-as-needed", str(lib))
+    result = heapcast.record([prog], output=tmp_path / "t", progress=False)
+    assert result.exit_code == 0 and not result.problems, result.problems
+    assert capfd.readouterr().out.split() == ["forks", "200", "hung", "0"]
+    trace = heapcast.load(tmp_path / "t")
+    children = [p for p in trace.processes if p.forked_from]
+    assert len(trace.processes) == 201 and len(children) == 200
+    for proc in trace.processes:
+        assert proc.lost_events == 0
+        _replays_cleanly(proc)
+    for proc in children:
+        ev = proc.events
+        own = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == 1234)]
+        assert len(own) == 1, proc.pid
+        assert np.count_nonzero((ev["op"] == OP["free"]) & (ev["old_addr"] == own["addr"][0])) == 1
+
+
 def test_vfork_children_that_allocate_leave_the_parent_whole(build, tmp_path, capfd):
     """A vfork child shares its parent's memory, the recorder's state included, under a pid of
     its own: to it the parent's thread looks ended. It must not reap it (the first version
