@@ -54,6 +54,49 @@ def test_recent_continuations_are_causal():
         assert before[row] == want, row
 
 
+def sorted_continuations(ctx, labels, offsets):
+    """The in-run memory as numpy computed it before the native pass: rows sorted by (context,
+    stream), the latest labelled row before each by running maxima. The reference."""
+    from heapcast.forecast.features import mix64
+    stream = np.repeat(np.arange(len(offsets) - 1, dtype=np.uint64), np.diff(offsets))
+    key = mix64(ctx ^ (stream * np.uint64(0x9E3779B97F4A7C15)))
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    first = np.ones(len(k), bool)
+    first[1:] = k[1:] != k[:-1]
+    group_start = np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))
+    latest = np.maximum.accumulate(np.where(labels[order] >= 0, np.arange(len(k)), -1))
+    before = np.concatenate([[-1], latest[:-1]])
+    found = before >= group_start
+    res = np.full(len(k), -1, np.int64)
+    res[found] = labels[order[before[found]]]
+    out = np.empty(len(k), np.int64)
+    out[order] = res
+    return out
+
+
+@pytest.mark.parametrize("distinct", [7, 300_000])
+def test_native_continuations_equal_the_sorted_ones(distinct):
+    """The native pass finds what the sort found: on few contexts (a table in the cache) and
+    on more than its first table holds (it grows), across streams of any length (empty ones
+    too), with unlabelled rows that are never remembered; bad offsets are refused."""
+    from heapcast.forecast.native import recent_continuations
+    rng = np.random.default_rng(distinct)
+    n = 400_000
+    ctx = rng.integers(0, distinct, n).astype(np.uint64) * np.uint64(0x10001)
+    labels = rng.integers(-1, 50, n).astype(np.int64)       # about 2% without a label
+    cuts = np.sort(rng.integers(0, n, 30))
+    offsets = np.concatenate([[0], cuts, cuts[:3], [n]]).astype(np.int64)
+    offsets.sort()
+    got = recent_continuations(ctx, labels, offsets)
+    want = sorted_continuations(ctx, labels, offsets)
+    assert np.array_equal(got, want) and (got >= 0).sum() > n // 40
+    assert len(recent_continuations(ctx[:0], labels[:0], np.zeros(1, np.int64))) == 0
+    for bad in (np.array([0, n - 1]), np.array([1, n]), np.array([0, 10, 5, n])):
+        with pytest.raises(ValueError, match="offsets do not run from 0"):
+            recent_continuations(ctx, labels, bad)
+
+
 def phase_trace(name, sizes, periods=120):
     """malloc 16 (site 1), malloc X (site 2), free, free; X changes by phase."""
     rows, addr = [], 0x10000

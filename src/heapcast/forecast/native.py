@@ -1,6 +1,7 @@
 """ctypes bindings of native/forecast/: the dominance count behind a freed block's recency rank
-(ranks.c, heapcast.forecast.features.free_ranks), the n-gram's context hashes and their lookup
-in its tables (contexts.c, heapcast.forecast.models.ngram)."""
+(ranks.c, heapcast.forecast.features.free_ranks), the n-gram's context hashes, their lookup
+in its tables, the counting of its labels and the in-run memory's latest continuations
+(contexts.c, heapcast.forecast.models.ngram)."""
 from __future__ import annotations
 
 import ctypes
@@ -35,6 +36,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.hc_sorted_find.argtypes = [p, u64, p, u64, p, u64, p]
     lib.hc_count_labels.restype = ctypes.c_int
     lib.hc_count_labels.argtypes = [p, u64, ctypes.c_uint, ctypes.c_uint, p, p, p, p, p, p, p, p]
+    lib.hc_recent_continuations.restype = ctypes.c_int
+    lib.hc_recent_continuations.argtypes = [p, p, u64, p, u64, p]
     return lib
 
 
@@ -134,3 +137,23 @@ def count_labels(keys: np.ndarray, label_bits: int, topk: int, wide: bool = Fals
                  (cnt, nk.value)):
         a.resize(m, refcheck=False)
     return ctx, cn, cd, tok, cnt
+
+
+def recent_continuations(ctx: np.ndarray, labels: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """For every row: the label of the latest earlier row of its stream (`offsets`: the streams'
+    row ranges) with the same context hash, among rows with a label (>= 0); -1 if none. One pass
+    through a hash table (contexts.c); the keys mix the stream in as NGram's always did."""
+    ctx = np.ascontiguousarray(ctx, np.uint64)
+    labels = np.ascontiguousarray(labels, np.int64)
+    offsets = np.ascontiguousarray(offsets, np.int64)
+    if len(labels) != len(ctx) or len(offsets) < 1:
+        raise ValueError("recent_continuations: a label for every context, and stream offsets")
+    out = np.empty(len(ctx), np.int64)
+    rc = library().hc_recent_continuations(ctx.ctypes.data, labels.ctypes.data, len(ctx),
+                                           offsets.ctypes.data, len(offsets) - 1,
+                                           out.ctypes.data)
+    if rc:
+        raise ValueError("recent_continuations: out of memory" if rc == -1 else
+                         "recent_continuations: stream offsets do not run from 0 to the rows "
+                         "in order")
+    return out

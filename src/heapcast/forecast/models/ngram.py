@@ -107,28 +107,12 @@ class NGram(Model):
         latest earlier occurrence of the row's order-k context in its own stream (-1: none yet).
         It only looks back at earlier labels, so it is causal for `next` and `free`, whose
         labels are known as soon as their event has happened (not for `lifetime`).
-        `contexts`: this model's contexts() of `data` with these orders, if already hashed."""
+        `contexts`: this model's contexts() of `data` with these orders, if already hashed.
+        One native pass per order (native.recent_continuations)."""
+        from ..native import recent_continuations
         contexts = contexts if contexts is not None else self.contexts(data, orders)
-        stream = np.repeat(np.arange(len(data.offsets) - 1, dtype=np.uint64),
-                           np.diff(data.offsets))
-        labelled = data.labels >= 0
-        out = {}
-        for m in sorted(set(orders)):
-            ctx = contexts[m]
-            key = mix64(ctx ^ (stream * np.uint64(0x9E3779B97F4A7C15)))
-            order = np.argsort(key, kind="stable")       # by context, then by row
-            k = key[order]
-            first = np.ones(len(k), bool)
-            first[1:] = k[1:] != k[:-1]
-            group_start = np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))
-            latest = np.maximum.accumulate(np.where(labelled[order], np.arange(len(k)), -1))
-            before = np.concatenate([[-1], latest[:-1]])     # strictly earlier
-            found = before >= group_start
-            res = np.full(len(k), -1, np.int64)
-            res[found] = data.labels[order[before[found]]]
-            out[m] = np.empty(len(k), np.int64)
-            out[m][order] = res
-        return out
+        return {m: recent_continuations(contexts[m], data.labels, data.offsets)
+                for m in sorted(set(orders))}
 
     def fit(self, data: TaskData, train: np.ndarray, contexts: dict | None = None,
             **options) -> dict:
