@@ -378,6 +378,23 @@ def dense_ppm(m, data, rows, k=5):
     return m.classes[best], np.take_along_axis(scores, best, 1).astype(np.float32)
 
 
+def scores_as_dense_tables(m, data, rows) -> np.ndarray:
+    """Asserts that n-gram m scores `rows` exactly as PPM-C over its tables in the dense layout
+    (dense_ppm), labels and probabilities; returns the probabilities."""
+    labels, probs = m.predict_proba(data, rows)
+    ref_labels, ref_probs = dense_ppm(m, data, rows)
+    assert np.array_equal(probs, ref_probs) and np.array_equal(labels, ref_labels)
+    return probs
+
+
+def saved_as_written(m, path) -> tuple[dict, dict]:
+    """m saved to `path`, read back: its tensors and its metadata without what
+    save_model_file adds (format, version, CRC), to be edited and written again."""
+    tensors, meta = read_model_file(save_model(m, path, {"traces": []}))
+    return tensors, {k: v for k, v in meta.items()
+                     if k not in ("format", "format_version", "crc32")}
+
+
 def test_ngram_ragged_tables_score_as_dense_ones_and_read_dense_files(tmp_path):
     data = make_task(featurize([random_trace()], order="process"), "next", "rich")
     train = np.arange(len(data)) < 4000
@@ -388,15 +405,11 @@ def test_ngram_ragged_tables_score_as_dense_ones_and_read_dense_files(tmp_path):
     kept = sum(len(t["tok"]) for t in m.tables.values())
     assert kept == np.minimum(d, 3).sum() < 3 * len(d)      # no padding stored
     rows = np.arange(4000, len(data))
-    labels, probs = m.predict_proba(data, rows)
-    ref_labels, ref_probs = dense_ppm(m, data, rows)
-    assert np.array_equal(probs, ref_probs) and np.array_equal(labels, ref_labels)
+    probs = scores_as_dense_tables(m, data, rows)
     # A model file of the dense layout (format version 1) reads to the same tables.
-    path = save_model(m, tmp_path / "ragged.safetensors", {"traces": []})
-    tensors, meta = read_model_file(path)
+    tensors, meta = saved_as_written(m, tmp_path / "ragged.safetensors")
     for order in m.tables:
         tensors[f"order{order}.tok"], tensors[f"order{order}.cnt"] = m.dense_table(order)
-    meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "crc32")}
     old = save_model_file(tmp_path / "dense.safetensors", tensors, meta)
     blob = old.read_bytes().replace(b'\\"format_version\\": 2', b'\\"format_version\\": 1')
     old.write_bytes(blob)
@@ -527,13 +540,9 @@ def test_ngram_orders_that_do_not_repeat_keep_only_contexts_seen_again(tmp_path)
     assert (full.tables[6]["n"] == 1).sum() > 0.9 * 5000
     assert 2 * (full.tables[6]["n"] == 2).sum() > 0.01 * 5000
     assert 0 < len(model.tables[32]["ctx"]) < len(full.tables[32]["ctx"]) // 10
-    rows = np.arange(5000, len(data))
-    labels, probs = model.predict_proba(data, rows)
-    ref_labels, ref_probs = dense_ppm(model, data, rows)
-    assert np.array_equal(probs, ref_probs) and np.array_equal(labels, ref_labels)
-    path = save_model(full, tmp_path / "before.safetensors", {"traces": []})
-    tensors, meta = read_model_file(path)
-    meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "crc32")}
+    scores_as_dense_tables(model, data, np.arange(5000, len(data)))
+    path = tmp_path / "before.safetensors"
+    tensors, meta = saved_as_written(full, path)
     meta["config"] = {k: v for k, v in meta["config"].items() if k != "prune_once"}
     save_model_file(path, tensors, meta)
     assert load_model(path).config["prune_once"] is False
