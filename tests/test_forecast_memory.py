@@ -97,6 +97,15 @@ def test_native_continuations_equal_the_sorted_ones(distinct):
             recent_continuations(ctx, labels, bad)
 
 
+def test_ngram_refuses_more_labels_than_its_keys_hold():
+    """The n-gram's table keys hold a label index in 16 bits: rows with more distinct labels
+    would mix contexts, so they are refused, saying so (no vocabulary comes near)."""
+    data = stream_data([np.arange(70_000) % 65_535])
+    data.labels = np.arange(70_000, dtype=np.int64)
+    with pytest.raises(ValueError, match="at most 65,536 distinct labels.*have 70,000"):
+        NGram("next", "rich").fit(data, np.ones(70_000, bool))
+
+
 def phase_trace(name, sizes, periods=120):
     """malloc 16 (site 1), malloc X (site 2), free, free; X changes by phase."""
     rows, addr = [], 0x10000

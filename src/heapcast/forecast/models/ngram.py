@@ -123,6 +123,10 @@ class NGram(Model):
         rows = np.flatnonzero(train & (data.labels >= 0))
         y = data.labels[rows]
         self.classes = np.unique(y)
+        if len(self.classes) > 1 << _LABEL_BITS:   # (the vocabularies have at most 4,097)
+            raise ValueError(f"the n-gram counts at most {1 << _LABEL_BITS:,} distinct labels "
+                             f"(its table keys hold a label in {_LABEL_BITS} bits); these rows "
+                             f"have {len(self.classes):,}")
         yc = np.searchsorted(self.classes, y).astype(np.uint64)
         self.unigram = np.bincount(yc.astype(np.int64), minlength=len(self.classes))
         self.tables = {}
