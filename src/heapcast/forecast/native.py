@@ -152,8 +152,9 @@ def recent_continuations(ctx: np.ndarray, labels: np.ndarray, offsets: np.ndarra
     rc = library().hc_recent_continuations(ctx.ctypes.data, labels.ctypes.data, len(ctx),
                                            offsets.ctypes.data, len(offsets) - 1,
                                            out.ctypes.data)
+    if rc == -1:
+        raise MemoryError(f"recent_continuations: no memory for the table of {len(ctx):,} rows")
     if rc:
-        raise ValueError("recent_continuations: out of memory" if rc == -1 else
-                         "recent_continuations: stream offsets do not run from 0 to the rows "
+        raise ValueError("recent_continuations: stream offsets do not run from 0 to the rows "
                          "in order")
     return out
