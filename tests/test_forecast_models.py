@@ -546,5 +546,9 @@ def test_ngram_orders_that_do_not_repeat_keep_only_contexts_seen_again(tmp_path)
     meta["config"] = {k: v for k, v in meta["config"].items() if k != "prune_once"}
     save_model_file(path, tensors, meta)
     assert load_model(path).config["prune_once"] is False
+    # a GRU's hint n-gram in a file of before likewise (its config nests the n-gram's)
+    from heapcast.forecast.models import _as_trained
+    gru = create_model("gru", "next", "rich", _as_trained("gru", {"ngram": {"sites": True}}))
+    assert gru.config["ngram"]["prune_once"] is False and gru.config["ngram"]["sites"] is True
     with pytest.raises(ValueError, match="'prune_once': expected true or false"):
         check_config("ngram", {"prune_once": 1})
