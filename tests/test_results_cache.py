@@ -40,7 +40,7 @@ def test_report_shows_what_evaluate_and_simulate_computed(work, capsys, monkeypa
                  for m in (model, policy)]
     simulated = run_json(capsys, "simulate", trace_dir, "--json")
     kept = sorted(p.name.split("-")[0] for p in (trace_dir / ".cache").iterdir())
-    assert kept == ["forecast", "forecast", "lab"]
+    assert kept == ["features", "forecast", "forecast", "lab"]   # (features: feature_cache)
     assert stat.S_IMODE((trace_dir / ".cache").stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in (trace_dir / ".cache").iterdir())
     # The report computes none of it again.

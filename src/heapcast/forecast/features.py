@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from ..trace.blocks import match_trace
 from ..stats import size_classes
 from ..trace.format import FREE
 from ..trace.model import Process, Trace, is_python_frame
+from . import feature_cache
 from .lifetime import lifetime_labels
 from .native import dominance_count
 from .names import ORDERS  # noqa: F401 (re-exported)
@@ -254,15 +256,24 @@ def featurize(traces, order: str = "thread", need_ranks=True) -> Features:
     from ..trace.reader import load
     if order not in ORDERS:
         raise ValueError(f"unknown stream order {order!r} (known: {', '.join(ORDERS)})")
-    parts, sources, proc = [], [], 0
+    parts, sources = [], []
+    groups = _rank_groups(need_ranks)
     for t in traces:
-        trace = t if isinstance(t, Trace) else load(t)
-        blocks = match_trace(trace)
-        f = _build(list(zip(trace.processes, blocks)), order, need_ranks, proc)
-        proc += len(trace.processes)
-        parts.append(f)
-        sources.append({"path": str(trace.path), "program": program_name(trace),
-                        "events": len(f), "processes": len(trace.processes)})
+        # a trace named by its directory: its features may be kept there (feature_cache)
+        k = None if isinstance(t, Trace) else feature_cache.entry_key(t, order, groups)
+        kept = feature_cache.load(t, k)
+        if kept is not None:
+            f, source = kept
+            source["path"] = str(Path(t))
+        else:
+            trace = t if isinstance(t, Trace) else load(t)
+            blocks = match_trace(trace)
+            f = _build(list(zip(trace.processes, blocks)), order, groups, 0)
+            source = {"path": str(trace.path), "program": program_name(trace),
+                      "events": len(f), "processes": len(trace.processes)}
+            feature_cache.save(t, k, f, source)
+        parts.append(f)   # (concat numbers the processes of each part after the last one's)
+        sources.append(source)
     return concat(parts, sources)
 
 

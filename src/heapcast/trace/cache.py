@@ -8,7 +8,9 @@ A result is found only under the key of everything it was computed from: the tra
 name, size, modification time) and what the caller adds (a model file's SHA-256, a protocol).
 Any change to any of them gives another key, so a stale result is never returned. Results are
 small JSON documents (never pickle), written 0600 through a rename; a trace directory that
-cannot be written is simply not used, and an unreadable entry is computed again.
+cannot be written is simply not used, and an unreadable entry is computed again. The features
+of a trace are kept likewise, in a binary entry of their own (heapcast.forecast.feature_cache).
+HEAPCAST_CACHE=0 turns every such cache off (nothing is read or written).
 """
 from __future__ import annotations
 
@@ -51,8 +53,11 @@ def file_digest(path) -> str:
 
 def key(trace_dir, **parts) -> str | None:
     """The key of a result computed from the trace in `trace_dir` and `parts` (JSON-able), or
-    None when `trace_dir` is not a trace directory (a result of it is then not kept). Its first
+    None when `trace_dir` is not a trace directory or HEAPCAST_CACHE=0 (a result of it is then
+    not kept). Its first
     part names `parts` alone: a newer result for the same parts replaces the older one."""
+    if os.environ.get("HEAPCAST_CACHE", "1") == "0":
+        return None
     d = Path(trace_dir)
     try:
         files = sorted(d.glob("*" + TRACE_SUFFIX))
@@ -67,8 +72,9 @@ def key(trace_dir, **parts) -> str | None:
             + hashlib.sha256(whole.encode()).hexdigest()[:32])
 
 
-def _path(trace_dir, kind: str, k: str) -> Path:
-    return Path(trace_dir) / CACHE_DIR / f"{kind}-{k}.json"
+def entry_path(trace_dir, kind: str, k: str, suffix: str = ".json") -> Path:
+    """Where the entry of `kind` under key `k` lives in the trace's directory."""
+    return Path(trace_dir) / CACHE_DIR / f"{kind}-{k}{suffix}"
 
 
 def load(trace_dir, kind: str, k: str | None) -> dict | None:
@@ -76,7 +82,7 @@ def load(trace_dir, kind: str, k: str | None) -> dict | None:
     if k is None:
         return None
     try:
-        doc = json.loads(_path(trace_dir, kind, k).read_text())
+        doc = json.loads(entry_path(trace_dir, kind, k).read_text())
     except (OSError, ValueError):
         return None
     return doc.get("result") if isinstance(doc, dict) and doc.get("key") == k else None
@@ -88,15 +94,23 @@ def save(trace_dir, kind: str, k: str | None, result: dict) -> None:
     program's call sites)."""
     if k is None:
         return
-    path = _path(trace_dir, kind, k)
+    write_entry(trace_dir, kind, k, ".json", [json.dumps({"key": k, "result": result}).encode()])
+
+
+def write_entry(trace_dir, kind: str, k: str, suffix: str, parts) -> None:
+    """Writes the entry of `kind` under key `k` (the concatenation of the bytes `parts`), 0600,
+    through a rename, and removes the older entries of the same parts (the key's first part);
+    does nothing if the trace's directory cannot be written."""
+    path = entry_path(trace_dir, kind, k, suffix)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"key": k, "result": result}, f)
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
         os.replace(tmp, path)
-        for old in path.parent.glob(f"{kind}-{k.split('-')[0]}-*.json"):
+        for old in path.parent.glob(f"{kind}-{k.split('-')[0]}-*{suffix}"):
             if old != path:
                 old.unlink()
     except OSError:
