@@ -90,11 +90,14 @@ stats = Extension(
 )
 
 # The forecasting kernels (heapcast.forecast.native): a freed block's recency rank, the n-gram's
-# context hashes; a plain shared library loaded with ctypes.
+# context hashes and its k best labels per row; a plain shared library loaded with ctypes.
 forecast = Extension(
     "heapcast.libheapcast_forecast",
-    sources=["native/forecast/ranks.c", "native/forecast/contexts.c"],
-    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
+    sources=["native/forecast/ranks.c", "native/forecast/contexts.c",
+             "native/forecast/ngram_topk.c"],
+    # no FMA contraction: ngram_topk.c's scores are numpy's, bit for bit
+    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-ffp-contract=off", "-Wall",
+                        "-Wextra"],
 )
 
 # heapcast's allocator (`heapcast run`): its packer, one set of spans per lifetime group, fed by the

@@ -552,3 +552,60 @@ def test_ngram_orders_that_do_not_repeat_keep_only_contexts_seen_again(tmp_path)
     assert gru.config["ngram"]["prune_once"] is False and gru.config["ngram"]["sites"] is True
     with pytest.raises(ValueError, match="'prune_once': expected true or false"):
         check_config("ngram", {"prune_once": 1})
+
+
+def test_ngram_best_labels_are_the_dense_blends_with_ties_to_the_lower_class():
+    """The n-gram's k best labels come from a native pass over the labels of each row's contexts
+    and the unigram's best classes (ngram_topk.c), not a dense row over every class: the same
+    probabilities bit for bit as PPM-C over the dense tables, and the same labels, where equal
+    scores straddle the k-th place too (the lower class first: a stable sort's order)."""
+    # After each size of a loop of 4 comes one of 12 sizes, each as often: a context of order 1
+    # with 12 labels of equal counts (topk 16 keeps them all), so 5 of 12 equal scores are taken.
+    rng = np.random.default_rng(5)
+    loop = [16, 32, 48, 64]
+    after = 16 * np.arange(5, 17)
+    rows, addr = [], 0x1000
+    for i in range(2400):
+        for s in (loop[i % 4], int(after[rng.permutation(12)[i % 12]])):
+            rows.append((MALLOC, s, addr, 0))
+            addr += 0x1000
+    data = make_task(featurize([rows_trace("ties", rows)], order="process"), "next", "rich")
+    train = np.arange(len(data)) < 3000
+    m = create_model("ngram", "next", "rich", {"topk": 16, "orders": [1, 2]})
+    m.fit(data, train)
+    test = np.arange(3000, len(data))
+    for k in (1, 2, 5, 16, len(m.classes) + 3):
+        labels, probs = m.predict_proba(data, test, k)
+        ref_labels, ref_probs = dense_ppm(m, data, test, k)
+        kk = min(k, len(m.classes))
+        assert np.array_equal(labels[:, :kk], ref_labels) and np.array_equal(probs[:, :kk], ref_probs)
+        assert (labels[:, kk:] == -1).all() and (probs[:, kk:] == 0).all()
+    # the ties are there: rows whose 5th and 6th scores are equal
+    _, p6 = dense_ppm(m, data, test, 6)
+    assert (p6[:, 4] == p6[:, 5]).sum() > 100
+    # an order whose table is empty is skipped, as in the dense blend
+    m.tables[2] = {name: v[:0] for name, v in m.tables[2].items() if name != "find"}
+    m.tables[2]["start"] = np.zeros(1, np.uint32)
+    assert np.array_equal(m.predict_proba(data, test, 5)[1], dense_ppm(m, data, test, 5)[1])
+
+
+def test_native_ngram_topk_refuses_tables_that_do_not_match():
+    from heapcast.forecast.native import ngram_topk
+    t = {"n": np.array([3], np.uint32), "d": np.array([2], np.uint32),
+         "start": np.array([0, 2], np.uint32), "tok": np.array([0, 1], np.uint16),
+         "cnt": np.array([2, 1], np.uint32)}
+    base, by_base = np.array([0.25, 0.75]), np.array([1, 0], np.uint32)
+    labels, scores = ngram_topk(2, [(t, np.array([0, -1]))], base, by_base, 3)
+    # row 0: 1/5 * 2 + 2/5 * 0.25 for class 0, 1/5 + 2/5 * 0.75 for class 1; row 1: the unigram
+    assert labels.tolist() == [[0, 1, -1], [1, 0, -1]]
+    assert scores[0, :2].tolist() == [0.0 + 1 / 5 * 2 + 2 / 5 * 0.25, 0.0 + 1 / 5 * 1 + 2 / 5 * 0.75]
+    assert scores[1, :2].tolist() == [0.75, 0.25]
+    for bad in ({**t, "start": np.array([0, 3], np.uint32)}, {**t, "d": np.array([], np.uint32)}):
+        with pytest.raises(ValueError, match="do not match"):
+            ngram_topk(2, [(bad, np.array([0, -1]))], base, by_base, 3)
+    with pytest.raises(ValueError, match="do not match"):
+        ngram_topk(2, [(t, np.array([0, 1]))], base, by_base, 3)   # a context the table lacks
+    with pytest.raises(ValueError, match="hits for 3 rows"):
+        ngram_topk(3, [(t, np.array([0, -1]))], base, by_base, 3)
+    with pytest.raises(ValueError, match="by_base"):
+        ngram_topk(2, [(t, np.array([0, -1]))], base, by_base[:1], 3)

@@ -1,7 +1,8 @@
 """ctypes bindings of native/forecast/: the dominance count behind a freed block's recency rank
 (ranks.c, heapcast.forecast.features.free_ranks), the n-gram's context hashes, their lookup
 in its tables, the counting of its labels and the in-run memory's latest continuations
-(contexts.c, heapcast.forecast.models.ngram)."""
+(contexts.c, heapcast.forecast.models.ngram), and the n-gram's k best labels per row
+(ngram_topk.c)."""
 from __future__ import annotations
 
 import ctypes
@@ -38,7 +39,16 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.hc_count_labels.argtypes = [p, u64, ctypes.c_uint, ctypes.c_uint, p, p, p, p, p, p, p, p]
     lib.hc_recent_continuations.restype = ctypes.c_int
     lib.hc_recent_continuations.argtypes = [p, p, u64, p, u64, p]
+    lib.hc_ngram_topk.restype = ctypes.c_int
+    lib.hc_ngram_topk.argtypes = [u64, p, u32, p, p, u32, u32, p, p]
     return lib
+
+
+class _Order(ctypes.Structure):
+    """hc_ngram_order (ngram_topk.c): one order's table and the rows' hits in it."""
+    _fields_ = [("hit", ctypes.c_void_p), ("n", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("start", ctypes.c_void_p), ("tok", ctypes.c_void_p), ("cnt", ctypes.c_void_p),
+                ("start64", ctypes.c_uint32), ("tok32", ctypes.c_uint32)]
 
 
 library = LoadedOnce(_load, LIBRARY)
@@ -158,3 +168,43 @@ def recent_continuations(ctx: np.ndarray, labels: np.ndarray, offsets: np.ndarra
         raise ValueError("recent_continuations: stream offsets do not run from 0 to the rows "
                          "in order")
     return out
+
+
+def ngram_topk(nrows: int, hits: list, base: np.ndarray, by_base: np.ndarray, k: int) -> tuple:
+    """The n-gram's k best classes of each of `nrows` rows and their blended probabilities:
+    (int64 [nrows, k] class indices, -1 past the number of classes; float64 [nrows, k]).
+    `hits`: per order, longest first, (table, int64 index of each row's context in it, -1 if
+    absent), a table as heapcast.forecast.models.ngram keeps it (n, d, start, tok, cnt);
+    `base`: the unigram's probability of each class, `by_base` the classes by base descending,
+    index ascending. The same scores, bit for bit, as the dense blend over every class."""
+    keep, orders = [], (_Order * max(1, len(hits)))()
+    for o, (t, hit) in enumerate(hits):
+        hit = np.ascontiguousarray(hit, np.int64)
+        if len(hit) != nrows:
+            raise ValueError(f"ngram_topk: {len(hit)} hits for {nrows} rows")
+        n, d, cnt = (np.ascontiguousarray(t[c], np.uint32) for c in ("n", "d", "cnt"))
+        start, tok = t["start"], t["tok"]
+        if start.dtype != np.int64:
+            start = np.ascontiguousarray(start, np.uint32)
+        if tok.dtype != np.uint32:
+            tok = np.ascontiguousarray(tok, np.uint16)
+        if len(start) != len(n) + 1 or len(d) != len(n) or len(tok) != len(cnt) or \
+                (len(n) and int(start[-1]) > len(tok)) or (len(hit) and hit.max() >= len(n)):
+            raise ValueError("ngram_topk: a table whose arrays do not match")
+        keep += [hit, n, d, cnt, start, tok]
+        orders[o] = _Order(hit.ctypes.data, n.ctypes.data, d.ctypes.data, start.ctypes.data,
+                           tok.ctypes.data, cnt.ctypes.data, int(start.dtype == np.int64),
+                           int(tok.dtype == np.uint32))
+    base = np.ascontiguousarray(base, np.float64)
+    by_base = np.ascontiguousarray(by_base, np.uint32)
+    if len(by_base) != len(base) or k < 1:
+        raise ValueError("ngram_topk: by_base must order every class, and k be at least 1")
+    labels = np.empty((nrows, k), np.int64)
+    scores = np.empty((nrows, k), np.float64)
+    rc = library().hc_ngram_topk(nrows, orders, len(hits), base.ctypes.data, by_base.ctypes.data,
+                                 len(base), k, labels.ctypes.data, scores.ctypes.data)
+    if rc == -2:
+        raise MemoryError("ngram_topk: out of memory")
+    if rc:
+        raise ValueError("ngram_topk: bad arguments")
+    return labels, scores

