@@ -54,8 +54,8 @@ def file_digest(path) -> str:
 def key(trace_dir, **parts) -> str | None:
     """The key of a result computed from the trace in `trace_dir` and `parts` (JSON-able), or
     None when `trace_dir` is not a trace directory or HEAPCAST_CACHE=0 (a result of it is then
-    not kept). Its first
-    part names `parts` alone: a newer result for the same parts replaces the older one."""
+    not kept). Its first part names `parts` alone: a newer result for the same parts replaces
+    the older one."""
     if os.environ.get("HEAPCAST_CACHE", "1") == "0":
         return None
     d = Path(trace_dir)
