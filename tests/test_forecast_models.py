@@ -609,3 +609,6 @@ def test_native_ngram_topk_refuses_tables_that_do_not_match():
         ngram_topk(3, [(t, np.array([0, -1]))], base, by_base, 3)
     with pytest.raises(ValueError, match="by_base"):
         ngram_topk(2, [(t, np.array([0, -1]))], base, by_base[:1], 3)
+    # no class at all: nothing to name
+    labels, scores = ngram_topk(2, [], np.zeros(0), np.zeros(0, np.uint32), 2)
+    assert (labels == -1).all() and (scores == 0).all()

@@ -34,6 +34,7 @@ enum { ERR_ARGS = -1, ERR_NOMEM = -2 };
 /* Inserts (s, l) into the best list (best first, at most k long, *m entries). */
 static inline void keep(double *bs, int64_t *bl, uint32_t *m, uint32_t k, double s, int64_t l) {
     uint32_t i = *m;
+    if (!k) return;
     if (i == k) {   /* full: only if it beats the last */
         if (!(s > bs[k - 1] || (s == bs[k - 1] && l < bl[k - 1]))) return;
         i = k - 1;

@@ -221,7 +221,8 @@ class NGram(Model):
             hits = [(t, _finder(t).find(ctx)) for m, ctx in reversed(ctxs)   # longest first
                     for t in (self.tables[m],) if len(t["ctx"])]
             best, score = ngram_topk(len(chunk), hits, base, by_base, k)
-            labels[s:s + len(chunk)] = np.where(best >= 0, self.classes[np.maximum(best, 0)], -1)
+            labels[s:s + len(chunk)] = np.where(best >= 0, self.classes[np.maximum(best, 0)], -1) \
+                if len(self.classes) else -1
             probs[s:s + len(chunk)] = score
         return labels, probs
 
