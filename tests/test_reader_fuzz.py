@@ -171,3 +171,38 @@ def test_damage_behind_valid_checksums(original, tmp_path):
         secs[i] = (kind, codec, bytes(raw), count)
         results.append(check(path, rebuild(data, secs), expected, exact=False))
     assert results.count("error") > 100
+
+
+def test_blocks_are_read_ahead_in_order_and_an_early_stop_or_a_bad_block_is_clean(tmp_path):
+    """iter_process_blocks decodes the next EVENTS block on a thread while the caller works on
+    the one before: the blocks come whole and in order, a caller that stops early leaves no
+    thread and no open file behind, and a damaged later block raises TraceError where the
+    reading reaches it, after the blocks before it."""
+    import threading
+    from heapcast.trace.reader import iter_process_blocks
+    ev = sample_events(2000)
+    path = tmp_path / "77.hct"
+    parts = [ev[i:i + 300] for i in range(0, len(ev), 300)]   # seven EVENTS blocks
+    write_process_file(path, Process(index=0, pid=77, locations=LocationTable.from_lists([[]])),
+                       iter(parts))
+    (p,) = heapcast.load(path).processes
+    assert len(p._blocks) == len(parts)
+    got = list(iter_process_blocks(p, 128))
+    assert max(len(b) for b in got) == 128
+    assert np.concatenate(got)[list(EVENT_DTYPE.names)].tobytes() == \
+        np.concatenate(parts).tobytes()
+    before = threading.active_count()
+    it = iter_process_blocks(p, 1000)
+    next(it)
+    it.close()
+    assert threading.active_count() == before
+    # The fifth block's stored bytes damaged (its CRC then fails): four blocks, then the error.
+    data = bytearray(path.read_bytes())
+    data[p._blocks[4].offset + 7] ^= 0xFF
+    path.write_bytes(bytes(data))
+    (p,) = heapcast.load(path).processes
+    seen = []
+    with pytest.raises(TraceError, match="77.hct"):
+        for block in iter_process_blocks(p, 1 << 20):
+            seen.append(len(block))
+    assert seen == [300] * 4

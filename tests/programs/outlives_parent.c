@@ -1,6 +1,8 @@
 /* A program whose forked child outlives it, as a daemon's does: the parent exits at once.
  *
- *   outlives_parent N        the child makes N malloc/free pairs, then exits
+ *   outlives_parent N        the child waits until its parent has exited, and 0.3 s more (so
+ *                            that it still runs when `record` sees the parent end, however
+ *                            busy the machine), then makes N malloc/free pairs and exits
  *   outlives_parent forever  the child makes pairs until it is killed
  *   outlives_parent exec     the child execs `sleep 30`, a program not traced without
  *                            --follow-children
@@ -13,6 +15,7 @@
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     for (int i = 0; i < 1000; i++) free(malloc(32));
+    pid_t parent = getpid();   /* (before the fork: the parent may be gone when the child runs) */
     pid_t child = fork();
     if (child < 0) return 2;
     if (child > 0) {
@@ -25,6 +28,10 @@ int main(int argc, char **argv) {
     }
     int forever = strcmp(argv[1], "forever") == 0;
     long n = forever ? 0 : atol(argv[1]);
+    if (!forever) {   /* (no allocation here: the test counts the child's events) */
+        while (getppid() == parent) usleep(1000);
+        usleep(300000);
+    }
     for (long i = 0; forever || i < n; i++) {
         free(malloc(16 + i % 64));
         if (forever && i % 10000 == 0) usleep(1000);

@@ -280,17 +280,35 @@ def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
 
 
 def iter_process_blocks(p: Process, size: int = 1 << 20) -> Iterator[np.ndarray]:
-    """Yields a process's events in blocks of at most `size` rows (bounded memory)."""
+    """Yields a process's events in blocks of at most `size` rows (bounded memory). The file's
+    next EVENTS block is decoded on a thread of its own while the caller works on the one
+    before (zstd and numpy release the GIL): at most two decoded blocks at a time."""
     if p._events is not None:
         for i in range(0, len(p._events), size):
             yield p._events[i:i + size]
         return
     path = Path(p.source)
+    blocks = list(getattr(p, "_blocks", []))
     with open(path, "rb") as f:
-        for b in getattr(p, "_blocks", []):
-            block = _decode_block(path, f, b, p.index)
-            for i in range(0, len(block), size):
-                yield block[i:i + size]
+        if len(blocks) < 2:
+            for b in blocks:
+                yield from _cut(_decode_block(path, f, b, p.index), size)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(1, thread_name_prefix="heapcast-read") as ahead:
+            # (only the worker reads the file; leaving the loop early waits for its block)
+            nxt = ahead.submit(_decode_block, path, f, blocks[0], p.index)
+            for k in range(len(blocks)):
+                block = nxt.result()
+                if k + 1 < len(blocks):
+                    nxt = ahead.submit(_decode_block, path, f, blocks[k + 1], p.index)
+                yield from _cut(block, size)
+                del block
+
+
+def _cut(block: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    for i in range(0, len(block), size):
+        yield block[i:i + size]
 
 
 def read_process_events(p: Process) -> np.ndarray:
