@@ -612,3 +612,28 @@ def test_native_ngram_topk_refuses_tables_that_do_not_match():
     # no class at all: nothing to name
     labels, scores = ngram_topk(2, [], np.zeros(0), np.zeros(0, np.uint32), 2)
     assert (labels == -1).all() and (scores == 0).all()
+
+
+def test_ngram_tables_of_other_integer_types_read_as_the_native_prediction_wants(tmp_path):
+    """A model file whose tables hold other integer types (int64 counts, int32 labels) reads to
+    uint32 counts and uint16 labels once, at load, and predicts the same; a count that does not
+    fit is refused."""
+    data = make_task(featurize([random_trace()], order="process"), "next", "rich")
+    m = create_model("ngram", "next", "rich", {"topk": 3})
+    m.fit(data, np.arange(len(data)) < 4000)
+    rows = np.arange(4000, len(data))
+    tensors, meta = saved_as_written(m, tmp_path / "m.safetensors")
+    for order in m.tables:
+        for name, dtype in (("n", np.int64), ("d", np.int64), ("cnt", np.int64),
+                            ("tok", np.int32)):
+            tensors[f"order{order}.{name}"] = tensors[f"order{order}.{name}"].astype(dtype)
+    again = load_model(save_model_file(tmp_path / "wide.safetensors", tensors, meta))
+    for t in again.tables.values():
+        assert (t["n"].dtype, t["d"].dtype, t["cnt"].dtype, t["tok"].dtype) == \
+            (np.uint32, np.uint32, np.uint32, np.uint16)
+    assert all(np.array_equal(a, b) for a, b in zip(again.predict_proba(data, rows),
+                                                    m.predict_proba(data, rows)))
+    tensors["order1.n"] = tensors["order1.n"] + (1 << 32)
+    save_model_file(tmp_path / "bad.safetensors", tensors, meta)
+    with pytest.raises(ModelError, match="outside uint32"):
+        load_model(tmp_path / "bad.safetensors")

@@ -284,8 +284,7 @@ def iter_process_blocks(p: Process, size: int = 1 << 20) -> Iterator[np.ndarray]
     next EVENTS block is decoded on a thread of its own while the caller works on the one
     before (zstd and numpy release the GIL): at most two decoded blocks at a time."""
     if p._events is not None:
-        for i in range(0, len(p._events), size):
-            yield p._events[i:i + size]
+        yield from _cut(p._events, size)
         return
     path = Path(p.source)
     blocks = list(getattr(p, "_blocks", []))

@@ -50,6 +50,16 @@ _STORED = ("ctx", "n", "d", "tok", "cnt")    # a table's arrays in a model file
 _ONCE_SHARE, _MEET_AGAIN = 0.5, 0.002         # prune_once: an order that does not repeat
 
 
+def _unsigned(v: np.ndarray, name: str, dtype) -> np.ndarray:
+    """v as `dtype` (itself if it is already), ValueError if a value does not fit."""
+    v = np.asarray(v)
+    if v.dtype == dtype:
+        return v
+    if len(v) and (int(np.min(v)) < 0 or int(np.max(v)) > np.iinfo(dtype).max):
+        raise ValueError(f"an n-gram table's {name} holds values outside {np.dtype(dtype).name}")
+    return v.astype(dtype)
+
+
 def _finder(table: dict):
     """The table's lookup of contexts (native.SortedFind: a directory of a byte or two per
     context, built on first use and kept with the table, not in the model file)."""
@@ -167,7 +177,15 @@ class NGram(Model):
 
     def _table(self, ctx, n, d, tok, cnt) -> dict:
         """A table from its stored arrays, with `start`: where each context's labels begin in
-        tok and cnt (E + 1 offsets; uint32 while they fit, half the memory of int64)."""
+        tok and cnt (E + 1 offsets; uint32 while they fit, half the memory of int64). Counts
+        are held as uint32 and labels as uint16 (uint32 past 65,535), what the native
+        prediction reads: a file of other integer types is converted here, once, not at every
+        prediction."""
+        n, d, cnt = (_unsigned(v, name, np.uint32) for v, name in ((n, "n"), (d, "d"),
+                                                                     (cnt, "cnt")))
+        if tok.dtype not in (np.uint16, np.uint32):
+            wide = len(tok) and int(np.max(tok)) > np.iinfo(np.uint16).max
+            tok = _unsigned(tok, "tok", np.uint32 if wide else np.uint16)
         kept = np.minimum(d, self.config["topk"])
         total = int(kept.sum(dtype=np.int64))
         start = np.zeros(len(kept) + 1, np.uint32 if total < 2**32 else np.int64)
