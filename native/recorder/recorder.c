@@ -750,6 +750,10 @@ static int open_process_files(int forked_from, uint64_t fork_seq) {
     h->image = image;
     h->fork_seq = fork_seq;
     h->unwind = (uint32_t)g_unwind_dwarf;
+    /* The process's first clock pair anchors the conversion of ticks to ns (trace/raw.py,
+     * fit_clock). The first clock_gettime of a process maps the vDSO's data page (about 7 us
+     * in a VM): read once before, or the pair's ns lag its ticks and bias the fitted slope. */
+    (void)mono_ns();
     h->start_tsc = now_ticks();
     h->start_mono_ns = mono_ns();
     h->start_real_ns = real_ns();
