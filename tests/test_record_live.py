@@ -25,10 +25,11 @@ from heapcast.recorder import checkpoint, live
 
 @pytest.fixture
 def small_windows(monkeypatch):
-    """Windows of 4096 seqs and a clock fixed after 5 ms, so that a test program of a few hundred
-    thousand events is mostly converted while it runs."""
+    """Windows of 4096 seqs, a clock fixed after 5 ms and copies freed two at a time, so that a
+    test program of a few hundred thousand events is mostly converted while it runs."""
     monkeypatch.setattr(live, "WINDOW", 4096)
     monkeypatch.setattr(live, "FREEZE_NS", 5_000_000)
+    monkeypatch.setattr(live, "PUNCH_AT_ONCE", 2)
     monkeypatch.setattr(live, "POLL_S", 0.005)
 
 
@@ -239,9 +240,17 @@ def _seqs_complete(ev) -> bool:
 
 
 def test_converted_copies_are_freed_and_the_trace_is_the_same(build, small_windows, keep_raw,
-                                                               punches, tmp_path):
+                                                               punches, tmp_path, monkeypatch):
     """The copies whose events are converted and checkpointed are punched out of the raw file
-    while the program runs; the trace equals the conversion after the exit of the whole file."""
+    while the program runs, PUNCH_AT_ONCE or more at a time, adjacent ones in one call; the
+    trace equals the conversion after the exit of the whole file."""
+    real_append, appended = checkpoint.CheckpointLog.append, []
+
+    def append(self, *args):
+        appended.append(args[0])
+        real_append(self, *args)
+
+    monkeypatch.setattr(checkpoint.CheckpointLog, "append", append)
     out = tmp_path / "t"
     r = record([build("phases"), "1", "60", "3000", "20000"], output=out, progress=False)
     assert r.exit_code == 0 and not r.problems
@@ -252,6 +261,14 @@ def test_converted_copies_are_freed_and_the_trace_is_the_same(build, small_windo
     assert lp.punched and lp.log.last is not None
     assert all(seq_max < lp.log.last.next_lo for seq_max in lp.punched.values())
     assert set(lp.punched) <= lp.retired and not set(lp.punched) & set(lp.copies)
+    # each call frees copies that the converter counts as freed, adjacent ones together, and
+    # a checkpoint (one before each freeing) comes for two copies or more (PUNCH_AT_ONCE)
+    calls = next(iter(punches.values()))
+    assert sum(len(data) for _, data in calls) == len(lp.punched) * live.CHUNK_MAX
+    assert {off + k * live.CHUNK_MAX for off, data in calls
+            for k in range(len(data) // live.CHUNK_MAX)} == set(lp.punched)
+    assert len(calls) < len(lp.punched), "no adjacent copies were freed in one call"
+    assert 0 < len(appended) <= len(lp.punched) // 2
     # what a poll looks at is what is not converted yet: the copies converted are retired, the
     # small chunks that no longer change too, and the walk starts past them
     assert len(lp.copies) < len(lp.retired) and len(lp.small) < len(lp.final)
@@ -261,6 +278,25 @@ def test_converted_copies_are_freed_and_the_trace_is_the_same(build, small_windo
     assert_same_trace(out, copy)
     p, = heapcast.load(out).processes
     assert _seqs_complete(p.events)
+
+
+def test_a_file_system_that_cannot_free_copies_keeps_them(build, small_windows, tmp_path,
+                                                          monkeypatch):
+    """A file system without hole punching: the first run of copies fails to be freed, the
+    converter stops trying (one call in all) and the copies stay; the trace is whole."""
+    calls = []
+
+    def punch(fd, offset, size):
+        calls.append((offset, size))
+        return False
+
+    monkeypatch.setattr(checkpoint, "punch", punch)
+    out = tmp_path / "t"
+    r = record([build("phases"), "1", "60", "3000", "20000"], output=out, progress=False)
+    assert r.exit_code == 0 and not r.problems
+    assert len(calls) == 1 and calls[0][1] >= live.CHUNK_MAX
+    p, = heapcast.load(out).processes
+    assert _seqs_complete(p.events) and r.live_events > 0
 
 
 def test_processes_that_end_are_converted_while_the_program_runs(tmp_path, monkeypatch):
@@ -731,7 +767,7 @@ def test_record_killed_while_converting_loses_nothing(build, tmp_path, when):
     keep = ("live.KEEP_ABOVE = live.KEEP_ABOVE_ONE = -1; live.COPY_BELOW = live.COPY_BELOW_ONE "
             "= -1; ") if when == "keeping" else ""
     code = ("import sys; from heapcast.recorder import live; live.WINDOW = 4096; "
-            f"live.FREEZE_NS = 5_000_000; live.POLL_S = 0.005; {keep}"
+            f"live.FREEZE_NS = 5_000_000; live.POLL_S = 0.005; live.PUNCH_AT_ONCE = 2; {keep}"
             "from heapcast.cli import main; sys.exit(main())")
     rec = subprocess.Popen([sys.executable, "-c", code, "record", "-o", str(out), "--", str(prog),
                             "1", str(phases_n), str(pairs), "20000"],

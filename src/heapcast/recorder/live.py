@@ -73,8 +73,23 @@ NICE = 10                        # the converter takes only CPU time that nothin
 NESTED_RESERVE = 32              # recorder.c: slots kept at a chunk's end for signal handlers
 KEEP_ABOVE, COPY_BELOW = 512, 128   # chunks behind (MiB): the drainer keeps them / copies again
 KEEP_ABOVE_ONE, COPY_BELOW_ONE = 128, 32   # the same where one thread of each process records
+# Copies freed at once, in runs of adjacent ones: each punch holds the file's lock, through a
+# synchronous discard where the file system is mounted with it (ext4 -o discard), and the
+# program's threads wait for that lock when they take fresh chunks.
+PUNCH_AT_ONCE = 16
 QUIET = 2                        # unchanged polls that still step (quiet())
 SEALED_TAIL = 264                # raw_format.h: the header's sealed.tail (chunks ever sealed)
+
+
+def _runs(offsets: list) -> list:
+    """The (start, bytes) runs of adjacent copies among the sorted copy offsets."""
+    runs: list = []
+    for off in offsets:
+        if runs and runs[-1][0] + runs[-1][1] == off:
+            runs[-1][1] += CHUNK_MAX
+        else:
+            runs.append([off, CHUNK_MAX])
+    return [tuple(r) for r in runs]
 
 
 class LiveProcess:
@@ -482,19 +497,25 @@ class LiveProcess:
             return
         lo, emitted, ids, prev_seq, last_ts = best
         self.ends = {e: b for e, b in self.ends.items() if e >= emitted}
-        if not self.to_punch or self.to_punch[0][0] >= lo:
+        if sum(1 for seq_max, _ in self.to_punch if seq_max < lo) < PUNCH_AT_ONCE:
             return
         self.log.append(lo, emitted, self.ends[emitted], prev_seq, last_ts, self.assigner, ids)
         if self.wfd == -1:
             self.wfd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        ready = []
         while self.to_punch and self.to_punch[0][0] < lo:
-            seq_max, off = self.to_punch[0]
-            if not checkpoint.punch(self.wfd, off, CHUNK_MAX):
+            ready.append(heapq.heappop(self.to_punch))
+        for i, (start, size) in enumerate(_runs(sorted(off for _, off in ready))):
+            if not checkpoint.punch(self.wfd, start, size):
                 os.close(self.wfd)
                 self.wfd = -2    # this file system cannot: the copies stay
+                for entry in ready:
+                    if entry[1] >= start:
+                        heapq.heappush(self.to_punch, entry)
                 return
-            heapq.heappop(self.to_punch)
-            self.punched[off] = seq_max
+            for seq_max, off in ready:
+                if start <= off < start + size:
+                    self.punched[off] = seq_max
 
     # ------------------------------------------------------------------ after the exit
 
