@@ -20,7 +20,7 @@ from heapcast.recorder.session import recorder_library
 from heapcast.trace import format as F
 from heapcast.trace import native_raw
 from heapcast.trace.format import TraceError
-from heapcast.trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, FLAG_CLEAN_EXIT, FLAG_TSC, HEADER_SIZE, OP_EXT,
+from heapcast.trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, FLAG_CLEAN_EXIT, FLAG_TSC, HEADER_SIZE, OP_EXT,
                                 OP_LOC, OP_LOCX, OP_TIME, RAW_MAGIC, SLOT, SLOT_DTYPE, Chunk,
                                 RawProcess, raw_files)
 
@@ -710,6 +710,59 @@ def test_the_first_clock_pair_lies_on_the_line_of_the_chunks_pairs(build, tmp_pa
     t0, n0 = rp.start_tsc, rp.start_mono
     slope, intercept = np.polyfit(pairs[:, 0] - t0, pairs[:, 1] - n0, 1)
     assert abs(intercept) < 3000, f"the first pair lies {intercept:.0f} ns off the chunks' line"
+
+
+def test_the_scan_passes_holes_by_without_reading_them(build, tmp_path, monkeypatch):
+    """A copy that `record`'s converter punched out is a hole: the scan finds the file's holes
+    first (SEEK_HOLE) and reads no chunk header inside one through its mapping, where each
+    read faulted in pages of zeros with readahead (12 ms of py_dicts' tail). The same chunks and
+    events as a file with zeros written in the hole's place."""
+    import ctypes
+    import shutil
+    from heapcast.trace import raw as raw_module
+    raw, = record_raw(tmp_path / "raw", [build("phases"), "1", "60", "3000", "20000"])
+    holed, zeroed = tmp_path / "holed.raw", tmp_path / "zeroed.raw"
+    shutil.copyfile(raw, zeroed)
+    rp = RawProcess(raw)
+    victim = [c for c in rp.chunks if c.size == CHUNK_MAX][2]
+    rp.close()
+    with open(zeroed, "r+b") as f:   # its content, as a claimed chunk never written
+        f.seek(victim.offset)
+        f.write(bytes(CHUNK_MAX))
+    shutil.copyfile(zeroed, holed)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    fd = os.open(holed, os.O_RDWR)
+    try:
+        assert libc.fallocate(fd, 3, victim.offset, CHUNK_MAX) == 0   # PUNCH_HOLE | KEEP_SIZE
+    finally:
+        os.close(fd)
+    real, read = raw_module._CHUNK, []
+
+    class Spy:   # the chunk headers the scan reads, by offset
+        size = real.size
+
+        def unpack_from(self, buffer, offset=0):
+            read.append(offset)
+            return real.unpack_from(buffer, offset)
+
+    monkeypatch.setattr(raw_module, "_CHUNK", Spy())
+    a = RawProcess(holed)
+    in_hole = [o for o in read if victim.offset <= o < victim.offset + CHUNK_MAX]
+    read.clear()
+    b = RawProcess(zeroed)
+    try:
+        assert a._holes() == [(victim.offset, victim.offset + CHUNK_MAX)] and b._holes() == []
+        assert not in_hole, f"the scan read {len(in_hole)} headers in the hole"
+        assert victim.offset in read   # (the zeroed file's chunk is read, and passed by)
+        assert a.chunks == b.chunks and victim.offset not in {c.offset for c in a.chunks}
+        blocks = [list(rp.iter_events()) for rp in (a, b)]
+        assert len(blocks[0]) == len(blocks[1]) and sum(len(x["seq"]) for x in blocks[0]) > 0
+        for x, y in zip(*blocks):
+            assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+    finally:
+        a.close()
+        b.close()
 
 
 @pytest.mark.parametrize("program, env, windows", [

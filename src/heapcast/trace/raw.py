@@ -128,8 +128,14 @@ class RawProcess:
         address, length = buf.ctypes.data, len(buf)
         del buf   # the mapping stays: self._mm holds it
         seen = set()
+        holes, k = self._holes(), 0
         off = HEADER_SIZE
         while off + SLOT <= self.limit:
+            while k < len(holes) and holes[k][1] <= off:
+                k += 1
+            if k < len(holes) and holes[k][0] <= off:
+                off = max(off + 4096, holes[k][1] & ~4095)   # past it, without reading it
+                continue
             magic, tid, size, _os_tid, tsc, mono = _CHUNK.unpack_from(self._mm, off)
             if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
                 # a chunk claimed by a thread killed before it wrote the header, a drainer's
@@ -167,6 +173,29 @@ class RawProcess:
         if self.end_mono:
             pairs.append((self.end_tsc, self.end_mono))
         self._fit_clock(pairs)
+
+    def _holes(self) -> list:
+        """The file's holes below its limit, (start, end) in order: the copies that `heapcast
+        record`'s converter punched out once converted. The scan passes them by without reading
+        them: a read of a hole through the mapping faults in pages of zeros, with readahead
+        (12 ms of py_dicts' 80 ms after its exit). [] where the file system cannot tell."""
+        fd, holes, off = self._file.fileno(), [], HEADER_SIZE
+        try:
+            while off < self.limit:
+                hole = os.lseek(fd, off, os.SEEK_HOLE)
+                if hole >= self.limit:
+                    break
+                try:
+                    data = os.lseek(fd, hole, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno != errno.ENXIO:
+                        raise
+                    data = self.limit   # a hole to the end
+                holes.append((hole, min(data, self.limit)))
+                off = data
+        except OSError:
+            return []
+        return holes
 
     def _next_data(self, off: int) -> int:
         """The next 4 KiB boundary after off that may hold a chunk: past a hole, its end."""
