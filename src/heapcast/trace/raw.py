@@ -191,6 +191,8 @@ class RawProcess:
                     if e.errno != errno.ENXIO:
                         raise
                     data = self.limit   # a hole to the end
+                if data <= hole:        # (a file that changed meanwhile: no more holes)
+                    break
                 holes.append((hole, min(data, self.limit)))
                 off = data
         except OSError:
