@@ -505,7 +505,7 @@ class LiveProcess:
         ready = []
         while self.to_punch and self.to_punch[0][0] < lo:
             ready.append(heapq.heappop(self.to_punch))
-        for i, (start, size) in enumerate(_runs(sorted(off for _, off in ready))):
+        for start, size in _runs(sorted(off for _, off in ready)):
             if not checkpoint.punch(self.wfd, start, size):
                 os.close(self.wfd)
                 self.wfd = -2    # this file system cannot: the copies stay
