@@ -181,8 +181,10 @@ def test_second_thread_starting_mid_loop_keeps_every_seq_unique(build, own, tmp_
     second thread records (recorder.c, "sequence numbers"); the switch happens here while the
     first thread allocates as fast as it can, in 30 fork children. Two threads sharing the
     counter unlocked would take the same number now and then: the conversion would refuse the
-    trace, and events would be missing."""
-    rounds, n = 30, 20000
+    trace, and events would be missing. 60,000 pairs a thread, so that the second thread starts
+    while the first still allocates even when the converter takes a core (with 20,000, 9-21 of
+    the 30 rounds interleaved from run to run, and the test asked for 10; now 23-27)."""
+    rounds, n = 30, 60000
     result = heapcast.record([build("seq_switch"), str(rounds), str(n)], output=tmp_path / "t",
                              progress=False)
     assert result.exit_code == 0 and not result.problems, result.problems
