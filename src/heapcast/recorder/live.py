@@ -64,9 +64,10 @@ from ..trace.writer import ProcessFileWriter, lower_priority
 from . import checkpoint
 
 # Clock pairs must span this long before the clock is fixed and the conversion starts. The
-# slope's error at 20 ms is about 1e-5 of the time elapsed (ring.c, against the TSC's nominal
-# rate), and nothing is converted before: at 100 ms, a program as fast as ring.c left a core
-# idle for a fifth of its run.
+# slope's error at 20 ms is 0.7-2.7e-5 of the time elapsed (ring.c, threads.c, sqlite3 and
+# py_dicts, against the TSC's nominal rate; 7.5e-5 to 1.1e-4 at 100 ms before the recorder's
+# first clock pair was mended), and nothing is converted before: at 100 ms, a program as fast
+# as ring.c left a core idle for a fifth of its run.
 FREEZE_NS = 20_000_000
 POLL_S = 0.02
 NICE = 10                        # the converter takes only CPU time that nothing else wants
@@ -81,15 +82,16 @@ QUIET = 2                        # unchanged polls that still step (quiet())
 SEALED_TAIL = 264                # raw_format.h: the header's sealed.tail (chunks ever sealed)
 
 
-def _runs(offsets: list) -> list:
-    """The (start, bytes) runs of adjacent copies among the sorted copy offsets."""
+def _runs(entries: list) -> list:
+    """The (seq_max, offset) entries of copies grouped into runs of adjacent copies, by offset:
+    each run is freed by one punch from its first offset, CHUNK_MAX bytes per entry."""
     runs: list = []
-    for off in offsets:
-        if runs and runs[-1][0] + runs[-1][1] == off:
-            runs[-1][1] += CHUNK_MAX
+    for entry in sorted(entries, key=lambda e: e[1]):
+        if runs and runs[-1][-1][1] + CHUNK_MAX == entry[1]:
+            runs[-1].append(entry)
         else:
-            runs.append([off, CHUNK_MAX])
-    return [tuple(r) for r in runs]
+            runs.append([entry])
+    return runs
 
 
 class LiveProcess:
@@ -505,17 +507,15 @@ class LiveProcess:
         ready = []
         while self.to_punch and self.to_punch[0][0] < lo:
             ready.append(heapq.heappop(self.to_punch))
-        for start, size in _runs(sorted(off for _, off in ready)):
-            if not checkpoint.punch(self.wfd, start, size):
+        runs = _runs(ready)
+        for i, run in enumerate(runs):
+            if not checkpoint.punch(self.wfd, run[0][1], len(run) * CHUNK_MAX):
                 os.close(self.wfd)
                 self.wfd = -2    # this file system cannot: the copies stay
-                for entry in ready:
-                    if entry[1] >= start:
-                        heapq.heappush(self.to_punch, entry)
+                for entry in (e for rest in runs[i:] for e in rest):
+                    heapq.heappush(self.to_punch, entry)
                 return
-            for seq_max, off in ready:
-                if start <= off < start + size:
-                    self.punched[off] = seq_max
+            self.punched.update((off, seq_max) for seq_max, off in run)
 
     # ------------------------------------------------------------------ after the exit
 

@@ -139,8 +139,8 @@ class RawProcess:
             magic, tid, size, _os_tid, tsc, mono = _CHUNK.unpack_from(self._mm, off)
             if magic not in (CHUNK_MAGIC, CHUNK_DRAINED):
                 # a chunk claimed by a thread killed before it wrote the header, a drainer's
-                # copy that it did not finish, or a copy freed once converted (a hole: on to
-                # the file's next data at once, rather than 256 zero pages per copy)
+                # copy that it did not finish, or a hole that _holes could not see (a file
+                # system without SEEK_HOLE): on to the file's next data at once
                 off = self._next_data(off)
                 continue
             if size < 4096 or size % 4096 or size > 64 * CHUNK_MAX or off + size > self.limit:
