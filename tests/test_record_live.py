@@ -874,6 +874,32 @@ def test_the_converter_polls_again_at_once_while_it_converts(monkeypatch):
                      "wait"]
 
 
+def test_the_first_poll_converts_what_every_thread_has_written(build, tmp_path, monkeypatch):
+    """A poll converts the windows below the last event that every thread has written, the first
+    poll too: capped at the seq counter of the poll before, the first poll converted nothing and
+    every later one lagged a poll behind the program."""
+    monkeypatch.setattr(live, "WINDOW", 4096)
+    monkeypatch.setattr(live, "FREEZE_NS", 0)
+    d = tmp_path / "raw"
+    d.mkdir()
+    env = {**os.environ, "LD_PRELOAD": str(recording.recorder_library()), "HEAPCAST_DIR": str(d)}
+    subprocess.run([build("free_pools"), "100000", "1"], env=env, check=True)
+    raw, = d.glob("*.raw")
+    lp = live.LiveProcess(raw)
+    try:
+        lp.step([], threading.Event())
+        # Without a drainer the thread left its full chunks in place, kept: every window below
+        # its last chunk (in place, 32,768 slots at most) is converted.
+        assert lp.blocked, "its last chunk, in place, is the one not read"
+    finally:
+        lp.close()
+    from heapcast.trace.raw import RawProcess
+    rp = RawProcess(raw)
+    total = sum(c.events for c in rp.chunks)
+    rp.close()
+    assert total - 32768 - 4096 <= lp.emitted < total, (lp.emitted, total)
+
+
 def test_copies_punched_out_are_not_reserved_again(build, small_windows, punches, tmp_path,
                                                    monkeypatch):
     """A thread that starts after the converter punched copies out takes fresh space: the

@@ -14,9 +14,14 @@ and the index (heapcast.recorder.session).
 
 What makes a window complete: every event with a seq below its end is in a chunk read. Per
 thread, its events after the last chunk read have higher seqs (a thread takes its seq numbers in
-order). A thread whose chunk has not changed for a poll is taken to be idle: its next event
-takes a seq above the counter of that poll. That is a guess (a thread could have taken a seq and
-been descheduled before writing it), so the conversion is checked at the end: the events below
+order); a thread that gets its id after the poll read the seq counter takes seqs above it. So a
+poll converts up to the last event that every thread has written, whatever the counter was at
+the poll before (capped there, the first poll converted nothing and every later one lagged a
+poll behind the program: ring.c 0.90-0.94x the whole wait without the cap). A thread whose
+chunk has not changed for a poll is taken to be idle: its next event takes a seq above the
+counter of that poll. That is a guess (a thread could have taken a seq and been descheduled
+before writing it, or a signal handler's event written after a seq its thread took but has not
+written yet), so the conversion is checked at the end: the events below
 the converted windows, counted in the final file, must be the events converted; if not, or on
 any error, the conversion goes on from the last checkpoint (below), or without one the whole
 file is converted after the exit, as without this module. The converter never waits for the
@@ -275,12 +280,14 @@ class LiveProcess:
                 self.final.add(off)
         return size
 
-    def _bound(self, threads: int, counter: int) -> int:
-        """A seq below which every event is in a chunk read (see the module's docstring)."""
+    def _bound(self, threads: int, seq: int) -> int:
+        """A seq below which every event is in a chunk read (see the module's docstring).
+        `seq`: the counter read at this poll before `threads`, which a thread that has no id yet
+        takes its seqs above."""
         sources: dict[int, list] = {}
         for c in (*self.copies.values(), *self.small.values()):
             sources.setdefault(c.tid, []).append(c)
-        bound = counter
+        bound = seq
         idle = {}
         for tid in range(threads):
             cs = sources.get(tid, [])
@@ -298,7 +305,7 @@ class LiveProcess:
             # Idle: unchanged since the last poll, in a chunk with room (not in a chunk switch).
             room = top is not None and top.tsc > retired_tsc and top.size < CHUNK_MAX and \
                 top.n + 2 + NESTED_RESERVE < top.size // SLOT
-            if room and self.idle.get(tid) == state:
+            if room and self.idle.get(tid) == state:   # idle since the poll before
                 lb = max(last, self.counter)
             else:
                 lb = last
@@ -375,7 +382,7 @@ class LiveProcess:
             self.dormant = True
             return
         self._walk(file_end)
-        bound = self._bound(threads, self.counter)
+        bound = self._bound(threads, seq)
         self.counter = seq
         if not self._freeze_clock(flags):
             return
