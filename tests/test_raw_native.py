@@ -768,6 +768,46 @@ def test_the_scan_passes_holes_by_without_reading_them(build, tmp_path, monkeypa
         b.close()
 
 
+def test_chunks_scanned_on_two_threads_read_as_scanned_one_by_one(build, tmp_path, monkeypatch):
+    """scan_chunks splits a file's chunks between threads in parts of about the same bytes: the
+    results are scan_chunk's, chunk by chunk, in order, and RawProcess finds the same chunks
+    with one thread or two."""
+    raw, = record_raw(tmp_path / "raw", [build("phases"), "3", "4", "20000", "0"])
+    one = RawProcess(raw)
+    try:
+        offsets = np.array([c.offset for c in one.chunks], np.uint64)
+        sizes = np.array([c.size for c in one.chunks], np.uint64)
+        assert len(offsets) >= 20 and len(set(sizes.tolist())) > 3
+        buf = one._buffer()
+        mapping = buf.ctypes.data, len(buf)
+        started = []
+        real_thread = native_raw.threading.Thread
+
+        def thread(*args, **kwargs):
+            started.append(kwargs.get("args"))
+            return real_thread(*args, **kwargs)
+
+        monkeypatch.setattr(native_raw.threading, "Thread", thread)
+        got = native_raw.scan_chunks(*mapping, offsets, sizes, threads=2)
+        assert len(started) == 1 and 0 < started[0][0] < len(offsets)   # two non-empty parts
+        for row, off, size in zip(got.tolist(), offsets.tolist(), sizes.tolist()):
+            n, events, lo, hi, locs, bad, ordered = native_raw.scan_chunk(*mapping, off, size)
+            assert row == [n, events, lo, hi, locs, 2**64 - 1 if bad is None else bad,
+                           int(ordered)]
+        assert native_raw.scan_chunks(*mapping, offsets[:0], sizes[:0]).shape == (0, 7)
+        del buf
+        monkeypatch.setattr(native_raw, "PARALLEL_SCAN", 10**9)   # one thread
+        started.clear()
+        alone = RawProcess(raw)
+        assert not started and alone.chunks == one.chunks and alone.locs == one.locs
+        alone.close()
+        with pytest.raises(native_raw.NativeError):   # a chunk past the end of the mapping
+            native_raw.scan_chunks(*mapping, np.append(offsets, mapping[1]),
+                                   np.append(sizes, 4096), threads=1)
+    finally:
+        one.close()
+
+
 @pytest.mark.parametrize("program, env, windows", [
     ("ops", {"HEAPCAST_STACKS": 3}, (1 << 20, 1000, 61, 1)),
     ("threads", {}, (1 << 20, 4096, 1000)),            # 16 threads: interleaved chunks

@@ -29,7 +29,7 @@
 #endif
 
 #define HC_API __attribute__((visibility("default")))
-#define HC_RAW_ABI_VERSION 2   /* 2: the chunk's cursor (ordered, next_*) */
+#define HC_RAW_ABI_VERSION 3   /* 2: the chunk's cursor (ordered, next_*); 3: hc_raw_scan_chunks */
 
 enum { ERR_ARGS = -1, ERR_SPACE = -2, ERR_NOMEM = -3, ERR_EXT = -5,
        ERR_DUP = -6 /* (internal: a seq met twice, see decode_direct) */ };
@@ -233,6 +233,22 @@ HC_API int64_t hc_raw_scan_chunk(const uint8_t *map, uint64_t map_len, uint64_t 
     out[4] = locs;
     out[5] = bad;
     out[6] = (uint64_t)ordered;
+    return 0;
+}
+
+/* Scans n chunks (offsets[i], sizes[i]) as hc_raw_scan_chunk, chunk i's results at out[7 * i]:
+ * one call for many chunks, so that a caller can split a file's chunks between threads.
+ * Returns 0, or ERR_ARGS (out[7 * i] holds the failing chunk's index i in out[0]). */
+HC_API int64_t hc_raw_scan_chunks(const uint8_t *map, uint64_t map_len, uint64_t n,
+                                  const uint64_t *offsets, const uint64_t *sizes, uint64_t *out) {
+    if (!offsets || !sizes || !out) return ERR_ARGS;
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t rc = hc_raw_scan_chunk(map, map_len, offsets[i], sizes[i], out + 7 * i);
+        if (rc) {
+            out[0] = i;
+            return rc;
+        }
+    }
     return 0;
 }
 

@@ -127,7 +127,7 @@ class RawProcess:
         buf = self._buffer()
         address, length = buf.ctypes.data, len(buf)
         del buf   # the mapping stays: self._mm holds it
-        seen = set()
+        seen, found = set(), []
         holes, k = self._holes(), 0
         off = HEADER_SIZE
         while off + SLOT <= self.limit:
@@ -151,25 +151,30 @@ class RawProcess:
                 continue
             seen.add((tid, tsc, mono))
             pairs.append((tsc, mono))
-            if off in self._known:
-                c = self._known[off]
-                if c.events:
-                    self.chunks.append(c)
-                off += size
+            # in file order: a chunk read before (known), or one to scan (below, all at once)
+            known = self._known.get(off)
+            found.append(known if known is not None else (off, size, tid, tsc))
+            off += size
+        todo = [f for f in found if isinstance(f, tuple)]
+        scans = iter(native_raw.scan_chunks(address, length, [f[0] for f in todo],
+                                            [f[1] for f in todo]).tolist())
+        for f in found:
+            if not isinstance(f, tuple):
+                if f.events:
+                    self.chunks.append(f)
                 continue
-            n, events, seq_min, seq_max, locs, bad, ordered = native_raw.scan_chunk(
-                address, length, off, size)
-            if bad is not None:
+            off, size, tid, tsc = f
+            n, events, seq_min, seq_max, locs, bad, ordered = next(scans)
+            if bad != 2**64 - 1:
                 i = off + SLOT * (bad + 1)
                 raise TraceError(self.path, i, f"slot has op {self._mm[i]}, expected an operation "
                                  f"code 0..{F.MREMAP} or a marker 0xFC..0xFF")
             if events:
                 self.chunks.append(Chunk(off, size, tid, n, seq_min, seq_max, tsc, events,
-                                         ordered))
+                                         bool(ordered)))
             if locs:
                 slots = np.frombuffer(self._mm, SLOT_DTYPE, n, off + SLOT)
                 self.locs.update(location_definitions(self.path, slots, off)[0])
-            off += size
         if self.end_mono:
             pairs.append((self.end_tsc, self.end_mono))
         self._fit_clock(pairs)
