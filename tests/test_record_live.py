@@ -131,12 +131,12 @@ def test_copies_read_but_not_converted_are_not_scanned_again(build, small_window
     from heapcast.trace import raw as raw_module
     real_step, given = live.LiveProcess.step, []
 
-    def step(self, copies, stop):   # converts one window, then only reads what comes
+    def step(self, copies, stop, between=None):   # one poll's windows, then only reads
         if self.emitted:
             self._map()
             self.add_copies(copies)
         else:
-            real_step(self, copies, stop)
+            real_step(self, copies, stop, between)
 
     real_init = raw_module.RawProcess.__init__
 
@@ -204,8 +204,8 @@ def test_a_wrong_guess_is_caught_and_the_file_converted_again(build, small_windo
     one pretended too many) makes finalize drop the converted part and convert the whole file."""
     real_step = live.LiveProcess.step
 
-    def step(self, copies, stop):
-        real_step(self, copies, stop)
+    def step(self, copies, stop, between=None):
+        real_step(self, copies, stop, between)
         if self.emitted:
             self.emitted += 1
 
@@ -573,6 +573,32 @@ def test_the_drainer_keeps_chunks_while_the_conversion_is_far_behind():
     assert pace((live.KEEP_ABOVE_ONE + 1, live.KEEP_ABOVE), threads=2) == []
 
 
+def test_the_pace_is_decided_between_the_windows_of_a_long_poll():
+    """A poll may convert for a long time: between its windows the converter takes the copies
+    logged meanwhile and decides on them whether the drainer keeps chunks in place (before, it
+    went on copying until the next poll); a copy it could not log fails its file at that poll."""
+    asked = []
+
+    class FakeDrainer:
+        logged = 0
+
+        def keep(self, on):
+            asked.append(on)
+
+        def copies(self):
+            self.logged += 50
+            return [(7, 4096 * k) for k in range(self.logged - 50, self.logged)], \
+                int(self.logged == 150)
+
+    conv = live.LiveConverter("/nonexistent", FakeDrainer())
+    for _ in range(live.KEEP_ABOVE_ONE // 50):
+        conv._between()
+    assert asked == [] and len(conv._waiting[7]) == live.KEEP_ABOVE_ONE // 50 * 50
+    conv._between()
+    assert asked == [True] and len(conv._waiting[7]) > live.KEEP_ABOVE_ONE
+    assert conv._lost == 1   # (poll() fails every file for it)
+
+
 def test_processes_that_have_ended_are_passed_by(build, small_windows, keep_raw, tmp_path,
                                                 monkeypatch):
     """A shell running 40 short programs, followed: a raw file whose counters stay still is
@@ -586,9 +612,9 @@ def test_processes_that_have_ended_are_passed_by(build, small_windows, keep_raw,
     count = tmp_path / "polls"
     count.write_text("0\n")
 
-    def step(self, copies, stop):
+    def step(self, copies, stop, between=None):
         steps[self.path.name] = steps.get(self.path.name, 0) + 1
-        real_step(self, copies, stop)
+        real_step(self, copies, stop, between)
 
     def poll(self):
         progress = real_poll(self)
@@ -886,8 +912,10 @@ def test_the_first_poll_converts_what_every_thread_has_written(build, tmp_path, 
     subprocess.run([build("free_pools"), "100000", "1"], env=env, check=True)
     raw, = d.glob("*.raw")
     lp = live.LiveProcess(raw)
+    between = []   # next_lo at each call: after each window
     try:
-        lp.step([], threading.Event())
+        lp.step([], threading.Event(), lambda: between.append(lp.next_lo))
+        assert between == list(range(lp.grid + 4096, lp.next_lo + 1, 4096))
         # Without a drainer the thread left its full chunks in place, kept: every window below
         # its last chunk (in place, 32,768 slots at most) is converted.
         assert lp.blocked, "its last chunk, in place, is the one not read"
