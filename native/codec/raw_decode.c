@@ -238,7 +238,8 @@ HC_API int64_t hc_raw_scan_chunk(const uint8_t *map, uint64_t map_len, uint64_t 
 
 /* Scans n chunks (offsets[i], sizes[i]) as hc_raw_scan_chunk, chunk i's results at out[7 * i]:
  * one call for many chunks, so that a caller can split a file's chunks between threads.
- * Returns 0, or ERR_ARGS (out[7 * i] holds the failing chunk's index i in out[0]). */
+ * Returns 0, or the error of the first chunk that hc_raw_scan_chunk refuses (not inside the
+ * mapping), whose index is then in out[0]. */
 HC_API int64_t hc_raw_scan_chunks(const uint8_t *map, uint64_t map_len, uint64_t n,
                                   const uint64_t *offsets, const uint64_t *sizes, uint64_t *out) {
     if (!offsets || !sizes || !out) return ERR_ARGS;
