@@ -603,7 +603,7 @@ class LiveConverter:
         self.drainer = drainer
         self.stop = stop or threading.Event()
         self.processes: dict[Path, LiveProcess] = {}
-        self._waiting: dict[int, list] = {}      # copies of files not opened yet, by inode
+        self._waiting: dict[int, list] = {}      # copies logged, not read yet, by inode
         self._lost = 0                           # copies the drainer could not log (_take)
         self.keeping = False                     # the drainer keeps chunks in place (_pace)
         self._names: set = set()                 # raw file names opened (processes' keys)
@@ -624,9 +624,9 @@ class LiveConverter:
             while self.poll() and not self.stop.is_set():
                 pass
 
-    def _pace(self, waiting: int) -> None:
-        """Far behind the program (full chunks read but not converted, and `waiting` copies
-        logged but not read yet), asks the drainer to keep the chunks sealed from now on in place
+    def _pace(self) -> None:
+        """Far behind the program (full chunks read but not converted, and copies logged but
+        not read yet), asks the drainer to keep the chunks sealed from now on in place
         rather than copy them; back near, to copy them again. A copy spares the program fresh
         pages, but it costs the core that the conversion needs, and a recording longer than the
         conversion can follow then doubles the dirty pages that the kernel writes back to disk
@@ -641,7 +641,8 @@ class LiveConverter:
         if self.drainer is None:
             return
         behind = [lp for lp in self.processes.values() if lp.copies]
-        backlog = sum(len(lp.copies) for lp in behind) + waiting
+        backlog = sum(len(lp.copies) for lp in behind) + \
+            sum(len(offsets) for offsets in self._waiting.values())
         one = all(lp.threads <= 1 for lp in behind)
         keep_above, copy_below = (KEEP_ABOVE_ONE, COPY_BELOW_ONE) if one else \
             (KEEP_ABOVE, COPY_BELOW)
@@ -667,7 +668,7 @@ class LiveConverter:
         complete); with the decision at the next poll only, the drainer went on copying
         meanwhile, on the core the conversion needs (ring 0.83 s against 0.69-0.75 s)."""
         self._take()
-        self._pace(sum(len(v) for v in self._waiting.values()))
+        self._pace()
 
     def poll(self) -> bool:
         """Opens new raw files, hands each its new copies, converts what is complete, then hands
@@ -679,7 +680,7 @@ class LiveConverter:
         if self.drainer is not None and self.on_ended is not None:
             self._released.update(self.drainer.released())
         self._take()
-        self._pace(sum(len(v) for v in self._waiting.values()))
+        self._pace()
         lost, self._lost = self._lost, 0
         try:
             entries = [e for e in os.scandir(self.directory) if e.name.endswith(".raw")]

@@ -123,7 +123,7 @@ def scan_chunks(address: int, length: int, offsets, sizes, threads: int = 2) -> 
     sizes = np.ascontiguousarray(sizes, np.uint64)
     n = len(offsets)
     out = np.zeros((n, 7), np.uint64)
-    parts = 1 if n < PARALLEL_SCAN else max(1, min(threads, len(_cpus())))
+    parts = 1 if n < PARALLEL_SCAN else max(1, min(threads, len(os.sched_getaffinity(0))))
     # contiguous parts of about the same bytes (chunks are 4 KiB to 1 MiB)
     ends = np.searchsorted(np.cumsum(sizes), np.arange(1, parts) * (int(sizes.sum()) / parts))
     bounds = [0, *[int(e) for e in ends], n]
@@ -147,13 +147,6 @@ def scan_chunks(address: int, length: int, offsets, sizes, threads: int = 2) -> 
     for rc in errors:
         _check(rc, "hc_raw_scan_chunks")
     return out
-
-
-def _cpus() -> set:
-    try:
-        return os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        return {0}
 
 
 def chunk_table(chunks) -> np.ndarray:

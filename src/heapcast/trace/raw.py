@@ -151,19 +151,17 @@ class RawProcess:
                 continue
             seen.add((tid, tsc, mono))
             pairs.append((tsc, mono))
-            # in file order: a chunk read before (known), or one to scan (below, all at once)
-            known = self._known.get(off)
-            found.append(known if known is not None else (off, size, tid, tsc))
+            # in file order, with the chunk read before (known) or None: scanned below, at once
+            found.append((off, size, tid, tsc, self._known.get(off)))
             off += size
-        todo = [f for f in found if isinstance(f, tuple)]
+        todo = [f for f in found if f[4] is None]
         scans = iter(native_raw.scan_chunks(address, length, [f[0] for f in todo],
                                             [f[1] for f in todo]).tolist())
-        for f in found:
-            if not isinstance(f, tuple):
-                if f.events:
-                    self.chunks.append(f)
+        for off, size, tid, tsc, known in found:
+            if known is not None:
+                if known.events:
+                    self.chunks.append(known)
                 continue
-            off, size, tid, tsc = f
             n, events, seq_min, seq_max, locs, bad, ordered = next(scans)
             if bad != 2**64 - 1:
                 i = off + SLOT * (bad + 1)
