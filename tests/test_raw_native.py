@@ -880,6 +880,21 @@ def test_location_definitions_read_at_once_and_stop_at_one_cut_short(few, monkey
         location_definitions("f", slots, 64)
 
 
+def test_python_frames_that_no_thread_defined_twice_leave_the_table_as_it_is():
+    """One thread of one process defined each (file, function, line) once: no id moves, and the
+    table is returned untouched (no pass over its frames after the program's exit)."""
+    from heapcast.trace.model import PY_FRAME_TAG as TAG, LocationTable, PyFrame
+    rp = RawProcess.__new__(RawProcess)
+    rp._canon = None
+    rp.python_frames = {0: PyFrame("x.py", "f", 3), 1: PyFrame("x.py", "g", 9),
+                        2: PyFrame("y.py", "f", 3)}
+    table = LocationTable.from_lists([[], [TAG | 2, 0x401000, TAG | 1], [TAG | 0]])
+    assert rp.canonical_python_frames(table) is table
+    rp._canon, rp.python_frames[7] = None, PyFrame("x.py", "g", 9)   # a second thread's id
+    out = rp.canonical_python_frames(LocationTable.from_lists([[], [TAG | 7, 0x10]]))
+    assert out.flat.tolist() == [TAG | 1, 0x10]
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 def test_python_frame_ids_become_the_first_id_of_their_line(sparse):
     """Threads and forks define their own id for a (file, function, line): the table keeps the
@@ -915,3 +930,35 @@ def test_locations_are_numbered_by_first_use_across_blocks():
     assert b2["loc"].tolist() == [3, 4, 1, 3]               # new ones continue the numbering
     a.add_definitions({12: (0x120,)})
     assert list(a.table().flat) == [0x30, 0x20, 0x90, 0x10, 0x120]   # unused 12 last
+
+
+def test_the_location_table_built_as_ids_are_given_is_the_table_of_every_id():
+    """LocationAssigner builds its table's rows as number() gives ids (while the program runs):
+    with ids given in several blocks, ids set directly (as a checkpoint's assigner does),
+    definitions no event used, and stacks of every length, table() is the table of its ids in
+    order, whenever it is asked."""
+    from heapcast.trace.model import LocationTable
+    from heapcast.trace.raw import LocationAssigner
+    rng = np.random.default_rng(5)
+    a = LocationAssigner()
+    defs = {k: tuple(int(x) for x in rng.integers(1, 2**40, int(rng.integers(0, 6))))
+            for k in range(1, 400)}
+    defs[400] = defs[3]                            # another thread's id for the same frames
+    a.add_definitions(defs)
+    a.ids.setdefault((0xABC, 0xDEF), len(a.ids))   # set directly, before any block
+    for step in range(6):
+        raw = rng.integers(1, 300 if step < 5 else 401, 500)
+        a.number({"loc": a.remap[raw].copy()})
+        if step == 2:
+            mid = a.table()
+            ref = LocationTable.from_lists(list(a.ids))
+            assert mid.offsets.tolist() == ref.offsets.tolist()
+            assert mid.flat.tolist() == ref.flat.tolist()
+    a.add_definitions({500: (0x500,)})
+    table = a.table()
+    assert len(a.ids) > len(defs) // 2 and (0x500,) in a.ids
+    ref = LocationTable.from_lists(list(a.ids))
+    assert table.offsets.dtype == ref.offsets.dtype and table.flat.dtype == ref.flat.dtype
+    assert table.offsets.tolist() == ref.offsets.tolist() and table.flat.tolist() == ref.flat.tolist()
+    again = a.table()
+    assert again.flat.tolist() == table.flat.tolist() and len(again) == len(table)

@@ -93,6 +93,28 @@ def test_every_op_is_recorded_exactly_as_called(build, own, tmp_path, capfd):
 
 
 @pytest.mark.skipif(shutil.which("setarch") is None, reason="setarch (util-linux) is not installed")
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_conversion_pauses_the_garbage_collector_and_leaves_it_as_it_was(build, tmp_path,
+                                                                             monkeypatch, enabled):
+    """finalize runs with Python's cyclic collector paused (its objects are not cyclic, and
+    collections walked every object of the process), then leaves it as the caller had it: a
+    program that called heapcast.record with the collector off keeps it off."""
+    import gc
+    from heapcast.recorder import session
+    seen = []
+    scan = session._scan_raw
+    monkeypatch.setattr(session, "_scan_raw", lambda *a: (seen.append(gc.isenabled()), scan(*a))[1])
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        result = heapcast.record([build("ops")], output=tmp_path / "t")
+        after = gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert result.exit_code == 0 and result.events > 0
+    assert seen == [False] and after is enabled
+
+
 def test_output_and_heap_addresses_unchanged_by_tracing(build, untraced, tmp_path, capfd):
     """Without address randomization the traced program prints byte for byte what it prints
     untraced: the same exit code, and even the same heap addresses (the recorder never
