@@ -37,6 +37,14 @@ class PyFrame:
     line: int
 
 
+def frame_rows(stacks: list) -> tuple[np.ndarray, np.ndarray]:
+    """Each frame sequence's length and all their frames in order, as uint64 arrays: the rows of a
+    LocationTable (from_lengths), which may be built a part at a time."""
+    lengths = np.fromiter(map(len, stacks), dtype=np.uint64, count=len(stacks))
+    flat = np.fromiter(chain.from_iterable(stacks), dtype=np.uint64, count=int(lengths.sum()))
+    return lengths, flat
+
+
 @dataclass
 class LocationTable:
     """Interned locations of one process: id -> frames (innermost first; frames[0] is the call site).
@@ -66,11 +74,14 @@ class LocationTable:
     @classmethod
     def from_lists(cls, stacks: list) -> "LocationTable":
         """Builds a table from a list of frame sequences; stacks[0] should be empty (unknown)."""
-        lengths = np.fromiter(map(len, stacks), dtype=np.uint64, count=len(stacks))
-        offsets = np.zeros(len(stacks) + 1, dtype=np.uint64)
+        return cls.from_lengths(*frame_rows(stacks))
+
+    @classmethod
+    def from_lengths(cls, lengths: np.ndarray, flat: np.ndarray) -> "LocationTable":
+        """Builds a table from each location's frame count and all their frames in order."""
+        offsets = np.zeros(len(lengths) + 1, dtype=np.uint64)
         np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter(chain.from_iterable(stacks), dtype=np.uint64, count=int(offsets[-1]))
-        return cls(offsets, flat)
+        return cls(offsets, np.asarray(flat, np.uint64))
 
 
 @dataclass
