@@ -606,7 +606,8 @@ def _remove_raw(raw: Path, out: Path) -> None:
     """Removes a converted raw file, its .mods, then the checkpoint log (last: while the raw file
     is there, the log says that its converted part is in the .hct)."""
     from . import checkpoint
-    raw.unlink(missing_ok=True)
+    from .discard import unlink_in_background
+    unlink_in_background(raw)
     raw.with_suffix(".mods").unlink(missing_ok=True)
     checkpoint.remove(out)
 
