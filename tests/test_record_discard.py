@@ -55,10 +55,15 @@ def test_a_missing_file_is_nothing_to_do(tmp_path):
     assert discard.unlink_in_background(tmp_path / "gone.raw") is False
 
 
-def test_without_a_helper_to_start_the_file_is_unlinked_here(tmp_path, monkeypatch):
-    empty = tmp_path / "bin"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))   # no `cat` to start
+@pytest.mark.parametrize("helper", ["missing", "fails to start"])
+def test_without_a_helper_to_start_the_file_is_unlinked_here(tmp_path, monkeypatch, helper):
+    if helper == "missing":
+        monkeypatch.setattr(discard, "HELPERS", (str(tmp_path / "no-cat"),))
+    else:   # executable, but not a program the kernel can run
+        bad = tmp_path / "cat"
+        bad.write_bytes(b"\x7fELF not really")
+        bad.chmod(0o700)
+        monkeypatch.setattr(discard, "HELPERS", (str(bad),))
     big = _file(tmp_path / "3.raw", discard.LARGE + (1 << 20))
     assert discard.unlink_in_background(big) is False
     assert not big.exists()

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 LARGE = 64 << 20   # bytes of disk below which a plain unlink costs less than a helper's start
+HELPERS = ("/usr/bin/cat", "/bin/cat")   # by absolute path: not whatever `cat` PATH names
 _helpers: list[int] = []   # pids of the helpers started, reaped once they have ended
 
 
@@ -43,12 +44,15 @@ def _hand_over(fd: int, path: Path) -> bool:
     try:
         if min(fd, r) < 3:   # (a closed stdin or stdout: the helper's dup2s would clobber them)
             return False
+        cat = next((p for p in HELPERS if os.access(p, os.X_OK)), None)
+        if cat is None:
+            return False
         try:
-            pid = os.posix_spawnp("cat", ["cat"], {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                                  file_actions=[(os.POSIX_SPAWN_DUP2, r, 0),
-                                                (os.POSIX_SPAWN_DUP2, fd, 3),
-                                                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)],
-                                  setsid=True)
+            pid = os.posix_spawn(cat, [cat], {},
+                                 file_actions=[(os.POSIX_SPAWN_DUP2, r, 0),
+                                               (os.POSIX_SPAWN_DUP2, fd, 3),
+                                               (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)],
+                                 setsid=True)
         except OSError:
             return False
         _helpers.append(pid)
