@@ -53,6 +53,9 @@ def _cmd_stats(a) -> int:
         return 0
     from .stats import format_stats, stats
     from .trace.reader import load
+    if a.plot:   # before the trace is read, not after the pass over it
+        from .stats.plot import check_plot_file
+        check_plot_file(a.plot)
     d = stats(load(a.trace), top=a.top, plot=a.plot, progress=sys.stderr.isatty())
     print(json.dumps(d, indent=2) if a.json else format_stats(d))
     if a.plot:
@@ -68,10 +71,12 @@ def _cmd_import(a) -> int:
 
 
 def _cmd_export(a) -> int:
+    from ._outputs import prepare_output
     from .trace.export import export_parquet
     from .trace.reader import load
     if not a.parquet:
         raise UsageError("export needs a format: heapcast export TRACE --parquet OUT")
+    prepare_output(a.parquet)
     export_parquet(load(a.trace), a.parquet)
     print(f"heapcast: wrote {a.parquet}", file=sys.stderr)
     return 0

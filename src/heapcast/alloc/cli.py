@@ -8,8 +8,11 @@ from pathlib import Path
 
 
 def _cmd_run(a) -> int:
+    from .._outputs import prepare_output
     from .runner import environment, run
     from .summary import format_summary
+    if a.log is not None:   # before the program runs, not when its log is written
+        prepare_output(a.log)
     cmd = a.command[1:] if a.command and a.command[0] == "--" else a.command
     if a.env:
         env = environment(a.policy, a.log, backend=a.backend, align=a.align)

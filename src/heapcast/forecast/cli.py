@@ -46,7 +46,9 @@ def _config(a) -> dict:
 
 
 def _cmd_train(a) -> int:
+    from .._outputs import prepare_output
     from .train import train
+    prepare_output(a.output)   # before training, not when the model is saved
     model = a.model or DEFAULT_MODEL
     s = train(a.traces, a.output, model=model, task=a.task, vocab=a.vocab, epochs=a.epochs,
               split=a.split, order=a.order, max_steps=a.max_steps, max_events=a.max_events,

@@ -14,9 +14,9 @@ def _cmd_simulate(a) -> int:
     from .report import (format_simulation, is_report_replay, keep_for_report,
                          plot_simulation, report_view)
     if a.plot:   # fail before a long replay, not after it
-        from ..stats.plot import require_matplotlib
+        from ..stats.plot import check_plot_file
         try:
-            require_matplotlib()
+            check_plot_file(a.plot)
         except PlotError as e:
             raise LabError(str(e)) from None
     from ..trace.reader import load

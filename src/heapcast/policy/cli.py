@@ -13,6 +13,8 @@ from .names import COMPILE_KINDS, DEFAULT_CTX
 
 
 def _cmd_compile(a) -> int:
+    from .._outputs import prepare_output
+    prepare_output(a.output)
     if a.onnx:
         from .onnx_export import export_onnx
         out = export_onnx(a.model, a.output)
@@ -93,7 +95,9 @@ def add_parsers(sub) -> None:
             return forecast_train(a)
         if not a.init:
             raise ValueError("--from-log needs --init MODEL, the model to continue training")
+        from .._outputs import prepare_output
         from .finetune import finetune
+        prepare_output(a.output)
         s = finetune(a.init, a.traces, a.output, epochs=a.epochs, lr=a.lr, progress=not a.quiet)
         print(f"heapcast: fine-tuned {a.init} on {s['rows']:,} logged decisions in "
               f"{s['wall_s']:.1f} s -> {s['output']}", file=sys.stderr)

@@ -6,7 +6,10 @@ from pathlib import Path
 
 
 def _cmd_report(a) -> int:
+    from .._outputs import prepare_output
     from . import report
+    if a.output is not None:   # before the page's work, not when it is written
+        prepare_output(a.output)
     out = report(a.trace, output=a.output, model=a.model, lab=a.lab, diff=a.diff,
                  progress=sys.stderr.isatty())
     size = out.stat().st_size

@@ -24,6 +24,22 @@ def require_matplotlib():
     return plt
 
 
+def check_plot_file(path: str | Path) -> Path:
+    """Readies `path` for a figure before the work that draws it: matplotlib is there, it can
+    write the file's format (its suffix; none: PNG) and the file's directory is made and
+    writable (heapcast._outputs). PlotError or OSError naming the file otherwise."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+    path = Path(path)
+    fmt = path.suffix[1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if fmt and fmt not in formats:
+        raise PlotError(f"{path}: cannot draw a figure as .{fmt} (formats: "
+                        f"{', '.join(sorted(formats))})")
+    from .._outputs import prepare_output
+    return prepare_output(path)
+
+
 def plot_stats(trace, out_png: str | Path, top: int = 10) -> dict:
     """Computes the statistics of `trace` (a Trace or a path) and draws them into `out_png`.
 

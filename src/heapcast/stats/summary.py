@@ -209,9 +209,9 @@ def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool =
     """
     if top < 0:
         raise ValueError(f"top must be 0 or more call sites, not {top}")
-    if plot is not None:
-        from .plot import require_matplotlib
-        require_matplotlib()
+    if plot is not None:   # fail before the pass over the trace, not after it
+        from .plot import check_plot_file
+        check_plot_file(plot)
     if not hasattr(trace, "processes"):
         from ..trace.reader import load
         trace = load(trace)
