@@ -89,3 +89,14 @@ def test_a_missing_output_directory_is_made(build, tmp_path, capsys):
     log = tmp_path / "new" / "dir" / "run.json"
     assert cli.main(["run", "--policy", "none", "--log", str(log), "--", str(build("churn"))]) == 0
     assert log.stat().st_size > 0
+
+
+def test_a_system_error_names_its_file_plainly(build, tmp_path, capsys):
+    """An OSError reaches the user as "FILE: reason", not as Python's "[Errno 2] ...: 'FILE'"."""
+    assert heapcast.record([str(build("churn"))], output=tmp_path / "t").exit_code == 0
+    missing = tmp_path / "missing.safetensors"
+    assert cli.main(["report", str(tmp_path / "t"), "--model", str(missing),
+                     "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"heapcast report: error: {missing}: No such file or directory" in err
+    assert "Errno" not in err

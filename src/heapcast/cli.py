@@ -256,8 +256,17 @@ def main(argv=None) -> int:
         sys.stderr.close()
         return 0
     except (TraceError, UsageError, ValueError, OSError, PlotError) as e:   # ReportError too
-        print(f"heapcast {a.verb}: error: {e}", file=sys.stderr)
+        print(f"heapcast {a.verb}: error: {_message(e)}", file=sys.stderr)
         return 2
+
+
+def _message(e: Exception) -> str:
+    """An error as the user reads it: a system error as "FILE: what went wrong" (not Python's
+    "[Errno 2] No such file or directory: 'FILE'")."""
+    if isinstance(e, OSError) and e.strerror and e.filename is not None:
+        where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else f"{e.filename}"
+        return f"{where}: {e.strerror}"
+    return str(e)
 
 
 def _exit_now(code: int) -> None:
