@@ -196,10 +196,6 @@ HEAVY_VERBS = ("stats", "import", "export", "dataset", "train", "evaluate", "sim
 #: with these (README, "Heavy commands").
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
 _TUNED = "HEAPCAST_MALLOC_TUNED"   # in the process run again: "=" + the user's GLIBC_TUNABLES
-#: numpy's setting for them, unless the user chose it: no transparent huge pages for its arrays
-#: (heapcast._numpy_env: a fresh huge page costs 5x a small one's zeroing on a VM that gives
-#: free memory back to its host; the main job's `evaluate` of its GRU 20.7 -> 17.6 s).
-HEAVY_NUMPY = {"NUMPY_MADVISE_HUGEPAGE": "0"}
 
 
 def _tune_malloc(verb) -> None:
@@ -251,9 +247,6 @@ def main(argv=None) -> int:
     a.own_process = command
     if a.verb == "record" and a.command and a.command[0] == "--":
         a.command = a.command[1:]
-    if command and a.verb in HEAVY_VERBS:
-        from ._numpy_env import import_numpy
-        import_numpy(HEAVY_NUMPY)
     try:
         code = a.func(a)
         if command and a.verb in ("record", "finalize"):

@@ -345,9 +345,15 @@ def import_quietly() -> None:
     transparent huge pages. os.environ is restored at once (the program's environment was
     copied before). In a user's process (heapcast.record called from Python, OWN_PROCESS False)
     numpy loads with the environment as it is: another thread could read it meanwhile."""
-    if OWN_PROCESS:
-        from .._numpy_env import import_numpy
-        import_numpy(QUIET_NUMPY)
+    import sys
+    if "numpy" not in sys.modules and OWN_PROCESS:
+        chosen = {k: v for k, v in QUIET_NUMPY.items() if k not in os.environ}
+        os.environ.update(chosen)
+        try:
+            import numpy  # noqa: F401  (OpenBLAS and numpy read the variables once, at load)
+        finally:
+            for k in chosen:
+                os.environ.pop(k, None)
     from . import live  # noqa: F401
 
 
