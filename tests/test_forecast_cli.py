@@ -90,6 +90,33 @@ def test_time_protocol_needs_the_time_split(runs, tmp_path, capsys):
     assert "--split time" in capsys.readouterr().err
 
 
+def test_a_refused_protocol_is_refused_before_the_features_are_built(runs, tmp_path, capsys,
+                                                                      monkeypatch):
+    """The protocol's refusals need only what the recordings' metadata says of them (program,
+    event count), not their features: a model or its compiled policy is refused at once."""
+    import heapcast.forecast.evaluate as fe
+    import heapcast.policy.evaluate as pe
+    from heapcast.cli import main as heapcast_main   # (evaluate of a POLICY is registered there)
+    everything = tmp_path / "all.safetensors"
+    assert main(["train", str(runs["a"]), "-o", str(everything), "--model", "ngram", "-q"]) == 0
+    table = tmp_path / "all.policy"
+    assert heapcast_main(["compile", str(everything), "--kind", "table", "-o", str(table)]) == 0
+
+    def no_features(*args, **kwargs):
+        raise AssertionError("features built for an evaluation the protocol refuses")
+
+    monkeypatch.setattr(fe, "load_task_for", no_features)
+    monkeypatch.setattr(pe, "load_task_for", no_features)
+    for model, trace, protocol, says in (
+            (everything, runs["a"], "time", "--split time"),
+            (everything, runs["a"], "cross-run", "never saw"),
+            (everything, runs["py"], "cross-run", "cross-program"),
+            (table, runs["a"], "time", "--split time")):
+        capsys.readouterr()
+        assert heapcast_main(["evaluate", str(model), str(trace), "--protocol", protocol]) == 2
+        assert says in capsys.readouterr().err
+
+
 def test_gru_lifetime_and_the_lab_entry_point(runs, tmp_path, capsys):
     pytest.importorskip("torch")
     from heapcast.forecast.lifetime import predict_lifetime_classes

@@ -104,6 +104,14 @@ def program_name(trace: Trace) -> str:
     return os.path.basename(str(trace.path))
 
 
+def recording_source(trace: Trace) -> dict:
+    """What a trace's features say of the recording they came from (Features.sources: the
+    recording a model was trained on, for heapcast evaluate's protocols), from its metadata."""
+    return {"path": str(trace.path), "program": program_name(trace),
+            "events": sum(p.known_event_count for p in trace.processes),
+            "processes": len(trace.processes)}
+
+
 def location_keys(process: Process) -> tuple[np.ndarray, np.ndarray]:
     """Stable keys of every location id of a process: (call site, whole stack), uint32, 0 unknown.
 
@@ -269,8 +277,7 @@ def featurize(traces, order: str = "thread", need_ranks=True) -> Features:
             trace = t if isinstance(t, Trace) else load(t)
             blocks = match_trace(trace)
             f = _build(list(zip(trace.processes, blocks)), order, groups, 0)
-            source = {"path": str(trace.path), "program": program_name(trace),
-                      "events": len(f), "processes": len(trace.processes)}
+            source = recording_source(trace)   # (its events: f's rows, one each)
             feature_cache.save(t, k, f, source)
         parts.append(f)   # (concat numbers the processes of each part after the last one's)
         sources.append(source)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..forecast.dataset import load_task_for
-from ..forecast.evaluate import keep_for_report, metrics, scored_rows
+from ..forecast.evaluate import keep_for_report, metrics, refuse_early, scored_rows
 from ..forecast.protocols import PROTOCOLS
 from ..forecast.tasks import DEFAULT_ORDER
 from .fileformat import read_spec
@@ -51,6 +51,7 @@ def evaluate_policy(policy_path, traces, protocol: str) -> dict:
     training = spec.get("training", {})
     order = training.get("order", DEFAULT_ORDER[spec["task"]])
     labels = label_space(spec)
+    refuse_early(policy_path, protocol, training, traces)
     feats, data = load_task_for(traces, order, labels)
     test, overlap = scored_rows(policy_path, protocol, data, training, feats.sources)
     rows = np.flatnonzero(test)

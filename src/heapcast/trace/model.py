@@ -145,6 +145,12 @@ class Process:
             self._events = read_process_events(self)
         return self._events
 
+    @property
+    def known_event_count(self) -> int:
+        """How many events this process has, without reading them: those loaded, else its
+        metadata's count (a Process built in memory may leave event_count 0)."""
+        return len(self._events) if self._events is not None else self.event_count
+
     def modules_at(self, seq: int) -> list:
         """The module map in force at event `seq` (the latest snapshot taken at or before it)."""
         if not self.modules:
