@@ -52,11 +52,8 @@ def _cmd_stats(a) -> int:
         print(json.dumps(d, indent=2) if a.json else format_summary(d))
         return 0
     from .stats import format_stats, stats
-    from .trace.reader import load
-    if a.plot:   # before the trace is read, not after the pass over it
-        from .stats.plot import check_plot_file
-        check_plot_file(a.plot)
-    d = stats(load(a.trace), top=a.top, plot=a.plot, progress=sys.stderr.isatty())
+    # (stats() checks the plot's file before it reads the trace it is given by its path)
+    d = stats(a.trace, top=a.top, plot=a.plot, progress=sys.stderr.isatty())
     print(json.dumps(d, indent=2) if a.json else format_stats(d))
     if a.plot:
         print(f"heapcast: wrote {a.plot}", file=sys.stderr)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-LARGE = 64 << 20   # bytes of disk below which a plain unlink costs less than a helper's start
+# Bytes of disk below which the file is unlinked here: its unlink then costs a few ms at most
+# (about 0.04 ms a MiB on this VM's ext4), against 0.6 ms to start a helper.
+LARGE = 64 << 20
 HELPERS = ("/usr/bin/cat", "/bin/cat")   # by absolute path: not whatever `cat` PATH names
 _helpers: list[int] = []   # pids of the helpers started, reaped once they have ended
 
