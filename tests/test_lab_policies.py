@@ -115,8 +115,11 @@ def test_fragmentation_pattern_first_fit_loses_lifetime_segregation_wins():
 
 def test_learned_lifetime_trained_on_another_run_closes_the_gap():
     pattern = fragmentation_pattern().trace()
+    # (over best-fit, the oracle's placement here: the packer's 64 KiB units and free-page
+    # budget would dwarf this 8 KiB heap)
     r = simulate(pattern, policies="first-fit,oracle-lifetime,learned-lifetime",
-                 train=fragmentation_pattern().trace(), checked=True, span=4096)
+                 train=fragmentation_pattern().trace(), checked=True, span=4096,
+                 learned_over="best-fit")
     f = footprints(r)
     assert f["learned-lifetime"] == f["oracle-lifetime"] == 8176
     assert r["summary"]["learned_gap_closed"] == pytest.approx(1.0)
@@ -129,7 +132,7 @@ def test_learned_lifetime_online_never_sees_the_future():
     # later ones what the site's blocks did so far: here every S is still live when the Ls come,
     # so the predictor cannot know the Ss are short-lived: no better than the classic fits.
     r = simulate(fragmentation_pattern().trace(), policies="first-fit,learned-lifetime",
-                 checked=True, span=4096)
+                 checked=True, span=4096, learned_over="best-fit")
     assert r["predictor"] == "call sites, learned online"
     assert footprints(r)["learned-lifetime"] > 8176
 
@@ -149,7 +152,8 @@ def test_a_span_whose_blocks_outlive_their_class_is_reclassified():
         e.malloc(0x200000 + 0x100 * i, 64, loc=2)
     for i in range(40):
         e.malloc(0x8000 + 0x100 * i, 64).free(0x8000 + 0x100 * i)
-    r = simulate(e.trace(), policies="learned-lifetime,oracle-lifetime", checked=True, span=4096)
+    r = simulate(e.trace(), policies="learned-lifetime,oracle-lifetime", checked=True, span=4096,
+                 learned_over="best-fit")   # spans with deadlines: the fits' segregation
     learned = r["policies"]["learned-lifetime"]
     assert learned["reclassified_spans"] == 1
     assert learned["peak_footprint_bytes"] == 4088 + 4096 - 8
@@ -173,7 +177,8 @@ def test_a_span_pinned_for_long_dissolves_into_the_main_heap():
     for i in range(20000):
         e.malloc(0x1000000 + 0x100 * i, 64, loc=2)
     e.free(0x100000)
-    r = simulate(e.trace(), policies="learned-lifetime,oracle-lifetime", checked=True, span=4096)
+    r = simulate(e.trace(), policies="learned-lifetime,oracle-lifetime", checked=True, span=4096,
+                 learned_over="best-fit")
     assert r["policies"]["learned-lifetime"]["reclassified_spans"] == 3
     assert r["policies"]["oracle-lifetime"]["reclassified_spans"] == 0
     for v in r["per_process"][0]["policies"].values():
@@ -274,6 +279,6 @@ def test_the_clairvoyant_result_is_a_bound_never_worse_than_a_classic_policy():
         f = footprints(r)
         assert f["oracle-lifetime"] <= min(f[n] for n in CLASSIC)
         assert r["summary"]["lower_bound_bytes"] == r["peak_live_bytes"] <= f["oracle-lifetime"]
-        assert r["policies"]["learned-lifetime"]["placement"] == "lifetime over best-fit"
+        assert r["policies"]["learned-lifetime"]["placement"] == "lifetime over heapcast"
         assert set(r["policies"]) == set(ALL_POLICIES)
     assert "lower bound: peak live" in format_simulation(r)

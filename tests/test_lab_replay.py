@@ -155,6 +155,36 @@ def test_simulate_command_json_and_plot(recorded, tmp_path, capsys):
         assert plot.stat().st_size > 10_000
 
 
+def test_learned_lifetime_is_placed_as_heapcast_run_places_it(recorded, tmp_path, capsys):
+    # Fed the true classes, learned-lifetime is the oracle's segregation over the same placement:
+    # by default heapcast's packer (what `heapcast run` does with a compiled policy's classes),
+    # or the fit asked for (simulate --learned-over).
+    truth = []
+    for p in recorded.processes:
+        c = lifetime_classes(p).astype(np.int16)
+        c[c == 255] = -1
+        truth.append(c)
+    for over in ("heapcast", "best-fit"):
+        kw = {} if over == "heapcast" else {"learned_over": over}
+        r = simulate(recorded, policies="oracle-lifetime,learned-lifetime", predicted=truth,
+                     checked=True, **kw)
+        learned = r["policies"]["learned-lifetime"]
+        assert learned["placement"] == f"lifetime over {over}"
+        for proc in r["per_process"]:
+            kernels = proc["policies"]
+            assert kernels[f"learned-lifetime@{over}"]["peak_footprint"] == \
+                kernels[f"oracle-lifetime@{over}"]["peak_footprint"], over
+    parser = argparse.ArgumentParser(prog="heapcast")
+    add_parsers(parser.add_subparsers(dest="verb", required=True))
+    a = parser.parse_args(["simulate", str(recorded.path), "--policy", "learned-lifetime",
+                           "--learned-over", "first-fit", "--json"])
+    assert a.func(a) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["policies"]["learned-lifetime"]["placement"] == "lifetime over first-fit"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", str(recorded.path), "--learned-over", "buddy"])
+
+
 def test_learned_lifetime_with_a_lifetime_model(recorded, tmp_path):
     forecast_train = pytest.importorskip("heapcast.forecast.train")
     model = tmp_path / "lifetime.model"

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from .names import ALL_POLICIES, LabError
+from .names import ALL_POLICIES, LAYERED_FITS, LEARNED_OVER, LabError
 
 
 def _cmd_simulate(a) -> int:
@@ -21,9 +21,10 @@ def _cmd_simulate(a) -> int:
             raise LabError(str(e)) from None
     from ..trace.reader import load
     trace = load(a.trace)
-    for_report = is_report_replay(a.policy, a.train, a.model, a.align)
+    for_report = is_report_replay(a.policy, a.train, a.model, a.align, a.learned_over)
     d = simulate(trace, policies=a.policy, train=a.train, model=a.model, checked=a.check,
-                 series=a.plot is not None or for_report, grain=a.align)
+                 series=a.plot is not None or for_report, grain=a.align,
+                 learned_over=a.learned_over)
     if a.plot:
         plot_simulation(d, a.plot)
         print(f"heapcast: wrote {a.plot}", file=sys.stderr)
@@ -51,6 +52,10 @@ def add_parsers(subparsers) -> None:
                    help="seed learned-lifetime's call-site predictor with another recording")
     s.add_argument("--model", type=Path, metavar="MODEL",
                    help="learned-lifetime: use a lifetime model (heapcast train --task lifetime)")
+    s.add_argument("--learned-over", choices=LAYERED_FITS, default=LEARNED_OVER, metavar="FIT",
+                   help="learned-lifetime: the placement its lifetime classes are layered over, "
+                        f"one of {', '.join(LAYERED_FITS)} (default {LEARNED_OVER}: heapcast's "
+                        "packer, as heapcast run places a compiled policy's classes)")
     s.add_argument("--align", type=int, choices=(16, 8), default=16,
                    help="heapcast: the packer's alignment to model, 16 (default) or 8 (size "
                         "classes every 8 bytes, heapcast run --align 8)")

@@ -18,12 +18,8 @@ from ..trace.reader import iter_process_blocks, load
 from . import classes
 from .native import NO_CLASS, Replay
 
-from .names import ALL_POLICIES, CLAIRVOYANT, CLASSIC, LEARNED, LabError  # noqa: F401
-#: The placements that lifetime segregation is layered over (kernels NAME@FIT in
-#: native.POLICY_IDS): three fits, and heapcast's packer (its spans per lifetime group).
-LAYERED_FITS = ("first-fit", "next-fit", "best-fit", "heapcast")
-#: What `learned-lifetime` layers its segregation over by default.
-LEARNED_OVER = "best-fit"
+from .names import (ALL_POLICIES, CLAIRVOYANT, CLASSIC, LAYERED_FITS, LEARNED,  # noqa: F401
+                    LEARNED_OVER, LabError)
 #: A process with at most this many events is decoded once and kept while its passes run.
 IN_MEMORY_EVENTS = 1 << 23
 BLOCK_EVENTS = 1 << 20
@@ -256,8 +252,9 @@ def clairvoyant(pol: dict, names: list, learned_over: str = LEARNED_OVER) -> dic
     next- or best-fit or heapcast's packer, or a classic policy as it is (one lifetime group),
     whichever has the smallest peak footprint, so it is never worse than the best classic
     policy. Its `placement` says which. `learned-lifetime` is the segregation over
-    `learned_over` (best-fit unless asked: a learned allocator cannot know beforehand which
-    placement this trace favours), fed predicted classes."""
+    `learned_over`, fed predicted classes: heapcast's packer unless asked, the placement that
+    heapcast's allocator ships (a learned allocator cannot know beforehand which placement this
+    trace favours, so it does not choose one per trace as the oracle does)."""
     out = {n: pol[n] for n in names if n in CLASSIC}
     if "oracle-lifetime" in names:
         candidates = {f"lifetime over {f}": pol[f"oracle-lifetime@{f}"] for f in LAYERED_FITS}

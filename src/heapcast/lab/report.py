@@ -5,6 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .names import LEARNED_OVER
+
 MIB = 1024.0 * 1024.0
 REPORT_POINTS = 1500    # points of each footprint curve in `heapcast report --lab`
 
@@ -109,11 +111,12 @@ def report_view(d: dict, trace) -> dict:
     return {"policies": d["policies"], "series": series, "peak_live_bytes": d["peak_live_bytes"]}
 
 
-def is_report_replay(policies, train, model, grain: int) -> bool:
+def is_report_replay(policies, train, model, grain: int, learned_over: str = LEARNED_OVER) -> bool:
     """Whether simulate() with these options is the replay `heapcast report --lab` shows (every
-    policy, no other recording or model, the default packer grain), whose report_view() is
-    kept for it."""
-    return policies in (None, "all") and train is None and model is None and grain == 16
+    policy, no other recording or model, the default packer grain and learned placement), whose
+    report_view() is kept for it."""
+    return (policies in (None, "all") and train is None and model is None and grain == 16
+            and learned_over == LEARNED_OVER)
 
 
 def _report_key(trace_path):
