@@ -22,22 +22,26 @@ from .native import Policy, events_of
 
 def predict_streams(policy: Policy, data, want: np.ndarray, memory_log2: int = 0,
                     warmup: int | None = None) -> np.ndarray:
-    """Top-5 labels (int64 [rows, 5]) of every row of TaskData `data` where `want` is true, each
-    stream run through `policy` from its start (other rows: -1). With `warmup` = W, the network
+    """Top-5 labels (int64 [rows, 5]) of the rows of TaskData `data` where `want` is true, in
+    row order, each stream run through `policy` from its start. With `warmup` = W, the network
     of an rnn starts W rows before a stream's first wanted row, as the model's own prediction
     does (its n-gram histories and in-run memory still see the whole stream); None: the whole
     stream, as a program's run feeds it."""
-    out = np.full((len(data), 5), -1, np.int64)
+    want = np.asarray(want, bool)
+    out = np.empty((int(want.sum()), 5), np.int64)   # only the wanted rows: not [len(data), 5]
     events = events_of(data.tokens, data.sites, data.ts)
     labels = data.labels.astype(np.int32)
+    done = 0
     for s in range(len(data.offsets) - 1):
         a, b = int(data.offsets[s]), int(data.offsets[s + 1])
-        if a == b or not want[a:b].any():
-            continue
-        warm = 0 if warmup is None else max(0, int(np.argmax(want[a:b])) - warmup)
-        pred = policy.run(events[a:b], labels[a:b], want[a:b], memory_log2, warm)
         sel = want[a:b]
-        out[a:b][sel] = pred["label"][sel]
+        count = int(sel.sum())
+        if not count:
+            continue
+        warm = 0 if warmup is None else max(0, int(np.argmax(sel)) - warmup)
+        pred = policy.run(events[a:b], labels[a:b], sel, memory_log2, warm)
+        out[done:done + count] = pred["label"][sel]
+        done += count
     return out
 
 
@@ -58,7 +62,7 @@ def evaluate_policy(policy_path, traces, protocol: str) -> dict:
     t0 = time.perf_counter()
     # the network warms up as long before the first scored row as the source model's does
     warmup = spec["model"]["config"].get("warmup")
-    pred = predict_streams(policy, data, test, warmup=warmup)[rows]
+    pred = predict_streams(policy, data, test, warmup=warmup)
     seconds = time.perf_counter() - t0
     kind = spec["kind"] + ("-int8" if spec.get("rnn", {}).get("int8") else "") + \
         (f"-prune{spec['rnn']['prune']:g}" if spec.get("rnn", {}).get("prune") else "")

@@ -63,7 +63,8 @@ def lab_placement(policy_path, traces, data, placement: str = "lab", align: int 
                           f"lifetime table's placement replays traces: distil it from traces "
                           f"(--data TRACE...) or choose with --placement lifetime|one|glibc")
     want = data.labels >= 0
-    classes = np.where(want, predict_streams(Policy(policy_path), data, want)[:, 0], -1)
+    classes = np.full(len(data), -1, np.int64)
+    classes[want] = predict_streams(Policy(policy_path), data, want)[:, 0]
     peaks = dict.fromkeys(LAB_POLICIES, 0)
     per_trace, first = [], 0
     for path in traces:

@@ -61,8 +61,8 @@ def predictions(model_path, trace, features: dict | None = None
         from ..policy.native import Policy
         want = np.zeros(len(data), bool)
         want[rows] = True
-        pred = predict_streams(Policy(model_path), data, want,
-                               warmup=model.spec["model"]["config"].get("warmup"))[rows]
+        pred = predict_streams(Policy(model_path), data, want,     # rows: sorted, unique
+                               warmup=model.spec["model"]["config"].get("warmup"))
     else:
         pred = model.predict(data, rows, 5)
     return model, data.labels[rows], pred, protocol
