@@ -234,6 +234,30 @@ def test_model_and_lab_sections(recorded, tmp_path, cli):
     assert '"model":"policy:table"' in html
 
 
+def test_a_model_the_protocol_refuses_is_refused_before_the_work(recorded, tmp_path, cli,
+                                                                monkeypatch):
+    """A model trained on the whole recording cannot be scored on it (the report would score it
+    cross-run): refused from the metadata, before the page's pass or any feature is built."""
+    d, _ = recorded
+    model = tmp_path / "whole.safetensors"
+    assert cli("train", d / "churn.trace", "--model", "ngram", "-o", model).returncode == 0
+    import importlib
+    from heapcast.forecast import dataset
+    from heapcast.forecast.modelfile import ModelError
+    from heapcast.report import report
+
+    def no_work(*a, **k):
+        raise AssertionError("work done before the refusal")
+    monkeypatch.setattr(importlib.import_module("heapcast.report.data"), "build", no_work)
+    monkeypatch.setattr(dataset, "featurize", no_work)
+    with pytest.raises(ModelError, match="cross-run"):
+        report(d / "churn.trace", output=tmp_path / "r.html", model=model)
+    assert not (tmp_path / "r.html").exists()
+    monkeypatch.undo()
+    done = cli("report", d / "churn.trace", "--model", model, "-o", tmp_path / "r.html")
+    assert done.returncode == 2 and "trained on" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_mapped_bytes_over_time_with_mmap():
     """Recorded with --mmap: the memory chart's mmap'd bytes follow mmap, munmap and mremap."""
     import numpy as np

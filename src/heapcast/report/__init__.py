@@ -30,11 +30,13 @@ def report(trace, output=None, model=None, lab: bool = False, diff=None,
     if models:
         from ..forecast.models import load_model
         from ..policy.fileformat import is_policy, read_spec
+        from .forecast import protocol_for
         for path in models:
             if is_policy(path):
                 read_spec(path)
             else:
                 load_model(path)
+            protocol_for(path, trace)   # a model the report's protocol refuses, refused here
     data = build(trace, progress=progress)
     if other is not None:
         data["diff"] = diff_section(data, build(other, progress=progress), str(other.path))

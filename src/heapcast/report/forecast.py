@@ -24,7 +24,7 @@ def predictions(model_path, trace, features: dict | None = None
     `features`: the trace's features by stream order and rank columns, shared by the models of
     one report (each took 13 s to build again on a Python program's 13.6M events)."""
     from ..forecast.dataset import load_features
-    from ..forecast.evaluate import overlap, scored_rows
+    from ..forecast.evaluate import scored_rows
     from ..forecast.tasks import make_task_for, rank_groupings
     from ..forecast.models import load_model
     from ..policy.evaluate import label_space
@@ -38,6 +38,7 @@ def predictions(model_path, trace, features: dict | None = None
     else:
         model = load_model(model_path)
     training = model.meta.get("training", {})
+    protocol = protocol_for(model_path, trace)     # a refusal before the features are built
     order = training.get("order", "thread")
     ranks = rank_groupings(model.task, getattr(model, "free_group", "all"))
     features = {} if features is None else features
@@ -47,9 +48,6 @@ def predictions(model_path, trace, features: dict | None = None
         features[key] = load_features([str(trace.path)], order, need_ranks=ranks)
     feats = features[key]
     data = make_task_for(feats, model)
-    trained = overlap(training.get("traces", []), feats.sources)
-    split = training.get("split", "all")
-    protocol = split if trained and split in ("time", "article") else "cross-run"
     test, _ = scored_rows(model_path, protocol, data, training, feats.sources)
     rows = np.flatnonzero(test)
     if len(rows) > MAX_ROWS:
@@ -84,12 +82,34 @@ def model_section(models, trace) -> dict:
     return {"results": results}
 
 
-def _split(path) -> str:
-    """The split a model file (or the model a POLICY was compiled from) was trained with, from
-    its metadata alone (report() has checked the file already; predictions() loads it if
-    needed)."""
+def protocol_for(model_path, trace) -> str:
+    """The protocol the report scores a model file or POLICY under on `trace`: the held-out part
+    of its split ('time'/'article') when it was trained on this very recording, else cross-run.
+    From their metadata alone, so that the refusal of a model that protocol cannot score
+    (ModelError: trained on the whole of this recording, on another program...) comes before
+    the report's work, not after its features are built (heapcast.forecast.evaluate.
+    check_protocol, which scored_rows applies again to the features)."""
+    from ..forecast.evaluate import check_protocol, overlap
+    from ..forecast.features import recording_source
+    training = _training(model_path)
+    sources = [recording_source(trace)]
+    split = training.get("split", "all")
+    trained = overlap(training.get("traces", []), sources)
+    protocol = split if trained and split in ("time", "article") else "cross-run"
+    check_protocol(model_path, protocol, training, sources)
+    return protocol
+
+
+def _training(path) -> dict:
+    """How a model file (or the model a POLICY was compiled from) was trained, from its metadata
+    alone (report() has checked the file already; predictions() loads it if needed)."""
     from ..policy.fileformat import is_policy, read_spec
     if is_policy(path):
-        return read_spec(path).get("training", {}).get("split", "all")
+        return read_spec(path).get("training", {})
     from ..forecast.modelfile import read_model_meta
-    return read_model_meta(path).get("training", {}).get("split", "all")
+    return read_model_meta(path).get("training", {})
+
+
+def _split(path) -> str:
+    """The split a model file (or a POLICY's model) was trained with."""
+    return _training(path).get("split", "all")
