@@ -150,6 +150,24 @@ def test_seed_reproduction_reports_both_targets(runs, tmp_path, capsys):
     assert r["top1_article_target"] > r["top1"]
 
 
+def test_train_draws_its_progress_bar_on_a_terminal_only(runs, tmp_path, capsys, monkeypatch):
+    """Redirected to a file, a training's bar was hundreds of carriage-returned updates (the
+    main job's log); record, stats and report already drew theirs on a terminal only."""
+    pytest.importorskip("torch")
+    model = tmp_path / "seed.safetensors"
+    args = ["train", str(runs["a"]), "-o", str(model), "--model", "seed", "--max-steps", "3",
+            "--threads", "1"]
+    capsys.readouterr()
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "batch/s" not in err and "trained seed" in err, err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert main(args) == 0
+    assert "batch/s" in capsys.readouterr().err
+    assert main(args + ["-q"]) == 0
+    assert "batch/s" not in capsys.readouterr().err
+
+
 def test_heapcast_command_has_the_forecast_verbs(runs):
     from heapcast.cli import build_parser
     sub = next(a for a in build_parser()._actions if a.dest == "verb")

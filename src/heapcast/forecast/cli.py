@@ -15,10 +15,16 @@ from .names import (DEFAULT_MODEL, FREE_GROUPS, MODEL_NAMES, ORDERS, PROTOCOLS, 
                     VOCAB_NAMES)
 
 
+def _progress(a) -> bool:
+    """Whether to draw a progress bar: not with -q, and only on a terminal (as record, stats and
+    report do): redirected to a log, a bar is hundreds of carriage-returned lines."""
+    return not getattr(a, "quiet", False) and sys.stderr.isatty()
+
+
 def _cmd_dataset(a) -> int:
     from .dataset import build_dataset
     out = build_dataset(a.traces, a.output, order=a.order, parquet=not a.no_parquet,
-                        progress=not a.quiet)
+                        progress=_progress(a))
     print(f"heapcast: wrote dataset {out}", file=sys.stderr)
     return 0
 
@@ -53,7 +59,7 @@ def _cmd_train(a) -> int:
     s = train(a.traces, a.output, model=model, task=a.task, vocab=a.vocab, epochs=a.epochs,
               split=a.split, order=a.order, max_steps=a.max_steps, max_events=a.max_events,
               config=_config(a),
-              progress=not a.quiet, resume=a.resume, device=a.device, validate=a.validate or (),
+              progress=_progress(a), resume=a.resume, device=a.device, validate=a.validate or (),
               free_group=a.free_group)
     st = s["stats"]
     if s["rank"] != 0:
@@ -87,7 +93,7 @@ def add_parsers(sub) -> None:
                    help="one stream per thread (default, the article's) or per process (exact "
                         "global order)")
     d.add_argument("--no-parquet", action="store_true", help="skip events.parquet")
-    d.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    d.add_argument("-q", "--quiet", action="store_true", help="no progress bar (one is drawn only when stderr is a terminal)")
     d.set_defaults(func=_cmd_dataset)
 
     t = sub.add_parser("train", help="train a forecasting model on traces or datasets")
@@ -135,7 +141,7 @@ def add_parsers(sub) -> None:
     t.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     t.add_argument("--resume", action="store_true", help="continue from MODEL.ckpt")
     t.add_argument("--json", action="store_true", help="print the training summary as JSON")
-    t.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    t.add_argument("-q", "--quiet", action="store_true", help="no progress bar (one is drawn only when stderr is a terminal)")
     t.set_defaults(func=_cmd_train)
 
     e = sub.add_parser("evaluate", help="score a model on traces under a protocol")

@@ -98,7 +98,8 @@ def add_parsers(sub) -> None:
         from .._outputs import prepare_output
         from .finetune import finetune
         prepare_output(a.output)
-        s = finetune(a.init, a.traces, a.output, epochs=a.epochs, lr=a.lr, progress=not a.quiet)
+        s = finetune(a.init, a.traces, a.output, epochs=a.epochs, lr=a.lr,
+                     progress=not a.quiet and sys.stderr.isatty())   # a bar on a terminal only
         print(f"heapcast: fine-tuned {a.init} on {s['rows']:,} logged decisions in "
               f"{s['wall_s']:.1f} s -> {s['output']}", file=sys.stderr)
         return 0
