@@ -249,18 +249,25 @@ def test_abort_keeps_the_events_and_exits_134(build, own, cli, tmp_path):
     assert int(done.stdout.split()[1], 16) == ev["addr"][9]
 
 
+def _default_interrupts():
+    """In a child: SIGINT and SIGQUIT at their default, as in a terminal's foreground job, even
+    when the tests run in a background job (a shell's `&` starts it with both ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("ignored", [False, True])
 def test_the_program_gets_interrupt_signals_as_it_would_untraced(cli, tmp_path, ignored):
     """record catches SIGINT and SIGQUIT while the program runs (^C reaches both through the
     terminal; record finalizes after the program); the program starts with them at their
     default, or ignored when record itself was started with them ignored, as a shell's `&` does."""
-    def ignore():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    def dispose():   # either way, whatever the test runner was started with (`&` ignores both)
+        for sig in (signal.SIGINT, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN if ignored else signal.SIG_DFL)
     probe = ("import signal as s; print(*['ign' if h == s.SIG_IGN else 'dfl' if h == s.SIG_DFL "
              "else 'handler' for h in map(s.getsignal, (s.SIGINT, s.SIGQUIT))])")
     done = cli("record", "-o", tmp_path / "t", "--", sys.executable, "-c", probe,
-               preexec_fn=ignore if ignored else None)
+               preexec_fn=dispose)
     assert done.returncode == 0, done.stderr
     # (CPython installs its own SIGINT handler at start-up unless SIGINT is ignored)
     assert done.stdout.split() == (["ign", "ign"] if ignored else ["handler", "dfl"])
@@ -271,7 +278,7 @@ def test_interrupt_of_the_terminal_ends_the_program_and_the_trace_is_kept(cli_ar
     shell reports it); record survives it and writes the whole trace."""
     rec = subprocess.Popen([*cli_argv, "record", "-o", str(tmp_path / "t"), "--", "sleep", "30"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
+                           start_new_session=True, preexec_fn=_default_interrupts)
     try:
         deadline = time.monotonic() + 60
         while not list((tmp_path / "t").glob("*.raw")):   # the program runs (its raw file)
