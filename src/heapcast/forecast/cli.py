@@ -93,7 +93,8 @@ def add_parsers(sub) -> None:
                    help="one stream per thread (default, the article's) or per process (exact "
                         "global order)")
     d.add_argument("--no-parquet", action="store_true", help="skip events.parquet")
-    d.add_argument("-q", "--quiet", action="store_true", help="no progress bar (one is drawn only when stderr is a terminal)")
+    d.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar (one is drawn only when stderr is a terminal)")
     d.set_defaults(func=_cmd_dataset)
 
     t = sub.add_parser("train", help="train a forecasting model on traces or datasets")
@@ -141,7 +142,8 @@ def add_parsers(sub) -> None:
     t.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     t.add_argument("--resume", action="store_true", help="continue from MODEL.ckpt")
     t.add_argument("--json", action="store_true", help="print the training summary as JSON")
-    t.add_argument("-q", "--quiet", action="store_true", help="no progress bar (one is drawn only when stderr is a terminal)")
+    t.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar (one is drawn only when stderr is a terminal)")
     t.set_defaults(func=_cmd_train)
 
     e = sub.add_parser("evaluate", help="score a model on traces under a protocol")
