@@ -13,8 +13,8 @@
  * Its footprint is what the packer keeps resident, not an extent: the pages that hold a byte of a
  * live block, plus the kept mappings, plus its budget of free-but-resident pages
  * (HEAPCAST_PACK_DIRTY, 256 KiB), which the packer reaches between sweeps. What it leaves out:
- * the per-thread caches (at most 16 free blocks per class and thread) and the side tables (32
- * bytes per 64 KiB unit).
+ * the per-thread caches (at most 8 KiB of free blocks per class and thread) and the side tables
+ * (32 bytes per 64 KiB unit).
  *
  * Kinds: POL_PACK puts every block in one group (`--policy none`, and a policy without lifetime
  * groups); POL_PACK_ORACLE and POL_PACK_LEARNED put a block in the group of its true or predicted
