@@ -575,42 +575,48 @@ static inline void maybe_sweep(void) {
 }
 
 /* ---- the thread cache ----
- * Each thread keeps free blocks per (group, class) for classes up to TC_CLASSES (1 KiB),
- * linked through their first word: malloc and free of small blocks take no lock while the
- * thread's bin has a block or room; an empty bin takes a batch of blocks under one lock, a full
- * one gives a batch back. A bin holds up to TC_BYTES of blocks (TC_MIN blocks at least): 512
- * blocks of 16 bytes, 128 of 64, 16 of 512 bytes and up; its batch is half of that. Cached
- * blocks are in use as far as their spans know (they keep their pages), which bounds what the
- * cache can hold back: about 650 KiB per group for a thread that uses every small class.
- * A free from another thread goes to the freeing thread's bin. At thread exit a
- * thread-specific-data destructor gives the bins back and turns the cache off for that thread.
- * Without the cache, every malloc/free pair took the class lock twice: make ran 1.2x glibc's
- * time. With 16 blocks a bin and batches of 8 (until stop 40), CPython allocating every object
- * through malloc (py_dicts with PYTHONMALLOC=malloc) ran 1.5x glibc's time, most of it its
- * cyclic collector walking objects that batches of 8 had scattered over their spans. */
+ * Each thread keeps free blocks per (group, class) for classes up to TC_CLASSES (1 KiB), in an
+ * array, oldest first: malloc and free of small blocks take no lock while the thread's bin has
+ * a block or room. An allocation takes the block freed last (still in the cache's lines); an
+ * empty bin takes a batch under one lock, a full one gives its oldest batch back. A bin holds up
+ * to TC_BYTES of blocks (TC_MIN blocks at least): 512 blocks of 16 bytes, 128 of 64, 16 of 512
+ * bytes and up; a batch is half of that. Cached blocks are in use as far as their spans know
+ * (they keep their pages), which bounds what the cache can hold back: about 650 KiB per group
+ * for a thread that uses every small class. A free from another thread goes to the freeing
+ * thread's bin. At thread exit a thread-specific-data destructor gives the bins back and turns
+ * the cache off for that thread. Without the cache, every malloc/free pair took the class lock
+ * twice: make ran 1.2x glibc's time. With 16 blocks a bin in a list, batches of 8 and the blocks
+ * freed last given back (until stop 40), CPython allocating every object through malloc
+ * (py_dicts with PYTHONMALLOC=malloc) ran 1.5x glibc's time, most of it its cyclic collector
+ * walking objects scattered over their spans; now 0.9x (docs/allocator.md). */
 #define TC_CLASSES 64
 #define TC_BYTES 8192
 #define TC_MIN 16
 #define TC_LIMIT 512
 
 static uint16_t tc_max[TC_CLASSES], tc_batch[TC_CLASSES];   /* per class, from its size */
+static uint32_t tc_first[TC_CLASSES], tc_slots;   /* a class's first slot in a group's array */
 
 static void init_tc_limits(void) {
+    tc_slots = 0;
     for (unsigned c = 0; c < TC_CLASSES; c++) {
         size_t n = c < nclasses ? TC_BYTES / class_size[c] : TC_MIN;
         n = n < TC_MIN ? TC_MIN : n > TC_LIMIT ? TC_LIMIT : n;
         tc_max[c] = (uint16_t)n;
         tc_batch[c] = (uint16_t)(n / 2);
+        tc_first[c] = tc_slots;
+        tc_slots += (uint32_t)n;
     }
 }
 
 typedef struct {
-    void *head;
+    void **slot;              /* its blocks, oldest first: the next allocation takes the last */
     uint32_t n;
 } tc_bin;
 
-/* The bins live in a page of their own per thread (mmap'd), so that the library's static TLS
- * stays a few words (it must fit the surplus glibc keeps for libraries loaded late). */
+/* The bins and their slots live in a mapping of their own per thread (about 60 KiB a group,
+ * pages touched as classes are used), so that the library's static TLS stays a few words (it
+ * must fit the surplus glibc keeps for libraries loaded late). */
 typedef tc_bin tc_bins[PACK_GROUPS][TC_CLASSES];
 enum { TC_NEW = 0, TC_REGISTERING, TC_ON, TC_OFF };
 static __thread tc_bins *tc __attribute__((tls_model("initial-exec")));
@@ -618,17 +624,27 @@ static __thread int tc_state __attribute__((tls_model("initial-exec")));
 static pthread_key_t tc_key;
 static int tc_key_ok;
 
+static size_t tc_map_bytes(void) {
+    return sizeof(tc_bins) + (size_t)PACK_GROUPS * tc_slots * sizeof(void *);
+}
+
 static int tc_register(void) {
     if (tc_state != TC_NEW || !tc_key_ok)
         return 0;
     tc_state = TC_REGISTERING;          /* pthread_setspecific may allocate: not from the cache */
-    void *bins = mmap(NULL, sizeof(tc_bins), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+    void *bins = mmap(NULL, tc_map_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                       -1, 0);
     int ok = bins != MAP_FAILED && pthread_setspecific(tc_key, (void *)1) == 0;
-    if (ok)
-        tc = bins;
-    else if (bins != MAP_FAILED)
-        munmap(bins, sizeof(tc_bins));
+    if (ok) {
+        tc_bins *t = bins;
+        void **slots = (void **)((char *)bins + sizeof(tc_bins));
+        for (unsigned g = 0; g < PACK_GROUPS; g++)
+            for (unsigned k = 0; k < TC_CLASSES; k++)
+                (*t)[g][k].slot = slots + (size_t)g * tc_slots + tc_first[k];
+        tc = t;
+    } else if (bins != MAP_FAILED) {
+        munmap(bins, tc_map_bytes());
+    }
     tc_state = ok ? TC_ON : TC_OFF;
     return ok;
 }
@@ -637,17 +653,18 @@ static inline int tc_on(void) {
     return HA_LIKELY(tc_state == TC_ON) || tc_register();
 }
 
-/* Gives n blocks of bin b (class cls of group g) back to their spans. */
+/* Gives the n oldest blocks of bin b (class cls of group g) back to their spans: the ones
+ * freed last, still in the cache's lines, stay for the next allocations. */
 static void tc_drain(tc_bin *b, unsigned g, unsigned cls, uint32_t n) {
     pack_class *c = &classes[g][cls];
+    if (n > b->n)
+        n = b->n;
     pthread_mutex_lock(&c->lock);
-    while (n-- && b->n) {
-        void *p = b->head;
-        b->head = *(void **)p;
-        b->n--;
-        free_locked(c, span_of((uintptr_t)p), (uintptr_t)p);
-    }
+    for (uint32_t i = 0; i < n; i++)
+        free_locked(c, span_of((uintptr_t)b->slot[i]), (uintptr_t)b->slot[i]);
     pthread_mutex_unlock(&c->lock);
+    b->n -= n;
+    memmove(b->slot, b->slot + n, (size_t)b->n * sizeof(void *));
 }
 
 static void tc_exit(void *unused) {
@@ -659,8 +676,8 @@ static void tc_exit(void *unused) {
     for (unsigned g = 0; g < PACK_GROUPS; g++)
         for (unsigned k = 0; k < TC_CLASSES; k++)
             if ((*bins)[g][k].n)
-                tc_drain(&(*bins)[g][k], g, k, tc_max[k]);
-    munmap(bins, sizeof(tc_bins));
+                tc_drain(&(*bins)[g][k], g, k, (*bins)[g][k].n);
+    munmap(bins, tc_map_bytes());
     maybe_sweep();
 }
 
@@ -669,15 +686,20 @@ static void *tc_refill(tc_bin *b, unsigned g, unsigned cls) {
     pack_class *c = &classes[g][cls];
     pthread_mutex_lock(&c->lock);
     void *first = alloc_locked(c, g, cls);
-    for (int i = 1; first && i < tc_batch[cls]; i++) {
+    uint32_t n = 0;
+    while (first && n + 1 < tc_batch[cls]) {
         void *p = alloc_locked(c, g, cls);
         if (!p)
             break;
-        *(void **)p = b->head;
-        b->head = p;
-        b->n++;
+        b->slot[n++] = p;
     }
     pthread_mutex_unlock(&c->lock);
+    for (uint32_t i = 0, j = n; i + 1 < j; i++, j--) {   /* the lowest address is taken next */
+        void *t = b->slot[i];
+        b->slot[i] = b->slot[j - 1];
+        b->slot[j - 1] = t;
+    }
+    b->n = n;
     return first;
 }
 
@@ -697,12 +719,8 @@ void *pack_alloc(int group, size_t size, size_t align) {
             return NULL;
     } else if (cls < TC_CLASSES && tc_on()) {
         tc_bin *b = &(*tc)[group][cls];
-        void *p = b->head;
-        if (HA_LIKELY(p)) {
-            b->head = *(void **)p;
-            b->n--;
-            return p;
-        }
+        if (HA_LIKELY(b->n))
+            return b->slot[--b->n];
         return tc_refill(b, (unsigned)group, cls);
     }
     pack_class *c = &classes[group][cls];
@@ -723,9 +741,7 @@ void pack_free(void *ptr) {
             tc_drain(b, g, cls, tc_batch[cls]);
             maybe_sweep();
         }
-        *(void **)ptr = b->head;
-        b->head = ptr;
-        b->n++;
+        b->slot[b->n++] = ptr;
         return;
     }
     pack_class *c = &classes[g][cls];
