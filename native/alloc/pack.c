@@ -614,7 +614,7 @@ typedef struct {
     uint32_t n;
 } tc_bin;
 
-/* The bins and their slots live in a mapping of their own per thread (about 60 KiB a group,
+/* The bins and their slots live in a mapping of their own per thread (about 20 KiB a group,
  * pages touched as classes are used), so that the library's static TLS stays a few words (it
  * must fit the surplus glibc keeps for libraries loaded late). */
 typedef tc_bin tc_bins[PACK_GROUPS][TC_CLASSES];
