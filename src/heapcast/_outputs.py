@@ -1,4 +1,5 @@
-"""The commands' output files, made ready before the work that fills them.
+"""The commands' output files, made ready before the work that fills them, and whether a
+command draws a progress bar.
 
 A command given an output file in a directory that does not exist, or that it cannot write, used
 to find out when it wrote the file: `simulate --plot` after a 16 s replay, `run --log` after the
@@ -9,7 +10,14 @@ error names the file.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+
+def show_progress(quiet: bool = False) -> bool:
+    """Whether a command draws a progress bar: only on a terminal, and never with -q. Redirected
+    to a log, a bar is hundreds of carriage-returned updates."""
+    return not quiet and sys.stderr.isatty()
 
 
 def prepare_output(path) -> Path:

@@ -51,9 +51,10 @@ def _cmd_stats(a) -> int:
         d = read_run_log(a.trace)
         print(json.dumps(d, indent=2) if a.json else format_summary(d))
         return 0
+    from ._outputs import show_progress
     from .stats import format_stats, stats
     # (stats() checks the plot's file before it reads the trace it is given by its path)
-    d = stats(a.trace, top=a.top, plot=a.plot, progress=sys.stderr.isatty())
+    d = stats(a.trace, top=a.top, plot=a.plot, progress=show_progress())
     print(json.dumps(d, indent=2) if a.json else format_stats(d))
     if a.plot:
         print(f"heapcast: wrote {a.plot}", file=sys.stderr)

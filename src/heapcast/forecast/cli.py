@@ -15,16 +15,11 @@ from .names import (DEFAULT_MODEL, FREE_GROUPS, MODEL_NAMES, ORDERS, PROTOCOLS, 
                     VOCAB_NAMES)
 
 
-def _progress(a) -> bool:
-    """Whether to draw a progress bar: not with -q, and only on a terminal (as record, stats and
-    report do): redirected to a log, a bar is hundreds of carriage-returned lines."""
-    return not getattr(a, "quiet", False) and sys.stderr.isatty()
-
-
 def _cmd_dataset(a) -> int:
+    from .._outputs import show_progress
     from .dataset import build_dataset
     out = build_dataset(a.traces, a.output, order=a.order, parquet=not a.no_parquet,
-                        progress=_progress(a))
+                        progress=show_progress(a.quiet))
     print(f"heapcast: wrote dataset {out}", file=sys.stderr)
     return 0
 
@@ -52,15 +47,14 @@ def _config(a) -> dict:
 
 
 def _cmd_train(a) -> int:
-    from .._outputs import prepare_output
+    from .._outputs import prepare_output, show_progress
     from .train import train
     prepare_output(a.output)   # before training, not when the model is saved
     model = a.model or DEFAULT_MODEL
     s = train(a.traces, a.output, model=model, task=a.task, vocab=a.vocab, epochs=a.epochs,
               split=a.split, order=a.order, max_steps=a.max_steps, max_events=a.max_events,
-              config=_config(a),
-              progress=_progress(a), resume=a.resume, device=a.device, validate=a.validate or (),
-              free_group=a.free_group)
+              config=_config(a), progress=show_progress(a.quiet), resume=a.resume,
+              device=a.device, validate=a.validate or (), free_group=a.free_group)
     st = s["stats"]
     if s["rank"] != 0:
         return 0  # under torchrun: rank 0 speaks for all

@@ -95,11 +95,11 @@ def add_parsers(sub) -> None:
             return forecast_train(a)
         if not a.init:
             raise ValueError("--from-log needs --init MODEL, the model to continue training")
-        from .._outputs import prepare_output
+        from .._outputs import prepare_output, show_progress
         from .finetune import finetune
         prepare_output(a.output)
         s = finetune(a.init, a.traces, a.output, epochs=a.epochs, lr=a.lr,
-                     progress=not a.quiet and sys.stderr.isatty())   # a bar on a terminal only
+                     progress=show_progress(a.quiet))
         print(f"heapcast: fine-tuned {a.init} on {s['rows']:,} logged decisions in "
               f"{s['wall_s']:.1f} s -> {s['output']}", file=sys.stderr)
         return 0

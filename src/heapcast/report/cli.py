@@ -6,12 +6,12 @@ from pathlib import Path
 
 
 def _cmd_report(a) -> int:
-    from .._outputs import prepare_output
+    from .._outputs import prepare_output, show_progress
     from . import report
     if a.output is not None:   # before the page's work, not when it is written
         prepare_output(a.output)
     out = report(a.trace, output=a.output, model=a.model, lab=a.lab, diff=a.diff,
-                 progress=sys.stderr.isatty())
+                 progress=show_progress())
     size = out.stat().st_size
     print(f"heapcast: wrote {out} ({size / 1e6:.1f} MB, open it in a browser)", file=sys.stderr)
     return 0
