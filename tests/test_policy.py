@@ -3,7 +3,10 @@ was compiled from, on real recordings; keys and tokens against the trace tools; 
 damaged and mismatched POLICY files."""
 import ctypes
 import json
+import os
+import signal
 import threading
+import time
 import zlib
 
 import numpy as np
@@ -208,25 +211,71 @@ def test_the_runtime_crc32_is_zlibs():
         assert lib.hc_crc32(start, chunk, len(chunk)) == zlib.crc32(chunk, start), n
 
 
+def _mapped_base(name: str) -> int:
+    """Load address of the library whose file is `name`, from /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].endswith("/" + name) and int(parts[2], 16) == 0:
+                return int(parts[0].split("-")[0], 16)
+    raise AssertionError(f"{name} is not mapped")
+
+
 def test_call_sites_of_this_process_resolve_as_recorded_keys():
     lib = library()
     lib.hc_site_of_address.restype = ctypes.c_uint32
     lib.hc_site_of_address.argtypes = [ctypes.c_uint64]
     libc = ctypes.CDLL("libc.so.6")
     addr = ctypes.cast(libc.malloc, ctypes.c_void_p).value
-    base = None
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 6 and parts[5].endswith("/libc.so.6") and int(parts[2], 16) == 0:
-                base = int(parts[0].split("-")[0], 16)
-                break
-    assert base is not None
+    base = _mapped_base("libc.so.6")
     ra = addr + 5
     want = lib.hc_site_key(zlib.crc32(b"libc.so.6"), ra - base)
     assert lib.hc_site_of_address(ra) == want != 0
     assert lib.hc_site_of_address(ra) == want          # cached
     assert lib.hc_site_of_address(8) == 0              # in no module
+
+
+def test_a_fork_child_keys_call_sites_while_the_loaders_lock_is_held(build):
+    """glibc's fork leaves dl_iterate_phdr's lock as another thread held it: a child forked then
+    must key the call sites of a library loaded since the runtime last looked (the policy runtime
+    runs inside the recorder and the allocator of any child) without that lock."""
+    lib = library()
+    lib.hc_site_of_address.restype = ctypes.c_uint32
+    lib.hc_site_of_address.argtypes = [ctypes.c_uint64]
+    assert lib.hc_site_of_address(ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value) != 0
+    extra_path = build("fork_phdr", "-DLIB", "-shared", "-fPIC")
+    extra = ctypes.CDLL(str(extra_path))        # loaded after the runtime's map was made
+    ra = ctypes.cast(extra.extra_alloc, ctypes.c_void_p).value + 5
+    want = lib.hc_site_key(zlib.crc32(extra_path.name.encode()), ra - _mapped_base(extra_path.name))
+    libdl = ctypes.CDLL(None)
+    callback_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    inside, go = threading.Event(), threading.Event()
+
+    def hold(info, size, data):
+        inside.set()
+        go.wait(30)
+        return 1
+
+    callback = callback_t(hold)
+    holder = threading.Thread(target=libdl.dl_iterate_phdr, args=(callback, None))
+    holder.start()
+    try:
+        assert inside.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if lib.hc_site_of_address(ra) == want else 1)
+        deadline = time.monotonic() + 10
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert done[0] == pid, "the child hung"
+        assert os.waitstatus_to_exitcode(done[1]) == 0, "the child keyed the call site wrongly"
+    finally:
+        go.set()
+        holder.join()
+    assert lib.hc_site_of_address(ra) == want != 0
 
 
 def test_predictions_are_deterministic_across_runs_and_threads(runs, rnn_policy):

@@ -135,6 +135,42 @@ def test_a_fork_child_gives_back_the_other_threads_mappings(build, tmp_path, cap
         _replays_cleanly(proc)
 
 
+def test_a_child_forked_while_a_thread_holds_the_loaders_lock_is_traced(build, tmp_path, capfd):
+    """glibc's fork leaves dl_iterate_phdr's lock as it was: a child forked while another thread
+    is inside dl_iterate_phdr (here the program's own, its callback waiting on a pipe; at stop 40
+    the recorder's module check at a new chunk, one CI run in ten) hung in the recorder's next
+    module snapshot. A fork child now starts from its parent's module map kept in memory, and a
+    library it dlopens later is found without that lock (_dl_find_object): its call site
+    resolves to the library's function."""
+    from heapcast.stats.symbolize import Symbolizer
+    lib = build("fork_phdr", "-DLIB", "-shared", "-fPIC")
+    prog = build("fork_phdr", "-ldl")
+    result = heapcast.record([prog, str(lib)], output=tmp_path / "t", progress=False)
+    assert result.exit_code == 0 and not result.problems, result.problems
+    assert capfd.readouterr().out.split() == ["held", "0", "dlopen", "0"]
+    trace = heapcast.load(tmp_path / "t")
+    parent, held, dlopened = sorted(trace.processes, key=lambda p: p.pid)
+    assert held.forked_from == dlopened.forked_from == parent.pid
+    for proc in trace.processes:
+        assert proc.lost_events == 0
+        _replays_cleanly(proc)
+    ev = held.events
+    assert np.count_nonzero((ev["op"] == OP["malloc"]) & (ev["size"] == 24)) == 300000
+    sym = Symbolizer()
+    for proc, size, function, module in ((held, 2345, "main", prog.name),
+                                         (dlopened, 4321, "extra_alloc", lib.name)):
+        ev = proc.events
+        mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == size)]
+        assert len(mine) == 1, (proc.pid, size)
+        site = int(proc.locations.callsites[mine["loc"]][0])
+        got, = sym.symbolize(proc, [site], seqs=[int(mine["seq"][0])])
+        assert (got.function, got.module) == (function, module), got
+    # the parent's map came with the fork: the first snapshot of each child knows libc
+    for proc in (held, dlopened):
+        assert any("libc" in os.path.basename(m.path) for m in proc.modules[0].modules)
+    assert not any(m.path == str(lib) for m in held.modules[-1].modules)
+
+
 def test_forks_in_a_library_constructor_beside_its_thread_are_traced(build, tmp_path, capfd):
     """A library the program needs is initialized before the preloaded recorder's constructor
     runs: its constructor starts a thread that allocates and forks 200 children at once. The

@@ -4,9 +4,13 @@
  * load base (hc_site_key), as heapcast.forecast.features.location_keys does for recorded traces,
  * so that a policy trained on recordings recognises the call sites of a live run despite ASLR.
  *
- * The module map is built with dl_iterate_phdr into one of two static buffers and published with
- * an atomic pointer; it is rebuilt only when an address falls outside every known module and the
- * loader's add/remove counters moved. No malloc: safe inside an allocator or the recorder.
+ * The module map lives in one of two static buffers, published with an atomic pointer. An
+ * address outside every known module is looked up with _dl_find_object (glibc 2.35), which takes
+ * no lock, and its module added: dl_iterate_phdr's lock is left as it was by glibc's fork, so a
+ * child forked while another thread held it would wait forever in dl_iterate_phdr (the recorder
+ * did: native/recorder/recorder.c, "modules in a fork child"). Without _dl_find_object the map is
+ * rebuilt with dl_iterate_phdr when the loader's add/remove counters moved. No malloc: safe
+ * inside an allocator or the recorder.
  */
 #define _GNU_SOURCE
 #include <link.h>
@@ -33,6 +37,18 @@ static uint32_t basename_crc(const char *path) {
     return hc_crc32(0, b, strlen(b));
 }
 
+static uint32_t module_crc(const char *name) {
+    if (name && name[0]) return basename_crc(name);
+    if (!exe_crc_ready) {          /* the main program: its file name, as the recorder keeps it */
+        char buf[4096];
+        ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+        buf[n > 0 ? n : 0] = 0;
+        exe_crc = basename_crc(buf);
+        exe_crc_ready = 1;
+    }
+    return exe_crc;
+}
+
 static int add_module(struct dl_phdr_info *info, size_t size, void *arg) {
     struct modmap *mm = arg;
     (void)size;
@@ -47,25 +63,11 @@ static int add_module(struct dl_phdr_info *info, size_t size, void *arg) {
         if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
     }
     if (hi == 0 || mm->n >= MAX_MODULES) return 0;
-    const char *name = info->dlpi_name;
-    uint32_t crc;
-    if (!name || !name[0]) {          /* the main program: its file name, as the recorder keeps it */
-        if (!exe_crc_ready) {
-            char buf[4096];
-            ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-            buf[n > 0 ? n : 0] = 0;
-            exe_crc = basename_crc(buf);
-            exe_crc_ready = 1;
-        }
-        crc = exe_crc;
-    } else {
-        crc = basename_crc(name);
-    }
     struct module *m = &mm->m[mm->n++];
     m->lo = lo;
     m->hi = hi;
     m->base = info->dlpi_addr;
-    m->key_crc = crc;
+    m->key_crc = module_crc(info->dlpi_name);
     return 0;
 }
 
@@ -77,6 +79,7 @@ static int counters(struct dl_phdr_info *info, size_t size, void *arg) {
     return 1;
 }
 
+/* Rebuilds the map with dl_iterate_phdr if the loader's counters moved (no _dl_find_object). */
 static void rebuild(void) {
     if (__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
     struct modmap *cur = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
@@ -89,6 +92,49 @@ static void rebuild(void) {
         __atomic_store_n(&current, next, __ATOMIC_RELEASE);
     }
     __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
+}
+
+#ifdef DLFO_STRUCT_HAS_EH_DBASE   /* glibc 2.35 and later */
+extern int _dl_find_object(void *pc, struct dl_find_object *result) __attribute__((weak));
+#endif
+
+/* The module that holds `a`, found with _dl_find_object, into *out (NULL if none holds it or
+ * there is no _dl_find_object); added to the map unless another thread is adding one: the answer
+ * does not depend on that, so every run keys the same call sites. */
+static const struct module *find_module(uint64_t a, struct module *out) {
+#ifdef DLFO_STRUCT_HAS_EH_DBASE
+    struct dl_find_object f;
+    if (!_dl_find_object || _dl_find_object((void *)a, &f) != 0 || !f.dlfo_link_map) return NULL;
+    out->lo = (uintptr_t)f.dlfo_map_start;
+    out->hi = (uintptr_t)f.dlfo_map_end;
+    out->base = f.dlfo_link_map->l_addr;
+    out->key_crc = module_crc(f.dlfo_link_map->l_name);
+    if (!__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE)) {
+        struct modmap *cur = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
+        struct modmap *next = cur == &maps[0] ? &maps[1] : &maps[0];
+        int n = cur ? cur->n : 0;   /* (next holds an older prefix of cur: a thread still
+                                     * reading it sees the same entries) */
+        if (n < MAX_MODULES) {
+            if (n) memcpy(next->m, cur->m, (size_t)n * sizeof cur->m[0]);
+            next->m[n] = *out;
+            next->n = n + 1;
+            __atomic_store_n(&current, next, __ATOMIC_RELEASE);
+        }
+        __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
+    }
+    return out;
+#else
+    (void)a; (void)out;
+    return NULL;
+#endif
+}
+
+static int have_find_object(void) {
+#ifdef DLFO_STRUCT_HAS_EH_DBASE
+    return _dl_find_object != NULL;
+#else
+    return 0;
+#endif
 }
 
 static const struct module *lookup(const struct modmap *mm, uint64_t a) {
@@ -120,10 +166,13 @@ uint32_t hc_site_resolve(uintptr_t ra) {
 static uint32_t resolve(uintptr_t ra) {
     uint64_t probe = (uint64_t)ra - 1;    /* a return address: the call is just before it */
     const struct module *m = lookup(__atomic_load_n(&current, __ATOMIC_ACQUIRE), probe);
-    if (!m) {
+    struct module found;
+    if (!m && have_find_object()) {
+        m = find_module(probe, &found);
+    } else if (!m) {
         rebuild();
         m = lookup(__atomic_load_n(&current, __ATOMIC_ACQUIRE), probe);
-        if (!m) return 0;
     }
+    if (!m) return 0;
     return hc_site_key(m->key_crc, (uint64_t)ra - m->base);
 }

@@ -103,6 +103,7 @@ static void pym_note(uint64_t seq) {
     if (g_mods.fd < 0) return;
     struct textbuf tb;
     tb.n = 0;
+    tb.copy = NULL;
     tb_str(&tb, "Y ");
     tb_hex(&tb, seq);
     tb_str(&tb, "\n");

@@ -272,7 +272,13 @@ static void seq_go_locked(void) {
 static size_t str_len(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
 
 /* Buffered text output for the .mods file, written with write(2). */
-struct textbuf { char b[8192]; size_t n; };   /* written to the .mods file */
+struct kept_mods;
+struct textbuf {   /* written to the .mods file */
+    char b[8192];
+    size_t n;
+    struct kept_mods *copy;   /* what is put is also kept there (a module snapshot's lines) */
+};
+static void kept_put(struct kept_mods *k, const char *s, size_t n);
 
 static uint64_t g_mods_bytes;     /* written to the .mods file */
 static uint64_t file_size_limit(void);
@@ -296,6 +302,7 @@ static void tb_flush(struct textbuf *t) {
 }
 
 static void tb_put(struct textbuf *t, const char *s, size_t n) {
+    if (t->copy) kept_put(t->copy, s, n);
     while (n) {
         if (t->n == sizeof t->b) tb_flush(t);
         size_t k = sizeof t->b - t->n < n ? sizeof t->b - t->n : n;
@@ -335,9 +342,134 @@ static ssize_t read_file(const char *path, char *buf, size_t cap) {
     return (ssize_t)n;
 }
 
-/* ---------------------------------------------------------------- module snapshots */
+/* ---------------------------------------------------------------- module snapshots
+ *
+ * Every snapshot lists the loaded modules (dl_iterate_phdr), written when the loader's counters
+ * moved: checked at each new chunk and each new call site, and at exit.
+ *
+ * Not in a fork child: glibc's fork does not reset the lock that dl_iterate_phdr takes
+ * (dl_load_write_lock), so a child forked while another thread was inside dl_iterate_phdr (the
+ * recorder's own check, or the program's) would wait forever in the first one it called
+ * (tests/programs/fork_in_constructor.c: one child in 200 hung, about one run in ten under
+ * load). A fork child's first snapshot is its parent's last, kept in memory (every snapshot's
+ * "m" lines are copied there as they are written); a new call site outside the kept modules is
+ * looked up with _dl_find_object (glibc 2.35, lock-free), and a module loaded since is added to
+ * the kept lines and the snapshot written again. (Without _dl_find_object such a call site stays
+ * unmapped in a fork child: no symbols there, nothing hangs.) */
+#define KEPT_TEXT (256 << 10)   /* (.bss: only the pages written cost memory) */
+#define KEPT_MODULES 2048
+struct kept_mods {
+    uint32_t len, n;
+    int full;                   /* something did not fit: not to be published */
+    uint64_t lo[KEPT_MODULES], hi[KEPT_MODULES];
+    char text[KEPT_TEXT];
+};
+/* One is built (under g_mods_lock) while the other stays whole for a fork in between. */
+static struct kept_mods g_kept[2];
+static volatile int g_kept_pub = -1;   /* the whole one */
+static int g_fork_child;               /* this process began in fork: no dl_iterate_phdr */
 
-struct mods_ctx { struct textbuf *tb; uint64_t adds, subs; int count_only; };
+static void kept_put(struct kept_mods *k, const char *s, size_t n) {
+    if (k->len + n > sizeof k->text) { k->full = 1; return; }
+    memcpy(k->text + k->len, s, n);
+    k->len += (uint32_t)n;
+}
+
+static void kept_range(struct kept_mods *k, uint64_t lo, uint64_t hi) {
+    if (k->n == KEPT_MODULES) { k->full = 1; return; }
+    k->lo[k->n] = lo;
+    k->hi[k->n++] = hi;
+}
+
+/* The buffer to build the next snapshot in (the caller holds g_mods_lock), empty. */
+static struct kept_mods *kept_begin(void) {
+    struct kept_mods *k = &g_kept[g_kept_pub == 0];
+    k->len = k->n = 0;
+    k->full = 0;
+    return k;
+}
+
+static void kept_publish(struct kept_mods *k) {
+    __atomic_store_n(&g_kept_pub, (int)(k - g_kept), __ATOMIC_RELEASE);
+}
+
+static uint64_t g_kept_seq;   /* of the last kept_write */
+
+/* Writes the kept snapshot to the .mods file, in force from sequence number seq. */
+static void kept_write(uint64_t seq) {
+    int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
+    static struct textbuf tb;   /* under g_mods_lock */
+    tb.n = 0;
+    g_kept_seq = seq;
+    tb_str(&tb, "M ");
+    tb_hex(&tb, seq);
+    tb_str(&tb, "\n");
+    if (i >= 0) tb_put(&tb, g_kept[i].text, g_kept[i].len);
+    tb_str(&tb, "E\n");
+    tb_flush(&tb);
+}
+
+static int kept_covers(const struct kept_mods *k, uint64_t pc) {
+    for (uint32_t j = 0; j < k->n; j++)
+        if (pc >= k->lo[j] && pc < k->hi[j]) return 1;
+    return 0;
+}
+
+#ifdef DLFO_STRUCT_HAS_EH_DBASE   /* glibc 2.35 and later */
+extern int _dl_find_object(void *pc, struct dl_find_object *result) __attribute__((weak));
+#endif
+
+/* In a fork child, before frames[0..n) become a location: a frame in a module that the kept
+ * snapshot lacks (loaded since) adds that module and writes the snapshot again. */
+static void kept_note_frames(const uintptr_t *frames, int n) {
+#ifdef DLFO_STRUCT_HAS_EH_DBASE
+    if (!_dl_find_object || g_mods.fd < 0) return;
+    spin_lock(&g_mods_lock);
+    int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
+    struct kept_mods *have = i >= 0 ? &g_kept[i] : NULL, *k = NULL;
+    for (int f = 0; f < n; f++) {
+        struct dl_find_object found;
+        if ((have && kept_covers(have, frames[f])) || (k && kept_covers(k, frames[f])) ||
+            _dl_find_object((void *)frames[f], &found) != 0 || !found.dlfo_link_map)
+            continue;   /* known, or in no module (generated code) */
+        if (!k) {
+            k = kept_begin();
+            if (have) {
+                kept_put(k, have->text, have->len);
+                for (uint32_t j = 0; j < have->n; j++) kept_range(k, have->lo[j], have->hi[j]);
+            }
+        }
+        const struct link_map *m = found.dlfo_link_map;
+        const char *name = m->l_name ? m->l_name : "";
+        struct textbuf tb;
+        tb.n = 0;
+        tb.copy = k;
+        tb_str(&tb, "m ");
+        tb_hex(&tb, m->l_addr); tb_str(&tb, " ");
+        tb_hex(&tb, (uintptr_t)found.dlfo_map_start); tb_str(&tb, " ");
+        tb_hex(&tb, (uintptr_t)found.dlfo_map_end); tb_str(&tb, " ");
+        tb_hexbytes(&tb, name, str_len(name));
+        tb_str(&tb, "\n");
+        kept_range(k, (uintptr_t)found.dlfo_map_start, (uintptr_t)found.dlfo_map_end);
+    }
+    if (k && !k->full) {   /* in force from the same event as the last: it only adds the modules
+                            * loaded since, and this frame's event took its number before (any
+                            * event in them comes through here first) */
+        kept_publish(k);
+        kept_write(g_kept_seq);
+    }
+    spin_unlock(&g_mods_lock);
+#else
+    (void)frames; (void)n;
+#endif
+}
+
+struct mods_ctx {
+    struct textbuf *tb;
+    uint64_t adds, subs;
+    int count_only;
+    struct kept_mods *keep;   /* the lines and ranges also kept there (a fork child's) */
+};
 
 /* The address range spanned by a module's loaded segments (hi = 0 if it has none). */
 static void module_range(const struct dl_phdr_info *info, uint64_t *lo, uint64_t *hi) {
@@ -361,12 +493,15 @@ static int mods_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     module_range(info, &lo, &hi);
     if (hi == 0) return 0;
     const char *name = info->dlpi_name ? info->dlpi_name : "";
+    kept_range(c->keep, lo, hi);
+    c->tb->copy = c->keep;
     tb_str(c->tb, "m ");
     tb_hex(c->tb, info->dlpi_addr); tb_str(c->tb, " ");
     tb_hex(c->tb, lo); tb_str(c->tb, " ");
     tb_hex(c->tb, hi); tb_str(c->tb, " ");
     tb_hexbytes(c->tb, name, str_len(name));
     tb_str(c->tb, "\n");
+    c->tb->copy = NULL;
     return 0;
 }
 
@@ -394,9 +529,10 @@ static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     return strncmp(base, "libpython3", 10) == 0;
 }
 
-/* Writes the loaded modules to the .mods file when they changed since the last snapshot. */
+/* Writes the loaded modules to the .mods file when they changed since the last snapshot (not in
+ * a fork child: see above). */
 static void snapshot_modules(int force) {
-    if (g_mods.fd < 0) return;
+    if (g_mods.fd < 0 || g_fork_child) return;
     struct textbuf *tb = NULL;
     struct mods_ctx probe = {0};
     probe.count_only = 1;
@@ -409,13 +545,14 @@ static void snapshot_modules(int force) {
     static struct textbuf buf;  /* under g_mods_lock */
     tb = &buf;
     tb->n = 0;
-    struct mods_ctx c = {tb, 0, 0, 0};
+    struct mods_ctx c = {tb, 0, 0, 0, kept_begin()};
     tb_str(tb, "M ");
     tb_hex(tb, H ? H->seq : 0);
     tb_str(tb, "\n");
     dl_iterate_phdr(mods_cb, &c);
     tb_str(tb, "E\n");
     tb_flush(tb);
+    if (!c.keep->full) kept_publish(c.keep);
     g_mods_adds = c.adds;
     g_mods_subs = c.subs;
     spin_unlock(&g_mods_lock);
@@ -605,6 +742,7 @@ static void path_join(char *out, size_t cap, const char *name) {
 static void fmt_name(char *out, int pid, uint32_t image, const char *ext) {
     struct textbuf tb;  /* small: used only as a formatter */
     tb.n = 0;
+    tb.copy = NULL;
     char d[16]; int i = 15; d[15] = 0;
     unsigned v = (unsigned)pid;
     do { d[--i] = (char)('0' + v % 10); v /= 10; } while (v);
@@ -882,7 +1020,10 @@ static void atfork_child(void) {
     g_seq_mode = seq_start_mode();   /* this thread is the child's only one */
     struct quiet q;   /* fork() returns 0 in the child with errno as it was, uncancelled */
     quiet_begin(&q);
+    g_fork_child = 1;   /* no dl_iterate_phdr from now on: its lock may be held ("modules in a
+                         * fork child") */
     int ok = open_process_files(parent, fork_seq);
+    if (ok && g_mods.fd >= 0) kept_write(H->seq);   /* (g_mods_lock is free: reset above) */
     if (ok) hc_hook_fork_child();
     /* the wrappers came with the fork (or some of them: another thread was installing them) */
     if (ok && g_pym_state >= 2) pym_note(fork_seq);
@@ -1161,7 +1302,8 @@ static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n) {
     /* A new call site may lie in a module loaded since the last snapshot: check now, so that the
      * module map knows every location even if the process is killed before its next chunk. */
     t->busy++;
-    snapshot_modules(0);
+    if (g_fork_child) kept_note_frames(frames, n);
+    else snapshot_modules(0);
     t->busy--;
     uint32_t id = (uint32_t)__atomic_add_fetch(&H->locs, 1, __ATOMIC_RELAXED);
     uint32_t extra = n > 2 ? ((uint32_t)n - 2 + 2) / 3 : 0;
