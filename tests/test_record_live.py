@@ -608,13 +608,15 @@ def test_processes_that_have_ended_are_passed_by(build, small_windows, keep_raw,
     """A shell running 40 short programs, followed: a raw file whose counters stay still is
     stepped QUIET more polls, then passed by (before: every file at every poll, 1.3 s of the
     converter's CPU for 2,000 processes); the trace is the same as after the exit. The shell
-    waits for a poll after each program, so that every file but the last few sees many polls
-    however slow a loaded machine makes the converter (at nice 10 beside two CPU hogs it
-    polled 13 times in 30 s)."""
+    waits for a poll after each program (a read of a FIFO that each poll opens, without
+    blocking, when the shell waits on it), so that every file but the last few sees many polls
+    however slow a loaded machine makes the converter. (It waited in a loop of `sleep 0.01`,
+    each a followed process: beside two CPU hogs the converter fell behind them, polled 19 times
+    in 14 minutes, and the trace took 30 GB.)"""
     real_step, steps = live.LiveProcess.step, {}
     real_poll, polls = live.LiveConverter.poll, [0]
-    count = tmp_path / "polls"
-    count.write_text("0\n")
+    fifo = tmp_path / "polls"
+    os.mkfifo(fifo, 0o600)
 
     def step(self, copies, stop, between=None):
         steps[self.path.name] = steps.get(self.path.name, 0) + 1
@@ -623,15 +625,20 @@ def test_processes_that_have_ended_are_passed_by(build, small_windows, keep_raw,
     def poll(self):
         progress = real_poll(self)
         polls[0] += 1
-        (tmp_path / "polls.new").write_text(f"{polls[0]}\n")
-        os.replace(tmp_path / "polls.new", count)   # whole, for the shell's read
+        try:   # (no reader waiting: ENXIO)
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return progress
+        try:
+            os.write(fd, f"{polls[0]}\n".encode())
+        finally:
+            os.close(fd)
         return progress
 
     monkeypatch.setattr(live.LiveProcess, "step", step)
     monkeypatch.setattr(live.LiveConverter, "poll", poll)
     out = tmp_path / "t"
-    script = (f"for i in $(seq 40); do /bin/true; read a < {count}; b=$a; "
-              f"while [ $b -le $a ]; do sleep 0.01; read b < {count}; done; done")
+    script = f"for i in $(seq 40); do /bin/true; read a < {fifo}; done"
     r = record(["sh", "-c", script], output=out, follow_children=True, progress=False)
     assert r.exit_code == 0 and not r.problems
     (copy, lives), = keep_raw

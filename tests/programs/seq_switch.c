@@ -1,21 +1,25 @@
 /* seq_switch: a process's second thread starts recording while its first allocates as fast as
  * it can, ROUNDS times (each round in a fork child, which starts with one thread again).
  * usage: seq_switch ROUNDS N
- * In each child, the main thread releases a waiting thread and at once makes N malloc(777)/free
- * pairs; the thread makes N malloc(778)/free pairs. The recorder switches from its one-thread
- * sequence numbers to the shared atomic ones at the thread's first event (recorder.c, "sequence
- * numbers"), in the middle of the main thread's loop. Prints the children's pids. */
+ * In each child, the main thread releases a waiting thread and at once makes N/2 malloc(777)/free
+ * pairs, then malloc(779)/free pairs until the thread has made its first event, then the other
+ * N - N/2 malloc(777)/free pairs; the thread makes N malloc(778)/free pairs. The recorder switches
+ * from its one-thread sequence numbers to the shared atomic ones at the thread's first event
+ * (recorder.c, "sequence numbers"), while the main thread allocates as fast as it can; the
+ * thread's events fall among the main thread's 777s however the machine schedules them (on a
+ * loaded machine the thread could start only after the main thread's loop). Prints the
+ * children's pids. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-static volatile int go;
+static volatile int go, started;
 static long n;
 
-static void pairs(size_t size) {
-    for (long i = 0; i < n; i++) {
+static void pairs(size_t size, long count) {
+    for (long i = 0; i < count; i++) {
         void *p = malloc(size);
         if (!p) exit(1);
         ((volatile char *)p)[0] = 1;
@@ -26,7 +30,9 @@ static void pairs(size_t size) {
 static void *second(void *arg) {
     (void)arg;
     while (!go) {}   /* no heap call before the main thread's loop is under way */
-    pairs(778);
+    pairs(778, 1);
+    started = 1;
+    pairs(778, n - 1);
     return NULL;
 }
 
@@ -35,7 +41,9 @@ static int child(void) {
     if (pthread_create(&t, NULL, second, NULL) != 0) return 2;
     for (int i = 0; i < 64; i++) free(malloc(777 - 1));   /* the main thread recording */
     go = 1;
-    pairs(777);
+    pairs(777, n / 2);
+    while (!started) pairs(779, 1);
+    pairs(777, n - n / 2);
     return pthread_join(t, NULL) != 0 ? 3 : 0;
 }
 
