@@ -92,8 +92,9 @@ def test_time_protocol_needs_the_time_split(runs, tmp_path, capsys):
 
 def test_a_refused_protocol_is_refused_before_the_features_are_built(runs, tmp_path, capsys,
                                                                       monkeypatch):
-    """The protocol's refusals need only what the recordings' metadata says of them (program,
-    event count), not their features: a model or its compiled policy is refused at once."""
+    """The protocol's refusals need only what the recordings' metadata (a dataset's manifest)
+    says of them (program, event count), not their features: a model or its compiled policy is
+    refused at once."""
     import heapcast.forecast.evaluate as fe
     import heapcast.policy.evaluate as pe
     from heapcast.cli import main as heapcast_main   # (evaluate of a POLICY is registered there)
@@ -101,6 +102,8 @@ def test_a_refused_protocol_is_refused_before_the_features_are_built(runs, tmp_p
     assert main(["train", str(runs["a"]), "-o", str(everything), "--model", "ngram", "-q"]) == 0
     table = tmp_path / "all.policy"
     assert heapcast_main(["compile", str(everything), "--kind", "table", "-o", str(table)]) == 0
+    dataset = tmp_path / "a.dataset"
+    assert main(["dataset", str(runs["a"]), "-o", str(dataset), "--no-parquet", "-q"]) == 0
 
     def no_features(*args, **kwargs):
         raise AssertionError("features built for an evaluation the protocol refuses")
@@ -111,6 +114,8 @@ def test_a_refused_protocol_is_refused_before_the_features_are_built(runs, tmp_p
             (everything, runs["a"], "time", "--split time"),
             (everything, runs["a"], "cross-run", "never saw"),
             (everything, runs["py"], "cross-run", "cross-program"),
+            (everything, dataset, "cross-run", "never saw"),
+            (table, dataset, "time", "--split time"),
             (table, runs["a"], "time", "--split time")):
         capsys.readouterr()
         assert heapcast_main(["evaluate", str(model), str(trace), "--protocol", protocol]) == 2

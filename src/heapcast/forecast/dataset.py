@@ -98,9 +98,14 @@ def _truncate_columns(out: Path, rows: int) -> None:
         np.save(out / f"{c}.npy", arr)
 
 
-def load_dataset(path) -> Features:
-    """The Features of a dataset directory, columns memory-mapped (read-only)."""
-    path = Path(path)
+def dataset_sources(path) -> list:
+    """The recordings a dataset directory was built from (as recording_source describes them),
+    from its manifest alone."""
+    return read_manifest(Path(path)).get("sources", [])
+
+
+def read_manifest(path: Path) -> dict:
+    """A dataset directory's manifest, checked: its format, version and vocabularies."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as e:
@@ -116,6 +121,13 @@ def load_dataset(path) -> Features:
         if name in VOCABS and VOCABS[name].version != version:
             raise ValueError(f"{path}: built with vocabulary {name!r} version {version}, this "
                              f"heapcast has version {VOCABS[name].version}: rebuild it")
+    return manifest
+
+
+def load_dataset(path) -> Features:
+    """The Features of a dataset directory, columns memory-mapped (read-only)."""
+    path = Path(path)
+    manifest = read_manifest(path)
     offsets = np.load(path / "offsets.npy")
     cols = {}
     for c, dt in COLUMNS.items():

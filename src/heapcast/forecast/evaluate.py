@@ -123,17 +123,22 @@ def scored_rows(model_path, protocol: str, data, training: dict, sources: list):
 
 
 def refuse_early(model_path, protocol: str, training: dict, traces) -> None:
-    """check_protocol on the recordings `traces` as their metadata describes them, before their
-    features are built (6.8 s on the main job's trace for a refusal that needs none of them);
-    nothing to check here where one of them is a dataset (its sources come with its features)."""
-    from .dataset import is_dataset
+    """check_protocol on the recordings `traces` as their metadata (a dataset: its manifest)
+    describes them, before their features or labels are built (6.8 s on the main job's trace
+    for a refusal that needs none of them)."""
+    from .dataset import dataset_sources, is_dataset
     from .features import recording_source
     from ..trace.model import Trace
     from ..trace.reader import load
-    if any(not isinstance(t, Trace) and is_dataset(t) for t in traces):
-        return
-    check_protocol(model_path, protocol, training,
-                   [recording_source(t if isinstance(t, Trace) else load(t)) for t in traces])
+    sources = []
+    for t in traces:
+        if isinstance(t, Trace):
+            sources.append(recording_source(t))
+        elif is_dataset(t):
+            sources += dataset_sources(t)
+        else:
+            sources.append(recording_source(load(t)))
+    check_protocol(model_path, protocol, training, sources)
 
 
 def check_protocol(model_path, protocol: str, training: dict, sources: list) -> list:
