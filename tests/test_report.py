@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import heapcast
+from heapcast.cli import main
 from heapcast.report.data import build
 from heapcast.report.sections import diff_section
 
@@ -326,3 +327,33 @@ def test_python_trace_page_names_the_scripts_lines(tmp_path):
     assert f">{big}<" in own_table[:own_table.index("</table>")]
     # The flame graph draws the outermost frame, the script's <module>, as file:line function.
     assert re.search(rf">{re.escape(str(PY_SCRIPT))}:\d+ &lt;module&gt;<", dom)
+
+
+def test_a_model_file_is_checked_from_its_header_and_read_once(recorded, tmp_path, monkeypatch):
+    """report() checks each model file before the page's pass from its header (a truncated one
+    is refused there), and reads its tensors once, to predict (it read them twice: a GB-sized
+    n-gram loaded for the check and again for the predictions)."""
+    d, _ = recorded
+    trace = d / "churn.trace"
+    model = tmp_path / "held.safetensors"
+    assert main(["train", str(trace), "--model", "ngram", "--split", "time", "-o", str(model),
+                 "-q"]) == 0
+    import importlib
+    import heapcast.forecast.models as models
+    from heapcast.forecast.modelfile import ModelError
+    from heapcast.report import report
+    data = importlib.import_module("heapcast.report.data")
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(model.read_bytes()[:-7])
+
+    def no_work(*a, **k):
+        raise AssertionError("work done before the refusal")
+    with monkeypatch.context() as m:
+        m.setattr(data, "build", no_work)
+        with pytest.raises(ModelError, match="truncated"):
+            report(trace, output=tmp_path / "r.html", model=cut)
+    shutil.rmtree(trace / ".cache", ignore_errors=True)   # (no evaluation kept to reuse)
+    real, reads = models.read_model_file, []
+    monkeypatch.setattr(models, "read_model_file", lambda p: reads.append(p) or real(p))
+    report(trace, output=tmp_path / "r.html", model=model)
+    assert reads == [model] and '"model":{"results"' in (tmp_path / "r.html").read_text()

@@ -28,14 +28,14 @@ def report(trace, output=None, model=None, lab: bool = False, diff=None,
     other = diff if diff is None or hasattr(diff, "processes") else load(diff)
     models = [] if not model else list(model) if isinstance(model, (list, tuple)) else [model]
     if models:
-        from ..forecast.models import load_model
+        from ..forecast.models import check_model_file
         from ..policy.fileformat import is_policy, read_spec
         from .forecast import protocol_for
         for path in models:
             if is_policy(path):
                 read_spec(path)
             else:
-                load_model(path)
+                check_model_file(path)   # (its header: the model is loaded once, to predict)
             protocol_for(path, trace)   # a model the report's protocol refuses, refused here
     data = build(trace, progress=progress)
     if other is not None:

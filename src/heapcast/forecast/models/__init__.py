@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from ..modelfile import ModelError, read_model_file, save_model_file
+from ..modelfile import ModelError, read_model_file, read_model_meta, save_model_file
 from ..names import DEFAULT_MODEL, MODEL_NAMES  # noqa: F401 (re-exported)
 import numpy as np
 
@@ -138,6 +138,32 @@ def load_model(path, task: str | None = None, vocab: str | None = None):
     of the `task`/`vocab` asked for (when given). The model's metadata is in `.meta`."""
     path = Path(path)
     tensors, meta = read_model_file(path)
+    check_model_meta(path, meta, task, vocab)
+    kind, v = meta["model"], meta.get("vocab")
+    model = create_model(kind, meta["task"], v, _as_trained(kind, meta.get("config")))
+    model.target = meta.get("target", "true")
+    if model.task == "free":
+        _load_free_labels(path, model, meta, tensors)
+    try:
+        model.load_tensors(tensors)
+    except (KeyError, ValueError, RuntimeError, TypeError) as e:
+        raise ModelError(f"{path}: tensors do not fit a {kind} model: {e}") from None
+    model.meta = meta
+    return model
+
+
+def check_model_file(path, task: str | None = None, vocab: str | None = None) -> dict:
+    """What load_model checks from a model file's header alone (its layout and size, kind,
+    vocabulary, versions, task), without reading its tensors: a GB-sized n-gram is not read
+    twice by a command that checks its inputs first. Returns the metadata; ModelError as
+    load_model (a damaged tensor is found when the model is loaded)."""
+    meta = read_model_meta(path)
+    check_model_meta(Path(path), meta, task, vocab)
+    return meta
+
+
+def check_model_meta(path: Path, meta: dict, task: str | None, vocab: str | None) -> None:
+    """ModelError unless `meta` describes a model this heapcast can load, of `task`/`vocab`."""
     kind = meta.get("model")
     if kind not in MODELS:
         raise ModelError(f"{path}: unknown model kind {kind!r}")
@@ -153,29 +179,20 @@ def load_model(path, task: str | None = None, vocab: str | None = None):
         raise ModelError(f"{path}: a free model of label version "
                          f"{meta.get('free_labels_version', 1)}, this heapcast has version "
                          f"{FREE_LABELS_VERSION} (docs/vocabularies.md): train it again")
+    group = meta.get("free_group", "all")
+    if meta.get("task") == "free" and group not in FREE_GROUPS:
+        raise ModelError(f"{path}: unknown free grouping {group!r} (known: "
+                         f"{', '.join(FREE_GROUPS)})")
     if task is not None and meta.get("task") != task:
         raise ModelError(f"{path}: a model for task {meta.get('task')!r}, not {task!r}")
     if vocab is not None and v != vocab:
         raise ModelError(f"{path}: a model of vocabulary {v!r}, not {vocab!r}")
-    model = create_model(kind, meta["task"], v, _as_trained(kind, meta.get("config")))
-    model.target = meta.get("target", "true")
-    if model.task == "free":
-        _load_free_labels(path, model, meta, tensors)
-    try:
-        model.load_tensors(tensors)
-    except (KeyError, ValueError, RuntimeError, TypeError) as e:
-        raise ModelError(f"{path}: tensors do not fit a {kind} model: {e}") from None
-    model.meta = meta
-    return model
 
 
 def _load_free_labels(path, model, meta: dict, tensors: dict) -> None:
     """Sets a free model's label space from its file (and takes its code table out of the
     tensors the model itself reads)."""
-    group = meta.get("free_group", "all")
-    if group not in FREE_GROUPS:
-        raise ModelError(f"{path}: unknown free grouping {group!r} (known: "
-                         f"{', '.join(FREE_GROUPS)})")
+    group = meta.get("free_group", "all")   # (a known one: check_model_meta)
     model.free_group = group
     if group == "all":
         return
