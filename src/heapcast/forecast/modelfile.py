@@ -84,11 +84,7 @@ def read_model_file(path) -> tuple[dict, dict]:
     Raises ModelError naming the file and the problem (and FileNotFoundError if it is absent).
     """
     path = Path(path)
-    if path.is_dir():
-        raise ModelError(f"{path}: is a directory, expected a model file (.safetensors)")
-    size = path.stat().st_size
-    if size < 8:
-        raise ModelError(f"{path}: {size} bytes, too short for a model file (safetensors)")
+    size = _check_size(path)
     try:
         with safe_open(str(path), framework="numpy") as f:
             block = f.metadata()
@@ -101,12 +97,22 @@ def read_model_file(path) -> tuple[dict, dict]:
     return tensors, meta
 
 
+def _check_size(path: Path) -> int:
+    """The size of a model file; ModelError for a directory or a file too short to be one (an
+    OSError, as FileNotFoundError, names the file)."""
+    if path.is_dir():
+        raise ModelError(f"{path}: is a directory, expected a model file (.safetensors)")
+    size = path.stat().st_size
+    if size < 8:
+        raise ModelError(f"{path}: {size} bytes, too short for a model file (safetensors)")
+    return size
+
+
 def read_model_meta(path) -> dict:
     """The heapcast metadata of a model file, without reading its tensors (ModelError as
     read_model_file)."""
     path = Path(path)
-    if path.is_dir():
-        raise ModelError(f"{path}: is a directory, expected a model file (.safetensors)")
+    _check_size(path)
     try:
         with safe_open(str(path), framework="numpy") as f:
             return _meta(path, f.metadata())
