@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import heapcast
+from conftest import CLI
 from heapcast.trace.blocks import match, match_trace
 from heapcast.trace.format import OP, SESSION_FILE, TRACE_SUFFIX
 
@@ -169,6 +170,45 @@ def test_a_child_forked_while_a_thread_holds_the_loaders_lock_is_traced(build, t
     for proc in (held, dlopened):
         assert any("libc" in os.path.basename(m.path) for m in proc.modules[0].modules)
     assert not any(m.path == str(lib) for m in held.modules[-1].modules)
+
+
+def test_no_loader_lock_is_taken_inside_malloc(build, tmp_path):
+    """A thread's dl_iterate_phdr callback waits for a mutex that the main thread holds while it
+    allocates over many chunks and a new call site: the program alone cannot deadlock. The
+    recorder called dl_iterate_phdr at every new chunk (to see whether modules changed) and
+    waited there for the thread, which waited for main. It now calls it only for a call site in
+    a module its snapshot lacks, found without the lock (_dl_find_object)."""
+    out = tmp_path / "t"
+    cmd = [*CLI, "record", "-o", str(out), "--", str(build("dl_loader")), "order"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the program deadlocked under the recorder")
+    assert proc.returncode == 0 and stdout.split() == ["order", "0"], stderr
+    ev = heapcast.load(out).processes[0].events
+    assert np.count_nonzero((ev["op"] == OP["malloc"]) & (ev["size"] == 24)) == 300000
+
+
+def test_a_library_dlopened_later_symbolizes_from_its_first_event(build, tmp_path, capfd):
+    """The snapshot that adds a dlopen'ed library is in force from the event of its first call
+    site (stats symbolizes a location under the snapshot of its first event)."""
+    from heapcast.stats.symbolize import Symbolizer
+    lib = build("dl_loader", "-DLIB", "-shared", "-fPIC")
+    result = heapcast.record([build("dl_loader", "-ldl"), "dlopen", str(lib)],
+                             output=tmp_path / "t", progress=False)
+    assert result.exit_code == 0 and capfd.readouterr().out.split() == ["dlopen", "0"]
+    proc, = heapcast.load(tmp_path / "t").processes
+    ev = proc.events
+    mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == 4321)]
+    seq, site = int(mine["seq"][0]), int(proc.locations.callsites[mine["loc"]][0])
+    assert not any(m.path == str(lib) for m in proc.modules[0].modules)
+    assert any(m.path == str(lib) for m in proc.modules_at(seq))
+    got, = Symbolizer().symbolize(proc, [site], seqs=[seq])
+    assert (got.function, got.module) == ("alpha_alloc", lib.name), got
 
 
 def test_forks_in_a_library_constructor_beside_its_thread_are_traced(build, tmp_path, capfd):

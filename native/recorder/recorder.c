@@ -344,24 +344,28 @@ static ssize_t read_file(const char *path, char *buf, size_t cap) {
 
 /* ---------------------------------------------------------------- module snapshots
  *
- * Every snapshot lists the loaded modules (dl_iterate_phdr), written when the loader's counters
- * moved: checked at each new chunk and each new call site, and at exit.
- *
- * Not in a fork child: glibc's fork does not reset the lock that dl_iterate_phdr takes
- * (dl_load_write_lock), so a child forked while another thread was inside dl_iterate_phdr (the
- * recorder's own check, or the program's) would wait forever in the first one it called
- * (tests/programs/fork_in_constructor.c: one child in 200 hung, about one run in ten under
- * load). A fork child's first snapshot is its parent's last, kept in memory (every snapshot's
- * "m" lines are copied there as they are written); a new call site outside the kept modules is
- * looked up with _dl_find_object (glibc 2.35, lock-free), and a module loaded since is added to
- * the kept lines and the snapshot written again. (Without _dl_find_object such a call site stays
- * unmapped in a fork child: no symbols there, nothing hangs.) */
+ * A snapshot lists the loaded modules (dl_iterate_phdr) as of an event. dl_iterate_phdr takes the
+ * loader's dl_load_write_lock, and calling it from inside malloc can deadlock a program that
+ * would not deadlock alone:
+ * - glibc's fork does not reset that lock: a child forked while another thread was inside
+ *   dl_iterate_phdr (the recorder's own check, or the program's) waits forever in the first one
+ *   it calls (tests/programs/fork_in_constructor.c: one child in 200 hung, about one run in ten
+ *   under load);
+ * - a thread whose dl_iterate_phdr callback waits for a lock that an allocating thread holds.
+ * So the recorder calls it only when a new call site lies in a module that the last snapshot
+ * lacks, found with _dl_find_object (glibc 2.35, lock-free): the first call site of a process,
+ * and after a dlopen (or a library that replaced an unloaded one at its address). Every
+ * snapshot's "m" lines and ranges are also kept in memory, and a fork child never calls
+ * dl_iterate_phdr: its first snapshot is its parent's last, and a module it lacks is added from
+ * what _dl_find_object says of it. Without _dl_find_object (older glibc) the loader's counters
+ * are read with dl_iterate_phdr at each new chunk and call site and at exit, as before stop 41,
+ * and a fork child's new modules stay unmapped (no symbols there, nothing hangs). */
 #define KEPT_TEXT (256 << 10)   /* (.bss: only the pages written cost memory) */
 #define KEPT_MODULES 2048
 struct kept_mods {
     uint32_t len, n;
     int full;                   /* something did not fit: not to be published */
-    uint64_t lo[KEPT_MODULES], hi[KEPT_MODULES];
+    uint64_t lo[KEPT_MODULES], hi[KEPT_MODULES], base[KEPT_MODULES];
     char text[KEPT_TEXT];
 };
 /* One is built (under g_mods_lock) while the other stays whole for a fork in between. */
@@ -375,10 +379,11 @@ static void kept_put(struct kept_mods *k, const char *s, size_t n) {
     k->len += (uint32_t)n;
 }
 
-static void kept_range(struct kept_mods *k, uint64_t lo, uint64_t hi) {
+static void kept_range(struct kept_mods *k, uint64_t lo, uint64_t hi, uint64_t base) {
     if (k->n == KEPT_MODULES) { k->full = 1; return; }
     k->lo[k->n] = lo;
-    k->hi[k->n++] = hi;
+    k->hi[k->n] = hi;
+    k->base[k->n++] = base;
 }
 
 /* The buffer to build the next snapshot in (the caller holds g_mods_lock), empty. */
@@ -409,15 +414,42 @@ static void kept_write(uint64_t seq) {
     tb_flush(&tb);
 }
 
-static int kept_covers(const struct kept_mods *k, uint64_t pc) {
+/* Whether k lists the module loaded at `base` that holds pc. */
+static int kept_covers(const struct kept_mods *k, uint64_t pc, uint64_t base) {
     for (uint32_t j = 0; j < k->n; j++)
-        if (pc >= k->lo[j] && pc < k->hi[j]) return 1;
+        if (pc >= k->lo[j] && pc < k->hi[j] && k->base[j] == base) return 1;
     return 0;
 }
 
 #ifdef DLFO_STRUCT_HAS_EH_DBASE   /* glibc 2.35 and later */
 extern int _dl_find_object(void *pc, struct dl_find_object *result) __attribute__((weak));
 #endif
+
+static int have_find_object(void) {
+#ifdef DLFO_STRUCT_HAS_EH_DBASE
+    return _dl_find_object != NULL;
+#else
+    return 0;
+#endif
+}
+
+/* Whether a frame of frames[0..n) lies in a module that the kept snapshot lacks. */
+static int kept_lacks(const uintptr_t *frames, int n) {
+#ifdef DLFO_STRUCT_HAS_EH_DBASE
+    int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
+    if (i < 0) return 1;
+    for (int f = 0; f < n; f++) {
+        struct dl_find_object found;
+        if (frames[f] & PY_FRAME_TAG) continue;   /* a Python frame's id, not an address */
+        if (_dl_find_object((void *)frames[f], &found) == 0 && found.dlfo_link_map &&
+            !kept_covers(&g_kept[i], frames[f], found.dlfo_link_map->l_addr))
+            return 1;
+    }
+#else
+    (void)frames; (void)n;
+#endif
+    return 0;
+}
 
 /* In a fork child, before frames[0..n) become a location: a frame in a module that the kept
  * snapshot lacks (loaded since) adds that module and writes the snapshot again. */
@@ -429,17 +461,21 @@ static void kept_note_frames(const uintptr_t *frames, int n) {
     struct kept_mods *have = i >= 0 ? &g_kept[i] : NULL, *k = NULL;
     for (int f = 0; f < n; f++) {
         struct dl_find_object found;
-        if ((have && kept_covers(have, frames[f])) || (k && kept_covers(k, frames[f])) ||
+        if ((frames[f] & PY_FRAME_TAG) ||   /* a Python frame's id, not an address */
             _dl_find_object((void *)frames[f], &found) != 0 || !found.dlfo_link_map)
-            continue;   /* known, or in no module (generated code) */
+            continue;   /* in no module (generated code) */
+        const struct link_map *m = found.dlfo_link_map;
+        if ((have && kept_covers(have, frames[f], m->l_addr)) ||
+            (k && kept_covers(k, frames[f], m->l_addr)))
+            continue;   /* known */
         if (!k) {
             k = kept_begin();
             if (have) {
                 kept_put(k, have->text, have->len);
-                for (uint32_t j = 0; j < have->n; j++) kept_range(k, have->lo[j], have->hi[j]);
+                for (uint32_t j = 0; j < have->n; j++)
+                    kept_range(k, have->lo[j], have->hi[j], have->base[j]);
             }
         }
-        const struct link_map *m = found.dlfo_link_map;
         const char *name = m->l_name ? m->l_name : "";
         struct textbuf tb;
         tb.n = 0;
@@ -450,7 +486,7 @@ static void kept_note_frames(const uintptr_t *frames, int n) {
         tb_hex(&tb, (uintptr_t)found.dlfo_map_end); tb_str(&tb, " ");
         tb_hexbytes(&tb, name, str_len(name));
         tb_str(&tb, "\n");
-        kept_range(k, (uintptr_t)found.dlfo_map_start, (uintptr_t)found.dlfo_map_end);
+        kept_range(k, (uintptr_t)found.dlfo_map_start, (uintptr_t)found.dlfo_map_end, m->l_addr);
     }
     if (k && !k->full) {   /* in force from the same event as the last: it only adds the modules
                             * loaded since, and this frame's event took its number before (any
@@ -493,7 +529,7 @@ static int mods_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     module_range(info, &lo, &hi);
     if (hi == 0) return 0;
     const char *name = info->dlpi_name ? info->dlpi_name : "";
-    kept_range(c->keep, lo, hi);
+    kept_range(c->keep, lo, hi, info->dlpi_addr);
     c->tb->copy = c->keep;
     tb_str(c->tb, "m ");
     tb_hex(c->tb, info->dlpi_addr); tb_str(c->tb, " ");
@@ -531,7 +567,9 @@ static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
 
 /* Writes the loaded modules to the .mods file when they changed since the last snapshot (not in
  * a fork child: see above). */
-static void snapshot_modules(int force) {
+static uint64_t g_snap_seq;   /* of the last snapshot written (under g_mods_lock) */
+
+static void snapshot_modules(int force, uint64_t seq) {
     if (g_mods.fd < 0 || g_fork_child) return;
     struct textbuf *tb = NULL;
     struct mods_ctx probe = {0};
@@ -546,8 +584,10 @@ static void snapshot_modules(int force) {
     tb = &buf;
     tb->n = 0;
     struct mods_ctx c = {tb, 0, 0, 0, kept_begin()};
+    if (seq < g_snap_seq) seq = g_snap_seq;   /* (another thread's, written meanwhile) */
+    g_snap_seq = seq;
     tb_str(tb, "M ");
-    tb_hex(tb, H ? H->seq : 0);
+    tb_hex(tb, seq);
     tb_str(tb, "\n");
     dl_iterate_phdr(mods_cb, &c);
     tb_str(tb, "E\n");
@@ -1151,7 +1191,7 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
         t->maps->rec = m;
     }
     maps_reap_now_and_then(c->mono_ns);
-    snapshot_modules(0);
+    if (!have_find_object()) snapshot_modules(0, H->seq);
     return 1;
 }
 
@@ -1297,13 +1337,15 @@ static int walk_frames(struct tstate *t, uintptr_t *out, int max) {
     return n;
 }
 
-/* Writes an HC_LOC definition for frames[0..n) and returns its new id (0 if it was lost). */
-static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n) {
-    /* A new call site may lie in a module loaded since the last snapshot: check now, so that the
-     * module map knows every location even if the process is killed before its next chunk. */
+/* Writes an HC_LOC definition for frames[0..n), first used by event `seq`, and returns its new
+ * id (0 if it was lost). */
+static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n, uint64_t seq) {
+    /* A new call site may lie in a module loaded since the last snapshot: a snapshot now, in
+     * force from this event on ("module snapshots"). */
     t->busy++;
     if (g_fork_child) kept_note_frames(frames, n);
-    else snapshot_modules(0);
+    else if (!have_find_object()) snapshot_modules(0, seq);
+    else if (kept_lacks(frames, n)) snapshot_modules(1, seq);
     t->busy--;
     uint32_t id = (uint32_t)__atomic_add_fetch(&H->locs, 1, __ATOMIC_RELAXED);
     uint32_t extra = n > 2 ? ((uint32_t)n - 2 + 2) / 3 : 0;
@@ -1448,7 +1490,8 @@ static int py_hybrid(struct tstate *t, uintptr_t *frames, int n, const char *f, 
  * most PY_STACK_MAX), and with --stacks the Python frames among the native ones. */
 static void pym_install(struct tstate *t);
 
-static uint32_t intern_location(struct tstate *t, const void *callsite, const char *pf) {
+static uint32_t intern_location(struct tstate *t, const void *callsite, const char *pf,
+                                uint64_t seq) {
     /* pymalloc's wrappers wait here, off the per-event path: a new location comes at once when
      * the interpreter starts running the program's code */
     if (UNLIKELY(g_pym_state == 1)) pym_install(t);
@@ -1479,18 +1522,19 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
         n = 0;
         for (const char *f = pf; f && n < PY_STACK_MAX; f = py_previous(f)) {
             uint64_t v = py_frame_value(t, f);
-            if (!v) return intern_location(t, callsite, NULL);
+            if (!v) return intern_location(t, callsite, NULL, seq);
             frames[n++] = (uintptr_t)v;
         }
     }
-    id = define_loc(t, frames, n);
+    id = define_loc(t, frames, n, seq);
     if (id) table_put(tab, h, id);
     return id;
 }
 
 /* `h`: the key that location() computed, 0 if none. */
 static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const void *callsite,
-                                                        const char *pf, uint64_t h) {
+                                                        const char *pf, uint64_t h,
+                                                        uint64_t seq) {
     /* A location met before whose key is not at its first slot (6% of py_dicts' events) is
      * found without the bracket below, which costs two system-library calls and errno. */
     if (h && LIKELY(g_pym_state != 1)) {
@@ -1499,7 +1543,7 @@ static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const 
     }
     struct quiet q;   /* (a stack walk, a .mods write: quiet.h) */
     quiet_begin(&q);
-    uint32_t id = intern_location(t, callsite, pf);
+    uint32_t id = intern_location(t, callsite, pf, seq);
     quiet_end(&q);
     return id;
 }
@@ -1507,7 +1551,8 @@ static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const 
 /* The common case inline: a call site (no stacks) found at its first probe; in Python code, the
  * Python stack, keyed by its frames' current instructions. */
 static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
-                                                               const void *callsite) {
+                                                               const void *callsite,
+                                                               uint64_t seq) {
     const char *pf = NULL;
     if (LIKELY(!g_stack_depth && t->loc_table)) {
         uint64_t h;
@@ -1517,11 +1562,11 @@ static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
             h = ((uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull) | 1;
         uint64_t *e = t->loc_table + 2 * ((uint32_t)(h >> 40) & (LOC_TABLE_SLOTS - 1));
         if (LIKELY(e[0] == h)) return (uint32_t)e[1];
-        return location_slow(t, callsite, pf, h);
+        return location_slow(t, callsite, pf, h, seq);
     } else if (g_python && t->loc_table) {
         pf = py_frame(t->self);
     }
-    return location_slow(t, callsite, pf, 0);
+    return location_slow(t, callsite, pf, 0, seq);
 }
 
 /* ---------------------------------------------------------------- recording */
@@ -1600,7 +1645,7 @@ static inline __attribute__((always_inline)) void fill(struct hc_record *r, int 
 static inline __attribute__((always_inline)) void emit(struct tstate *t, int op, uint64_t seq,
         uint64_t now, const void *a, uint64_t b, const void *callsite) {
     emit_begin(t);
-    uint32_t loc = location(t, callsite);
+    uint32_t loc = location(t, callsite, seq);
     uint32_t ts;
     struct hc_record *r = event_slots(t, 1, &ts, now);
     if (LIKELY(r != NULL)) fill(r, op, seq, ts, loc, a, b);
@@ -1612,7 +1657,7 @@ static inline __attribute__((always_inline)) void emit_ext(struct tstate *t, int
         uint64_t now, const void *a, uint64_t b, const void *old, uint64_t arg, uint64_t lag,
         const void *callsite) {
     emit_begin(t);
-    uint32_t loc = location(t, callsite);
+    uint32_t loc = location(t, callsite, seq);
     uint32_t ts;
     struct hc_record *r = event_slots(t, 2, &ts, now);
     if (UNLIKELY(!r)) { emit_end(t); return; }
@@ -1824,7 +1869,7 @@ __attribute__((destructor)) static void heapcast_end(void) {
             H->peak_rss_bytes = kb * 1024;
         }
     }
-    snapshot_modules(0);
+    if (!have_find_object()) snapshot_modules(0, H->seq);
     H->end_tsc = now_ticks();
     H->end_mono_ns = mono_ns();
     __atomic_fetch_or(&H->flags, HC_FLAG_CLEAN_EXIT, __ATOMIC_RELEASE);
