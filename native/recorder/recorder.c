@@ -565,17 +565,20 @@ static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     return strncmp(base, "libpython3", 10) == 0;
 }
 
-/* Writes the loaded modules to the .mods file when they changed since the last snapshot (not in
- * a fork child: see above). */
 static uint64_t g_snap_seq;   /* of the last snapshot written (under g_mods_lock) */
 
+/* Writes the loaded modules to the .mods file, in force from event `seq`: with `force`, now;
+ * else when the loader's counters moved since the last snapshot (no _dl_find_object). Not in a
+ * fork child. */
 static void snapshot_modules(int force, uint64_t seq) {
     if (g_mods.fd < 0 || g_fork_child) return;
     struct textbuf *tb = NULL;
-    struct mods_ctx probe = {0};
-    probe.count_only = 1;
-    dl_iterate_phdr(mods_cb, &probe);
-    if (!force && probe.adds == g_mods_adds && probe.subs == g_mods_subs) return;
+    if (!force) {
+        struct mods_ctx probe = {0};
+        probe.count_only = 1;
+        dl_iterate_phdr(mods_cb, &probe);
+        if (probe.adds == g_mods_adds && probe.subs == g_mods_subs) return;
+    }
     if ((g_python_want || g_pym_want) && !g_python && g_pym_state == 0 &&
         dl_iterate_phdr(libpython_cb, NULL))
         python_probe();                /* libpython came with a dlopen */
