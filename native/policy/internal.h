@@ -178,6 +178,14 @@ static inline uint16_t hc_event_token_inline(const hc_policy *p, const hc_event 
     return hc_rich_token_inline(ev->op, ev->size, ev->free_null, ev->free_unknown);
 }
 
+/* ---- the loaded module that holds an address (modmap.c), without the loader's lock: glibc's
+ * _dl_find_object (2.35). dl_iterate_phdr takes dl_load_write_lock, which glibc's fork leaves
+ * held in a child when another thread was inside it, and which a program's own callback may hold
+ * while it waits for a lock that an allocating thread holds. */
+struct hc_found_module { uint64_t lo, hi, base; const char *name; };   /* name: "" = the program */
+int hc_have_find_object(void);   /* 0 where glibc has no _dl_find_object */
+int hc_find_module(uintptr_t pc, struct hc_found_module *out);   /* 1 if a module holds pc */
+
 /* ---- call-site keys: modmap.c's cache of recent answers, read inline by per-event paths */
 #define HC_SITE_CACHE_BITS 12
 struct hc_site_cache_entry { uint64_t tag; uint32_t key; };

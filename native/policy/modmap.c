@@ -98,17 +98,39 @@ static void rebuild(void) {
 extern int _dl_find_object(void *pc, struct dl_find_object *result) __attribute__((weak));
 #endif
 
-/* The module that holds `a`, found with _dl_find_object, into *out (NULL if none holds it or
- * there is no _dl_find_object); added to the map unless another thread is adding one: the answer
- * does not depend on that, so every run keys the same call sites. */
-static const struct module *find_module(uint64_t a, struct module *out) {
+int hc_have_find_object(void) {
+#ifdef DLFO_STRUCT_HAS_EH_DBASE
+    return _dl_find_object != NULL;
+#else
+    return 0;
+#endif
+}
+
+int hc_find_module(uintptr_t pc, struct hc_found_module *out) {
 #ifdef DLFO_STRUCT_HAS_EH_DBASE
     struct dl_find_object f;
-    if (!_dl_find_object || _dl_find_object((void *)a, &f) != 0 || !f.dlfo_link_map) return NULL;
+    if (!_dl_find_object || _dl_find_object((void *)pc, &f) != 0 || !f.dlfo_link_map) return 0;
     out->lo = (uintptr_t)f.dlfo_map_start;
     out->hi = (uintptr_t)f.dlfo_map_end;
     out->base = f.dlfo_link_map->l_addr;
-    out->key_crc = module_crc(f.dlfo_link_map->l_name);
+    out->name = f.dlfo_link_map->l_name ? f.dlfo_link_map->l_name : "";
+    return 1;
+#else
+    (void)pc; (void)out;
+    return 0;
+#endif
+}
+
+/* The module that holds `a` (hc_find_module), into *out (NULL if none holds it or there is no
+ * _dl_find_object); added to the map unless another thread is adding one: the answer does not
+ * depend on that, so every run keys the same call sites. */
+static const struct module *find_module(uint64_t a, struct module *out) {
+    struct hc_found_module f;
+    if (!hc_find_module(a, &f)) return NULL;
+    out->lo = f.lo;
+    out->hi = f.hi;
+    out->base = f.base;
+    out->key_crc = module_crc(f.name);
     if (!__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE)) {
         struct modmap *cur = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
         struct modmap *next = cur == &maps[0] ? &maps[1] : &maps[0];
@@ -123,18 +145,6 @@ static const struct module *find_module(uint64_t a, struct module *out) {
         __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
     }
     return out;
-#else
-    (void)a; (void)out;
-    return NULL;
-#endif
-}
-
-static int have_find_object(void) {
-#ifdef DLFO_STRUCT_HAS_EH_DBASE
-    return _dl_find_object != NULL;
-#else
-    return 0;
-#endif
 }
 
 static const struct module *lookup(const struct modmap *mm, uint64_t a) {
@@ -167,7 +177,7 @@ static uint32_t resolve(uintptr_t ra) {
     uint64_t probe = (uint64_t)ra - 1;    /* a return address: the call is just before it */
     const struct module *m = lookup(__atomic_load_n(&current, __ATOMIC_ACQUIRE), probe);
     struct module found;
-    if (!m && have_find_object()) {
+    if (!m && hc_have_find_object()) {
         m = find_module(probe, &found);
     } else if (!m) {
         rebuild();

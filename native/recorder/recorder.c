@@ -49,6 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../policy/internal.h"
 #include "own_file.h"
 #include "policy_hook.h"
 #include "quiet.h"
@@ -398,14 +399,14 @@ static void kept_publish(struct kept_mods *k) {
     __atomic_store_n(&g_kept_pub, (int)(k - g_kept), __ATOMIC_RELEASE);
 }
 
-static uint64_t g_kept_seq;   /* of the last kept_write */
+static uint64_t g_snap_seq;   /* of the last snapshot written (under g_mods_lock) */
 
 /* Writes the kept snapshot to the .mods file, in force from sequence number seq. */
 static void kept_write(uint64_t seq) {
     int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
     static struct textbuf tb;   /* under g_mods_lock */
     tb.n = 0;
-    g_kept_seq = seq;
+    g_snap_seq = seq;
     tb_str(&tb, "M ");
     tb_hex(&tb, seq);
     tb_str(&tb, "\n");
@@ -421,52 +422,33 @@ static int kept_covers(const struct kept_mods *k, uint64_t pc, uint64_t base) {
     return 0;
 }
 
-#ifdef DLFO_STRUCT_HAS_EH_DBASE   /* glibc 2.35 and later */
-extern int _dl_find_object(void *pc, struct dl_find_object *result) __attribute__((weak));
-#endif
-
-static int have_find_object(void) {
-#ifdef DLFO_STRUCT_HAS_EH_DBASE
-    return _dl_find_object != NULL;
-#else
-    return 0;
-#endif
-}
-
 /* Whether a frame of frames[0..n) lies in a module that the kept snapshot lacks. */
 static int kept_lacks(const uintptr_t *frames, int n) {
-#ifdef DLFO_STRUCT_HAS_EH_DBASE
     int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
     if (i < 0) return 1;
     for (int f = 0; f < n; f++) {
-        struct dl_find_object found;
+        struct hc_found_module found;
         if (frames[f] & PY_FRAME_TAG) continue;   /* a Python frame's id, not an address */
-        if (_dl_find_object((void *)frames[f], &found) == 0 && found.dlfo_link_map &&
-            !kept_covers(&g_kept[i], frames[f], found.dlfo_link_map->l_addr))
+        if (hc_find_module(frames[f], &found) && !kept_covers(&g_kept[i], frames[f], found.base))
             return 1;
     }
-#else
-    (void)frames; (void)n;
-#endif
     return 0;
 }
 
 /* In a fork child, before frames[0..n) become a location: a frame in a module that the kept
  * snapshot lacks (loaded since) adds that module and writes the snapshot again. */
 static void kept_note_frames(const uintptr_t *frames, int n) {
-#ifdef DLFO_STRUCT_HAS_EH_DBASE
-    if (!_dl_find_object || g_mods.fd < 0) return;
+    if (!hc_have_find_object() || g_mods.fd < 0) return;
     spin_lock(&g_mods_lock);
     int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
     struct kept_mods *have = i >= 0 ? &g_kept[i] : NULL, *k = NULL;
     for (int f = 0; f < n; f++) {
-        struct dl_find_object found;
+        struct hc_found_module m;
         if ((frames[f] & PY_FRAME_TAG) ||   /* a Python frame's id, not an address */
-            _dl_find_object((void *)frames[f], &found) != 0 || !found.dlfo_link_map)
+            !hc_find_module(frames[f], &m))
             continue;   /* in no module (generated code) */
-        const struct link_map *m = found.dlfo_link_map;
-        if ((have && kept_covers(have, frames[f], m->l_addr)) ||
-            (k && kept_covers(k, frames[f], m->l_addr)))
+        if ((have && kept_covers(have, frames[f], m.base)) ||
+            (k && kept_covers(k, frames[f], m.base)))
             continue;   /* known */
         if (!k) {
             k = kept_begin();
@@ -476,28 +458,24 @@ static void kept_note_frames(const uintptr_t *frames, int n) {
                     kept_range(k, have->lo[j], have->hi[j], have->base[j]);
             }
         }
-        const char *name = m->l_name ? m->l_name : "";
         struct textbuf tb;
         tb.n = 0;
         tb.copy = k;
         tb_str(&tb, "m ");
-        tb_hex(&tb, m->l_addr); tb_str(&tb, " ");
-        tb_hex(&tb, (uintptr_t)found.dlfo_map_start); tb_str(&tb, " ");
-        tb_hex(&tb, (uintptr_t)found.dlfo_map_end); tb_str(&tb, " ");
-        tb_hexbytes(&tb, name, str_len(name));
+        tb_hex(&tb, m.base); tb_str(&tb, " ");
+        tb_hex(&tb, m.lo); tb_str(&tb, " ");
+        tb_hex(&tb, m.hi); tb_str(&tb, " ");
+        tb_hexbytes(&tb, m.name, str_len(m.name));
         tb_str(&tb, "\n");
-        kept_range(k, (uintptr_t)found.dlfo_map_start, (uintptr_t)found.dlfo_map_end, m->l_addr);
+        kept_range(k, m.lo, m.hi, m.base);
     }
     if (k && !k->full) {   /* in force from the same event as the last: it only adds the modules
                             * loaded since, and this frame's event took its number before (any
                             * event in them comes through here first) */
         kept_publish(k);
-        kept_write(g_kept_seq);
+        kept_write(g_snap_seq);
     }
     spin_unlock(&g_mods_lock);
-#else
-    (void)frames; (void)n;
-#endif
 }
 
 struct mods_ctx {
@@ -564,8 +542,6 @@ static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
         if (*c == '/') base = c + 1;
     return strncmp(base, "libpython3", 10) == 0;
 }
-
-static uint64_t g_snap_seq;   /* of the last snapshot written (under g_mods_lock) */
 
 /* Writes the loaded modules to the .mods file, in force from event `seq`: with `force`, now;
  * else when the loader's counters moved since the last snapshot (no _dl_find_object). Not in a
@@ -1194,7 +1170,7 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
         t->maps->rec = m;
     }
     maps_reap_now_and_then(c->mono_ns);
-    if (!have_find_object()) snapshot_modules(0, H->seq);
+    if (!hc_have_find_object()) snapshot_modules(0, H->seq);
     return 1;
 }
 
@@ -1347,7 +1323,7 @@ static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n, uin
      * force from this event on ("module snapshots"). */
     t->busy++;
     if (g_fork_child) kept_note_frames(frames, n);
-    else if (!have_find_object()) snapshot_modules(0, seq);
+    else if (!hc_have_find_object()) snapshot_modules(0, seq);
     else if (kept_lacks(frames, n)) snapshot_modules(1, seq);
     t->busy--;
     uint32_t id = (uint32_t)__atomic_add_fetch(&H->locs, 1, __ATOMIC_RELAXED);
@@ -1872,7 +1848,7 @@ __attribute__((destructor)) static void heapcast_end(void) {
             H->peak_rss_bytes = kb * 1024;
         }
     }
-    if (!have_find_object()) snapshot_modules(0, H->seq);
+    if (!hc_have_find_object()) snapshot_modules(0, H->seq);
     H->end_tsc = now_ticks();
     H->end_mono_ns = mono_ns();
     __atomic_fetch_or(&H->flags, HC_FLAG_CLEAN_EXIT, __ATOMIC_RELEASE);
