@@ -172,14 +172,22 @@ def test_a_child_forked_while_a_thread_holds_the_loaders_lock_is_traced(build, t
     assert not any(m.path == str(lib) for m in held.modules[-1].modules)
 
 
-def test_no_loader_lock_is_taken_inside_malloc(build, tmp_path):
+@pytest.mark.parametrize("mode", ["order", "order_dlopen"])
+def test_no_loader_lock_is_taken_inside_malloc(build, tmp_path, mode):
     """A thread's dl_iterate_phdr callback waits for a mutex that the main thread holds while it
-    allocates over many chunks and a new call site: the program alone cannot deadlock. The
-    recorder called dl_iterate_phdr at every new chunk (to see whether modules changed) and
-    waited there for the thread, which waited for main. It now calls it only for a call site in
-    a module its snapshot lacks, found without the lock (_dl_find_object)."""
+    allocates over many chunks and then at new call sites: the program alone cannot deadlock.
+    The recorder called dl_iterate_phdr at every new chunk (to see whether modules changed) and
+    waited there for the thread, which waited for main (`order` hangs before stop 41). Until
+    stop 42 it still called it for a call site in a module that its snapshot lacked
+    (`order_dlopen`: the first call into a library dlopened before the thread started, which
+    hung). It now calls it once, when the process starts, and adds such a module from what
+    _dl_find_object says of it."""
+    from heapcast.stats.symbolize import Symbolizer
+    lib = build("dl_loader", "-DLIB", "-shared", "-fPIC")
     out = tmp_path / "t"
-    cmd = [*CLI, "record", "-o", str(out), "--", str(build("dl_loader")), "order"]
+    cmd = [*CLI, "record", "-o", str(out), "--", str(build("dl_loader")), mode]
+    if mode == "order_dlopen":
+        cmd.append(str(lib))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -188,9 +196,40 @@ def test_no_loader_lock_is_taken_inside_malloc(build, tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         pytest.fail("the program deadlocked under the recorder")
-    assert proc.returncode == 0 and stdout.split() == ["order", "0"], stderr
-    ev = heapcast.load(out).processes[0].events
+    assert proc.returncode == 0 and stdout.split() == [mode, "0"], stderr
+    traced, = heapcast.load(out).processes
+    ev = traced.events
     assert np.count_nonzero((ev["op"] == OP["malloc"]) & (ev["size"] == 24)) == 300000
+    if mode == "order_dlopen":   # the library's call site, added without the loader's lock
+        mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == 4321)]
+        site = int(traced.locations.callsites[mine["loc"]][0])
+        got, = Symbolizer().symbolize(traced, [site], seqs=[int(mine["seq"][0])])
+        assert (got.function, got.module) == ("alpha_alloc", lib.name), got
+
+
+def test_a_library_in_an_unloaded_ones_place_symbolizes_as_itself(build, tmp_path, capfd):
+    """A library dlclosed and another dlopened at its address (same size: the loader reuses the
+    hole): a new call site in the second lies in the first's range at the same load address.
+    The module map compares paths too, so the second replaces the first in the snapshot (the
+    ranges overlap: the first is gone) from that call site's event, and each call site
+    symbolizes to its own library. Until stop 42 the second's call site was symbolized in the
+    first library (its range and load address matched)."""
+    from heapcast.stats.symbolize import Symbolizer
+    alpha = build("dl_loader", "-DLIB", "-shared", "-fPIC")
+    beta = build("dl_loader", "-DLIB", "-DBETA", "-shared", "-fPIC")
+    result = heapcast.record([build("dl_loader"), "swap", str(alpha), str(beta)],
+                             output=tmp_path / "t", progress=False)
+    assert result.exit_code == 0 and capfd.readouterr().out.split() == ["swap", "same"]
+    proc, = heapcast.load(tmp_path / "t").processes
+    ev = proc.events
+    sym = Symbolizer()
+    for size, function, lib in ((1111, "alpha_alloc", alpha), (2222, "beta_alloc", beta)):
+        mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == size)]
+        seq, site = int(mine["seq"][0]), int(proc.locations.callsites[mine["loc"]][0])
+        paths = [m.path for m in proc.modules_at(seq)]
+        assert str(lib) in paths and str(alpha if lib == beta else beta) not in paths, paths
+        got, = sym.symbolize(proc, [site], seqs=[seq])
+        assert (got.function, got.module) == (function, lib.name), got
 
 
 def test_a_library_dlopened_later_symbolizes_from_its_first_event(build, tmp_path, capfd):

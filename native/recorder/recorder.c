@@ -345,28 +345,33 @@ static ssize_t read_file(const char *path, char *buf, size_t cap) {
 
 /* ---------------------------------------------------------------- module snapshots
  *
- * A snapshot lists the loaded modules (dl_iterate_phdr) as of an event. dl_iterate_phdr takes the
- * loader's dl_load_write_lock, and calling it from inside malloc can deadlock a program that
+ * A snapshot lists the loaded modules as of an event. dl_iterate_phdr, which lists them, takes
+ * the loader's dl_load_write_lock, and calling it from inside malloc can deadlock a program that
  * would not deadlock alone:
  * - glibc's fork does not reset that lock: a child forked while another thread was inside
  *   dl_iterate_phdr (the recorder's own check, or the program's) waits forever in the first one
  *   it calls (tests/programs/fork_in_constructor.c: one child in 200 hung, about one run in ten
  *   under load);
- * - a thread whose dl_iterate_phdr callback waits for a lock that an allocating thread holds.
- * So the recorder calls it only when a new call site lies in a module that the last snapshot
- * lacks, found with _dl_find_object (glibc 2.35, lock-free): the first call site of a process,
- * and after a dlopen (or a library that replaced an unloaded one at its address). Every
- * snapshot's "m" lines and ranges are also kept in memory, and a fork child never calls
- * dl_iterate_phdr: its first snapshot is its parent's last, and a module it lacks is added from
- * what _dl_find_object says of it. Without _dl_find_object (older glibc) the loader's counters
- * are read with dl_iterate_phdr at each new chunk and call site and at exit, as before stop 41,
- * and a fork child's new modules stay unmapped (no symbols there, nothing hangs). */
+ * - a thread whose dl_iterate_phdr callback waits for a lock that an allocating thread holds
+ *   (tests/programs/dl_loader.c).
+ * So the recorder calls it once, when the process starts (init_process: the preloaded
+ * library's constructor, or the first hook before it), and never inside malloc. Every
+ * snapshot's "m" lines and ranges are kept in memory; a new call site in a module the kept
+ * snapshot lacks (a library dlopened since, or one that took an unloaded one's place) adds that
+ * module from what _dl_find_object (glibc 2.35, lock-free) says of it, drops a module whose
+ * range it overlaps (unloaded: two loaded modules never overlap), and writes the snapshot again.
+ * A fork child starts from its parent's last snapshot and goes on the same way. Without
+ * _dl_find_object (older glibc) the loader's counters are read with dl_iterate_phdr at each
+ * new chunk and call site and at exit, as before stop 41, and a fork child's new modules stay
+ * unmapped (no symbols there, nothing hangs). */
 #define KEPT_TEXT (256 << 10)   /* (.bss: only the pages written cost memory) */
 #define KEPT_MODULES 2048
 struct kept_mods {
     uint32_t len, n;
     int full;                   /* something did not fit: not to be published */
     uint64_t lo[KEPT_MODULES], hi[KEPT_MODULES], base[KEPT_MODULES];
+    uint32_t name[KEPT_MODULES];              /* name_hash of its path */
+    uint32_t at[KEPT_MODULES], span[KEPT_MODULES];   /* its "m" line in text */
     char text[KEPT_TEXT];
 };
 /* One is built (under g_mods_lock) while the other stays whole for a fork in between. */
@@ -380,11 +385,31 @@ static void kept_put(struct kept_mods *k, const char *s, size_t n) {
     k->len += (uint32_t)n;
 }
 
-static void kept_range(struct kept_mods *k, uint64_t lo, uint64_t hi, uint64_t base) {
+static uint32_t name_hash(const char *s) {   /* FNV-1a */
+    uint32_t h = 2166136261u;
+    for (; *s; s++) { h ^= (unsigned char)*s; h *= 16777619u; }
+    return h;
+}
+
+/* Puts a module's "m" line in tb (which copies it to k) and its range in k. */
+static void kept_module(struct kept_mods *k, struct textbuf *tb, uint64_t base, uint64_t lo,
+                        uint64_t hi, const char *name) {
+    uint32_t at = k->len;
+    tb->copy = k;
+    tb_str(tb, "m ");
+    tb_hex(tb, base); tb_str(tb, " ");
+    tb_hex(tb, lo); tb_str(tb, " ");
+    tb_hex(tb, hi); tb_str(tb, " ");
+    tb_hexbytes(tb, name, str_len(name));
+    tb_str(tb, "\n");
+    tb->copy = NULL;
     if (k->n == KEPT_MODULES) { k->full = 1; return; }
     k->lo[k->n] = lo;
     k->hi[k->n] = hi;
-    k->base[k->n++] = base;
+    k->base[k->n] = base;
+    k->name[k->n] = name_hash(name);
+    k->at[k->n] = at;
+    k->span[k->n++] = k->len - at;
 }
 
 /* The buffer to build the next snapshot in (the caller holds g_mods_lock), empty. */
@@ -415,74 +440,100 @@ static void kept_write(uint64_t seq) {
     tb_flush(&tb);
 }
 
-/* Whether k lists the module loaded at `base` that holds pc. */
-static int kept_covers(const struct kept_mods *k, uint64_t pc, uint64_t base) {
+/* Whether k lists module m (its range, load address and path) for pc. */
+static int kept_covers(const struct kept_mods *k, uint64_t pc, const struct hc_found_module *m) {
+    uint32_t h = 0;
     for (uint32_t j = 0; j < k->n; j++)
-        if (pc >= k->lo[j] && pc < k->hi[j] && k->base[j] == base) return 1;
+        if (pc >= k->lo[j] && pc < k->hi[j] && k->base[j] == m->base) {
+            if (!h) h = name_hash(m->name);
+            if (k->name[j] == h) return 1;
+        }
     return 0;
 }
 
-/* Whether a frame of frames[0..n) lies in a module that the kept snapshot lacks. */
+/* Whether a frame of frames[0..n) lies in a module that the kept snapshot lacks (read without
+ * the lock: a published snapshot stays whole until the next but one is built). */
 static int kept_lacks(const uintptr_t *frames, int n) {
     int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
-    if (i < 0) return 1;
     for (int f = 0; f < n; f++) {
-        struct hc_found_module found;
+        struct hc_found_module m;
         if (frames[f] & PY_FRAME_TAG) continue;   /* a Python frame's id, not an address */
-        if (hc_find_module(frames[f], &found) && !kept_covers(&g_kept[i], frames[f], found.base))
+        if (hc_find_module(frames[f], &m) && (i < 0 || !kept_covers(&g_kept[i], frames[f], &m)))
             return 1;
     }
     return 0;
 }
 
-/* In a fork child, before frames[0..n) become a location: a frame in a module that the kept
- * snapshot lacks (loaded since) adds that module and writes the snapshot again. */
-static void kept_note_frames(const uintptr_t *frames, int n) {
-    if (!hc_have_find_object() || g_mods.fd < 0) return;
+static void python_probe(void);
+
+static int is_libpython(const char *path) {
+    const char *base = path;
+    for (const char *c = path; *c; c++)
+        if (*c == '/') base = c + 1;
+    return strncmp(base, "libpython3", 10) == 0;
+}
+
+/* Before frames[0..n) of event `seq` become a location: a frame in a module that the kept
+ * snapshot lacks adds that module (and drops the unloaded ones its range overlaps), and the
+ * snapshot is written again. With _dl_find_object only; no dl_iterate_phdr. */
+static void kept_note_frames(const uintptr_t *frames, int n, uint64_t seq) {
+    if (g_mods.fd < 0 || !kept_lacks(frames, n)) return;
+    struct hc_found_module add[MAX_STACK];
+    int na = 0, python = 0;
     spin_lock(&g_mods_lock);
     int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
-    struct kept_mods *have = i >= 0 ? &g_kept[i] : NULL, *k = NULL;
-    for (int f = 0; f < n; f++) {
+    struct kept_mods *have = i >= 0 ? &g_kept[i] : NULL;
+    for (int f = 0; f < n && na < MAX_STACK; f++) {
         struct hc_found_module m;
-        if ((frames[f] & PY_FRAME_TAG) ||   /* a Python frame's id, not an address */
-            !hc_find_module(frames[f], &m))
-            continue;   /* in no module (generated code) */
-        if ((have && kept_covers(have, frames[f], m.base)) ||
-            (k && kept_covers(k, frames[f], m.base)))
-            continue;   /* known */
-        if (!k) {
-            k = kept_begin();
-            if (have) {
-                kept_put(k, have->text, have->len);
-                for (uint32_t j = 0; j < have->n; j++)
-                    kept_range(k, have->lo[j], have->hi[j], have->base[j]);
-            }
-        }
-        struct textbuf tb;
-        tb.n = 0;
-        tb.copy = k;
-        tb_str(&tb, "m ");
-        tb_hex(&tb, m.base); tb_str(&tb, " ");
-        tb_hex(&tb, m.lo); tb_str(&tb, " ");
-        tb_hex(&tb, m.hi); tb_str(&tb, " ");
-        tb_hexbytes(&tb, m.name, str_len(m.name));
-        tb_str(&tb, "\n");
-        kept_range(k, m.lo, m.hi, m.base);
+        if ((frames[f] & PY_FRAME_TAG) || !hc_find_module(frames[f], &m))
+            continue;   /* a Python frame's id, or in no module (generated code) */
+        if (have && kept_covers(have, frames[f], &m)) continue;   /* known */
+        int dup = 0;
+        for (int a = 0; a < na; a++) dup |= add[a].base == m.base && add[a].lo == m.lo;
+        if (!dup) add[na++] = m;
     }
-    if (k && !k->full) {   /* in force from the same event as the last: it only adds the modules
-                            * loaded since, and this frame's event took its number before (any
-                            * event in them comes through here first) */
-        kept_publish(k);
-        kept_write(g_snap_seq);
+    if (na) {   /* (none: another thread added them meanwhile) */
+        struct kept_mods *k = kept_begin();
+        int dropped = 0;
+        for (uint32_t j = 0; have && j < have->n; j++) {
+            int gone = 0;
+            for (int a = 0; a < na; a++)
+                gone |= have->lo[j] < add[a].hi && add[a].lo < have->hi[j];
+            if (gone) { dropped = 1; continue; }
+            if (k->n == KEPT_MODULES) { k->full = 1; break; }
+            k->lo[k->n] = have->lo[j];
+            k->hi[k->n] = have->hi[j];
+            k->base[k->n] = have->base[j];
+            k->name[k->n] = have->name[j];
+            k->at[k->n] = k->len;
+            k->span[k->n++] = have->span[j];
+            kept_put(k, have->text + have->at[j], have->span[j]);
+        }
+        static struct textbuf tb;   /* under g_mods_lock; only copies into k */
+        for (int a = 0; a < na; a++) {
+            tb.n = 0;
+            kept_module(k, &tb, add[a].base, add[a].lo, add[a].hi, add[a].name);
+            python |= is_libpython(add[a].name);
+        }
+        tb.n = 0;
+        if (!k->full) {
+            /* A snapshot that only adds modules is in force from the last one's event: the
+             * modules loaded since then, and this event and any other thread's event in them
+             * comes through here first. One that drops a module is in force from this event. */
+            kept_publish(k);
+            kept_write(dropped && seq > g_snap_seq ? seq : g_snap_seq);
+        }
     }
     spin_unlock(&g_mods_lock);
+    if (python && (g_python_want || g_pym_want) && !g_python && g_pym_state == 0)
+        python_probe();   /* libpython came with a dlopen */
 }
 
 struct mods_ctx {
     struct textbuf *tb;
     uint64_t adds, subs;
     int count_only;
-    struct kept_mods *keep;   /* the lines and ranges also kept there (a fork child's) */
+    struct kept_mods *keep;   /* the lines and ranges also kept there */
 };
 
 /* The address range spanned by a module's loaded segments (hi = 0 if it has none). */
@@ -506,16 +557,7 @@ static int mods_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     uint64_t lo, hi;
     module_range(info, &lo, &hi);
     if (hi == 0) return 0;
-    const char *name = info->dlpi_name ? info->dlpi_name : "";
-    kept_range(c->keep, lo, hi, info->dlpi_addr);
-    c->tb->copy = c->keep;
-    tb_str(c->tb, "m ");
-    tb_hex(c->tb, info->dlpi_addr); tb_str(c->tb, " ");
-    tb_hex(c->tb, lo); tb_str(c->tb, " ");
-    tb_hex(c->tb, hi); tb_str(c->tb, " ");
-    tb_hexbytes(c->tb, name, str_len(name));
-    tb_str(c->tb, "\n");
-    c->tb->copy = NULL;
+    kept_module(c->keep, c->tb, info->dlpi_addr, lo, hi, info->dlpi_name ? info->dlpi_name : "");
     return 0;
 }
 
@@ -537,15 +579,12 @@ static void python_probe(void) {
 
 /* A loaded libpython (an embedding program may dlopen it). */
 static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
-    const char *name = info->dlpi_name ? info->dlpi_name : "", *base = name;
-    for (const char *c = name; *c; c++)
-        if (*c == '/') base = c + 1;
-    return strncmp(base, "libpython3", 10) == 0;
+    return is_libpython(info->dlpi_name ? info->dlpi_name : "");
 }
 
-/* Writes the loaded modules to the .mods file, in force from event `seq`: with `force`, now;
- * else when the loader's counters moved since the last snapshot (no _dl_find_object). Not in a
- * fork child. */
+/* Writes the loaded modules to the .mods file, in force from event `seq`: with `force`, now
+ * (the process's first, at its start); else when the loader's counters moved since the last
+ * snapshot (no _dl_find_object). Not in a fork child. */
 static void snapshot_modules(int force, uint64_t seq) {
     if (g_mods.fd < 0 || g_fork_child) return;
     struct textbuf *tb = NULL;
@@ -1001,6 +1040,8 @@ static void init_process(void) {
         if (!g_follow && !claim_root()) traced = 0;
         dl_iterate_phdr(self_cb, (void *)(uintptr_t)&heapcast_start_marker);
         if (traced && open_process_files(0, 0)) {
+            snapshot_modules(1, H->seq);   /* the only dl_iterate_phdr of the recording
+                                            * ("module snapshots") */
             if (g_stack_depth && g_unwind_dwarf) {
                 void *warm[4];
                 backtrace(warm, 4);  /* loads libgcc_s now, not inside a later hook */
@@ -1319,12 +1360,11 @@ static int walk_frames(struct tstate *t, uintptr_t *out, int max) {
 /* Writes an HC_LOC definition for frames[0..n), first used by event `seq`, and returns its new
  * id (0 if it was lost). */
 static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n, uint64_t seq) {
-    /* A new call site may lie in a module loaded since the last snapshot: a snapshot now, in
-     * force from this event on ("module snapshots"). */
+    /* A new call site may lie in a module loaded since the last snapshot: that module is
+     * added now ("module snapshots"). */
     t->busy++;
-    if (g_fork_child) kept_note_frames(frames, n);
-    else if (!hc_have_find_object()) snapshot_modules(0, seq);
-    else if (kept_lacks(frames, n)) snapshot_modules(1, seq);
+    if (hc_have_find_object()) kept_note_frames(frames, n, seq);
+    else snapshot_modules(0, seq);
     t->busy--;
     uint32_t id = (uint32_t)__atomic_add_fetch(&H->locs, 1, __ATOMIC_RELAXED);
     uint32_t extra = n > 2 ? ((uint32_t)n - 2 + 2) / 3 : 0;

@@ -7,10 +7,23 @@
  *                          many chunks, then a new call site), then releases it; prints
  *                          "order 0". The program alone cannot deadlock here; a recorder that
  *                          called dl_iterate_phdr inside malloc would wait for the thread,
- *                          which waits for main. */
+ *                          which waits for main.
+ *   dl_loader order_dlopen LIB
+ *                          the same, with the library dlopened before the thread starts and
+ *                          its alpha_alloc called while the thread waits (malloc 4321: a new
+ *                          call site in a module no snapshot has listed); prints
+ *                          "order_dlopen 0".
+ *   dl_loader swap LIB BETA
+ *                          dlopens LIB, calls alpha_alloc (malloc 1111), dlcloses it, dlopens
+ *                          BETA (built with -DLIB -DBETA: beta_alloc, at another offset) and
+ *                          calls beta_alloc (malloc 2222); prints "swap same" if BETA was
+ *                          loaded at LIB's address, else "swap moved". */
 #define _GNU_SOURCE
 #include <stdlib.h>
-#ifdef LIB
+#if defined(LIB) && defined(BETA)
+int beta_pad(int x) { return x * 3 + 1; }   /* (moves beta_alloc's call site) */
+void *beta_alloc(size_t n) { return malloc(n); }
+#elif defined(LIB)
 void *alpha_alloc(size_t n) { return malloc(n); }
 #else
 #include <dlfcn.h>
@@ -20,12 +33,24 @@ void *alpha_alloc(size_t n) { return malloc(n); }
 #include <string.h>
 #include <unistd.h>
 
+typedef void *(*alloc_fn)(size_t);
+
+static alloc_fn load(const char *path, const char *name, void **lib) {
+    *lib = dlopen(path, RTLD_NOW);
+    return *lib ? (alloc_fn)dlsym(*lib, name) : NULL;
+}
+
 static int call(const char *path, size_t n) {
-    void *lib = dlopen(path, RTLD_NOW);
-    void *(*f)(size_t) = lib ? (void *(*)(size_t))dlsym(lib, "alpha_alloc") : NULL;
+    void *lib;
+    alloc_fn f = load(path, "alpha_alloc", &lib);
     if (!f) return 2;
     free(f(n));
     return 0;
+}
+
+static void *base_of(void *fn) {
+    Dl_info info;
+    return dladdr(fn, &info) ? info.dli_fbase : NULL;
 }
 
 static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
@@ -49,9 +74,26 @@ int main(int argc, char **argv) {
         printf("dlopen %d\n", call(argv[2], 4321));
         return 0;
     }
-    if (argc == 2 && strcmp(argv[1], "order") == 0) {
+    if (argc == 4 && strcmp(argv[1], "swap") == 0) {
+        void *a, *b;
+        alloc_fn f = load(argv[2], "alpha_alloc", &a);
+        if (!f) return 2;
+        void *at = base_of((void *)f);
+        free(f(1111));
+        dlclose(a);
+        alloc_fn g = load(argv[3], "beta_alloc", &b);
+        if (!g) return 2;
+        free(g(2222));
+        printf("swap %s\n", base_of((void *)g) == at ? "same" : "moved");
+        return 0;
+    }
+    int late = argc == 3 && strcmp(argv[1], "order_dlopen") == 0;
+    if ((argc == 2 && strcmp(argv[1], "order") == 0) || late) {
         pthread_t t;
         char c;
+        void *lib;
+        alloc_fn f = late ? load(argv[2], "alpha_alloc", &lib) : NULL;
+        if (late && !f) return 2;
         if (pipe(inside)) return 2;
         pthread_mutex_lock(&held);
         if (pthread_create(&t, NULL, iterate, NULL)) return 2;
@@ -61,9 +103,10 @@ int main(int argc, char **argv) {
             free(p);
         }
         free(malloc(2345));
+        if (late) free(f(4321));
         pthread_mutex_unlock(&held);
         pthread_join(t, NULL);
-        printf("order 0\n");
+        printf("%s 0\n", argv[1]);
         return 0;
     }
     return 2;
