@@ -102,8 +102,7 @@ static int pym_holds_gil(uintptr_t self) {
 static void pym_note(uint64_t seq) {
     if (g_mods.fd < 0) return;
     struct textbuf tb;
-    tb.n = 0;
-    tb.copy = NULL;
+    tb_init(&tb);
     tb_str(&tb, "Y ");
     tb_hex(&tb, seq);
     tb_str(&tb, "\n");

@@ -277,7 +277,8 @@ struct kept_mods;
 struct textbuf {   /* written to the .mods file */
     char b[8192];
     size_t n;
-    struct kept_mods *copy;   /* what is put is also kept there (a module snapshot's lines) */
+    struct kept_mods *copy;   /* what is put is also kept there (a module snapshot's lines), */
+    int keep_only;            /* and only there */
 };
 static void kept_put(struct kept_mods *k, const char *s, size_t n);
 
@@ -304,6 +305,7 @@ static void tb_flush(struct textbuf *t) {
 
 static void tb_put(struct textbuf *t, const char *s, size_t n) {
     if (t->copy) kept_put(t->copy, s, n);
+    if (t->keep_only) return;
     while (n) {
         if (t->n == sizeof t->b) tb_flush(t);
         size_t k = sizeof t->b - t->n < n ? sizeof t->b - t->n : n;
@@ -313,6 +315,12 @@ static void tb_put(struct textbuf *t, const char *s, size_t n) {
 }
 
 static void tb_str(struct textbuf *t, const char *s) { tb_put(t, s, str_len(s)); }
+
+static void tb_init(struct textbuf *t) {   /* (for one on the stack; a static one is zero) */
+    t->n = 0;
+    t->copy = NULL;
+    t->keep_only = 0;
+}
 
 static void tb_hex(struct textbuf *t, uint64_t v) {
     char d[17]; int i = 16;
@@ -355,17 +363,20 @@ static ssize_t read_file(const char *path, char *buf, size_t cap) {
  * - a thread whose dl_iterate_phdr callback waits for a lock that an allocating thread holds
  *   (tests/programs/dl_loader.c).
  * So the recorder calls it once, when the process starts (init_process: the preloaded
- * library's constructor, or the first hook before it), and never inside malloc. Every
- * snapshot's "m" lines and ranges are kept in memory; a new call site in a module the kept
- * snapshot lacks (a library dlopened since, or one that took an unloaded one's place) adds that
- * module from what _dl_find_object (glibc 2.35, lock-free) says of it, drops a module whose
- * range it overlaps (unloaded: two loaded modules never overlap), and writes the snapshot again.
- * A fork child starts from its parent's last snapshot and goes on the same way. Without
- * _dl_find_object (older glibc) the loader's counters are read with dl_iterate_phdr at each
- * new chunk and call site and at exit, as before stop 41, and a fork child's new modules stay
- * unmapped (no symbols there, nothing hangs). */
-#define KEPT_TEXT (256 << 10)   /* (.bss: only the pages written cost memory) */
-#define KEPT_MODULES 2048
+ * library's constructor, or the first hook if that comes first), and never again. That first
+ * snapshot is written at the first call site (an image that execs before it allocates writes
+ * none). Every snapshot's "m" lines and ranges are kept in memory; a new call site in a module
+ * the kept snapshot lacks (a library dlopened since, or one that took an unloaded one's place)
+ * adds that module from what _dl_find_object (glibc 2.35, lock-free) says of it, drops a module
+ * whose range it overlaps (unloaded: two loaded modules never overlap), and writes the snapshot
+ * again. A fork child starts from its parent's last snapshot and goes on the same way. A
+ * process whose modules at the start do not fit the kept buffers writes them as listed and
+ * adds none later (no symbols in libraries it loads later). Without _dl_find_object (older
+ * glibc) the loader's counters are read with dl_iterate_phdr at each new chunk and call site
+ * and at exit, as before stop 41, and a fork child's new modules stay unmapped (no symbols
+ * there, nothing hangs). */
+#define KEPT_TEXT (1 << 20)     /* (.bss: only the pages written cost memory) */
+#define KEPT_MODULES 4096
 struct kept_mods {
     uint32_t len, n;
     int full;                   /* something did not fit: not to be published */
@@ -377,6 +388,7 @@ struct kept_mods {
 /* One is built (under g_mods_lock) while the other stays whole for a fork in between. */
 static struct kept_mods g_kept[2];
 static volatile int g_kept_pub = -1;   /* the whole one */
+static int g_kept_overflow;            /* the modules at the start did not fit: none added */
 static int g_fork_child;               /* this process began in fork: no dl_iterate_phdr */
 
 static void kept_put(struct kept_mods *k, const char *s, size_t n) {
@@ -391,18 +403,24 @@ static uint32_t name_hash(const char *s) {   /* FNV-1a */
     return h;
 }
 
-/* Puts a module's "m" line in tb (which copies it to k) and its range in k. */
-static void kept_module(struct kept_mods *k, struct textbuf *tb, uint64_t base, uint64_t lo,
-                        uint64_t hi, const char *name) {
-    uint32_t at = k->len;
-    tb->copy = k;
+/* A module's "m" line. */
+static void tb_module(struct textbuf *tb, uint64_t base, uint64_t lo, uint64_t hi,
+                      const char *name) {
     tb_str(tb, "m ");
     tb_hex(tb, base); tb_str(tb, " ");
     tb_hex(tb, lo); tb_str(tb, " ");
     tb_hex(tb, hi); tb_str(tb, " ");
     tb_hexbytes(tb, name, str_len(name));
     tb_str(tb, "\n");
-    tb->copy = NULL;
+}
+
+/* Puts a module's "m" line and its range in k (the caller holds g_mods_lock). */
+static void kept_module(struct kept_mods *k, uint64_t base, uint64_t lo, uint64_t hi,
+                        const char *name) {
+    static struct textbuf line = {.keep_only = 1};   /* a formatter into k */
+    uint32_t at = k->len;
+    line.copy = k;
+    tb_module(&line, base, lo, hi, name);
     if (k->n == KEPT_MODULES) { k->full = 1; return; }
     k->lo[k->n] = lo;
     k->hi[k->n] = hi;
@@ -425,6 +443,9 @@ static void kept_publish(struct kept_mods *k) {
 }
 
 static uint64_t g_snap_seq;   /* of the last snapshot written (under g_mods_lock) */
+static int g_snap_unwritten;  /* the first, taken at the start, is written at the first call
+                               * site: an image that never allocates (one that execs at once)
+                               * writes none */
 
 /* Writes the kept snapshot to the .mods file, in force from sequence number seq. */
 static void kept_write(uint64_t seq) {
@@ -477,7 +498,14 @@ static int is_libpython(const char *path) {
  * snapshot lacks adds that module (and drops the unloaded ones its range overlaps), and the
  * snapshot is written again. With _dl_find_object only; no dl_iterate_phdr. */
 static void kept_note_frames(const uintptr_t *frames, int n, uint64_t seq) {
-    if (g_mods.fd < 0 || !kept_lacks(frames, n)) return;
+    if (g_mods.fd < 0) return;
+    if (UNLIKELY(g_snap_unwritten)) {
+        spin_lock(&g_mods_lock);
+        if (g_snap_unwritten) kept_write(g_snap_seq);
+        g_snap_unwritten = 0;
+        spin_unlock(&g_mods_lock);
+    }
+    if (g_kept_overflow || !kept_lacks(frames, n)) return;
     struct hc_found_module add[MAX_STACK];
     int na = 0, python = 0;
     spin_lock(&g_mods_lock);
@@ -509,13 +537,10 @@ static void kept_note_frames(const uintptr_t *frames, int n, uint64_t seq) {
             k->span[k->n++] = have->span[j];
             kept_put(k, have->text + have->at[j], have->span[j]);
         }
-        static struct textbuf tb;   /* under g_mods_lock; only copies into k */
         for (int a = 0; a < na; a++) {
-            tb.n = 0;
-            kept_module(k, &tb, add[a].base, add[a].lo, add[a].hi, add[a].name);
+            kept_module(k, add[a].base, add[a].lo, add[a].hi, add[a].name);
             python |= is_libpython(add[a].name);
         }
-        tb.n = 0;
         if (!k->full) {
             /* A snapshot that only adds modules is in force from the last one's event: the
              * modules loaded since then, and this event and any other thread's event in them
@@ -557,7 +582,9 @@ static int mods_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     uint64_t lo, hi;
     module_range(info, &lo, &hi);
     if (hi == 0) return 0;
-    kept_module(c->keep, c->tb, info->dlpi_addr, lo, hi, info->dlpi_name ? info->dlpi_name : "");
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    if (c->tb) tb_module(c->tb, info->dlpi_addr, lo, hi, name);
+    else kept_module(c->keep, info->dlpi_addr, lo, hi, name);
     return 0;
 }
 
@@ -582,13 +609,14 @@ static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     return is_libpython(info->dlpi_name ? info->dlpi_name : "");
 }
 
-/* Writes the loaded modules to the .mods file, in force from event `seq`: with `force`, now
- * (the process's first, at its start); else when the loader's counters moved since the last
- * snapshot (no _dl_find_object). Not in a fork child. */
-static void snapshot_modules(int force, uint64_t seq) {
+/* Lists the loaded modules (dl_iterate_phdr), in force from event `seq`: SNAP_START, the
+ * process's first, kept and written at its first call site (with _dl_find_object; else now);
+ * SNAP_IF_MOVED, written if the loader's counters moved since the last one (no
+ * _dl_find_object). Not in a fork child. */
+enum { SNAP_START, SNAP_IF_MOVED };
+static void snapshot_modules(int when, uint64_t seq) {
     if (g_mods.fd < 0 || g_fork_child) return;
-    struct textbuf *tb = NULL;
-    if (!force) {
+    if (when == SNAP_IF_MOVED) {
         struct mods_ctx probe = {0};
         probe.count_only = 1;
         dl_iterate_phdr(mods_cb, &probe);
@@ -598,19 +626,30 @@ static void snapshot_modules(int force, uint64_t seq) {
         dl_iterate_phdr(libpython_cb, NULL))
         python_probe();                /* libpython came with a dlopen */
     if (__atomic_exchange_n(&g_mods_lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
-    static struct textbuf buf;  /* under g_mods_lock */
-    tb = &buf;
-    tb->n = 0;
-    struct mods_ctx c = {tb, 0, 0, 0, kept_begin()};
     if (seq < g_snap_seq) seq = g_snap_seq;   /* (another thread's, written meanwhile) */
-    g_snap_seq = seq;
-    tb_str(tb, "M ");
-    tb_hex(tb, seq);
-    tb_str(tb, "\n");
+    struct mods_ctx c = {NULL, 0, 0, 0, kept_begin()};
     dl_iterate_phdr(mods_cb, &c);
-    tb_str(tb, "E\n");
-    tb_flush(tb);
-    if (!c.keep->full) kept_publish(c.keep);
+    if (!c.keep->full) {
+        kept_publish(c.keep);
+        if (when == SNAP_START && hc_have_find_object()) {
+            g_snap_seq = seq;
+            g_snap_unwritten = 1;
+        } else {
+            kept_write(seq);
+        }
+    } else {   /* more than the kept buffers hold: written as listed, and none added later */
+        static struct textbuf buf;  /* under g_mods_lock */
+        g_kept_overflow = 1;
+        buf.n = 0;
+        c.tb = &buf;
+        g_snap_seq = seq;
+        tb_str(&buf, "M ");
+        tb_hex(&buf, seq);
+        tb_str(&buf, "\n");
+        dl_iterate_phdr(mods_cb, &c);
+        tb_str(&buf, "E\n");
+        tb_flush(&buf);
+    }
     g_mods_adds = c.adds;
     g_mods_subs = c.subs;
     spin_unlock(&g_mods_lock);
@@ -798,9 +837,8 @@ static void path_join(char *out, size_t cap, const char *name) {
 }
 
 static void fmt_name(char *out, int pid, uint32_t image, const char *ext) {
-    struct textbuf tb;  /* small: used only as a formatter */
-    tb.n = 0;
-    tb.copy = NULL;
+    struct textbuf tb;  /* used only as a formatter */
+    tb_init(&tb);
     char d[16]; int i = 15; d[15] = 0;
     unsigned v = (unsigned)pid;
     do { d[--i] = (char)('0' + v % 10); v /= 10; } while (v);
@@ -1040,7 +1078,7 @@ static void init_process(void) {
         if (!g_follow && !claim_root()) traced = 0;
         dl_iterate_phdr(self_cb, (void *)(uintptr_t)&heapcast_start_marker);
         if (traced && open_process_files(0, 0)) {
-            snapshot_modules(1, H->seq);   /* the only dl_iterate_phdr of the recording
+            snapshot_modules(SNAP_START, H->seq);   /* the only dl_iterate_phdr of the recording
                                             * ("module snapshots") */
             if (g_stack_depth && g_unwind_dwarf) {
                 void *warm[4];
@@ -1083,6 +1121,7 @@ static void atfork_child(void) {
     g_fork_child = 1;   /* no dl_iterate_phdr from now on: its lock may be held ("modules in a
                          * fork child") */
     int ok = open_process_files(parent, fork_seq);
+    g_snap_unwritten = 0;   /* the parent's, if it had not allocated yet: written here */
     if (ok && g_mods.fd >= 0) kept_write(H->seq);   /* (g_mods_lock is free: reset above) */
     if (ok) hc_hook_fork_child();
     /* the wrappers came with the fork (or some of them: another thread was installing them) */
@@ -1211,7 +1250,7 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
         t->maps->rec = m;
     }
     maps_reap_now_and_then(c->mono_ns);
-    if (!hc_have_find_object()) snapshot_modules(0, H->seq);
+    if (!hc_have_find_object()) snapshot_modules(SNAP_IF_MOVED, H->seq);
     return 1;
 }
 
@@ -1364,7 +1403,7 @@ static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n, uin
      * added now ("module snapshots"). */
     t->busy++;
     if (hc_have_find_object()) kept_note_frames(frames, n, seq);
-    else snapshot_modules(0, seq);
+    else snapshot_modules(SNAP_IF_MOVED, seq);
     t->busy--;
     uint32_t id = (uint32_t)__atomic_add_fetch(&H->locs, 1, __ATOMIC_RELAXED);
     uint32_t extra = n > 2 ? ((uint32_t)n - 2 + 2) / 3 : 0;
@@ -1888,7 +1927,7 @@ __attribute__((destructor)) static void heapcast_end(void) {
             H->peak_rss_bytes = kb * 1024;
         }
     }
-    if (!hc_have_find_object()) snapshot_modules(0, H->seq);
+    if (!hc_have_find_object()) snapshot_modules(SNAP_IF_MOVED, H->seq);
     H->end_tsc = now_ticks();
     H->end_mono_ns = mono_ns();
     __atomic_fetch_or(&H->flags, HC_FLAG_CLEAN_EXIT, __ATOMIC_RELEASE);
