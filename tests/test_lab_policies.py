@@ -1,6 +1,7 @@
 """The allocator lab on hand-made traces whose footprint under each policy is computed by hand
 (docs/policies.md gives each policy's chunk format). Every replay runs in checked mode: no two
 live chunks overlap, every chunk lies inside the footprint, every block is aligned as asked."""
+import random
 from pathlib import Path
 
 import numpy as np
@@ -282,3 +283,138 @@ def test_the_clairvoyant_result_is_a_bound_never_worse_than_a_classic_policy():
         assert r["policies"]["learned-lifetime"]["placement"] == "lifetime over heapcast"
         assert set(r["policies"]) == set(ALL_POLICIES)
     assert "lower bound: peak live" in format_simulation(r)
+
+
+def dl_chunk(n):
+    return max(32, (n + 8 + 15) // 16 * 16)
+
+class RefHeap:
+    """The fit policies' free ranges as docs/policies.md states them, with plain Python lists:
+    the lowest-addressed (first-fit), the lowest at or after the rover (next-fit) or the
+    smallest, then lowest (best-fit) free range that fits, split at its front when 32 bytes or
+    more are left; coalescing on release; the wilderness [top, inf) when nothing fits."""
+
+    def __init__(self, mode):
+        self.mode, self.free, self.top, self.rover = mode, {}, 8, 8
+
+    def alloc(self, need):
+        cands = [(s, l) for s, l in self.free.items() if l >= need]
+        pick = None
+        if cands and self.mode == "best":
+            pick = min(cands, key=lambda c: (c[1], c[0]))
+        elif cands:
+            after = [c for c in cands if c[0] >= self.rover] if self.mode == "next" else []
+            pick = min(after) if after else min(cands)
+        if pick is None:
+            s = self.top
+            self.top += need
+            self.rover = self.top
+            return s, need
+        f, flen = pick
+        del self.free[f]
+        got = need
+        if flen - need >= 32:
+            self.free[f + need] = flen - need
+        else:
+            got = flen
+        self.rover = f + got
+        return f, got
+
+    def release(self, s, ln):
+        start = next((a for a, l in self.free.items() if a + l == s), None)
+        e = s + ln
+        if e == self.top:
+            if start is not None:
+                del self.free[start]
+            self.top = start if start is not None else s
+            self.rover = min(self.rover, self.top)
+            return
+        if start is None:
+            start = s
+        total = e - start
+        if e in self.free:
+            total += self.free.pop(e)
+        self.free[start] = total
+
+    def extend(self, s, ln, newlen):
+        e, extra = s + ln, newlen - ln
+        if e == self.top:
+            self.top = s + newlen
+            return newlen
+        v = self.free.get(e)
+        if v is None or v < extra:
+            return None
+        del self.free[e]
+        if v - extra >= 32:
+            self.free[e + extra] = v - extra
+            return newlen
+        return ln + v
+
+def reference(ops, mode):
+    """The peak extent of a fit policy over ops (("a", id, size), ("f", id), ("r", old, new,
+    size)), realloc as pol_fit.c does it: in place when smaller or when the next range or the
+    wilderness can grow it, else moved (allocated, then the old chunk released)."""
+    h, where, peak = RefHeap(mode), {}, 0
+    for op in ops:
+        if op[0] == "a":
+            where[op[1]] = h.alloc(dl_chunk(op[2]))
+        elif op[0] == "f":
+            h.release(*where.pop(op[1]))
+        else:   # ("r", old, new, size)
+            s, ln = where.pop(op[1])
+            need = dl_chunk(op[3])
+            if need <= ln:
+                if ln - need >= 32:
+                    h.release(s + need, ln - need)
+                    ln = need
+                where[op[2]] = (s, ln)
+            else:
+                got = h.extend(s, ln, need)
+                if got is not None:
+                    where[op[2]] = (s, got)
+                else:
+                    where[op[2]] = h.alloc(need)
+                    h.release(s, ln)
+        peak = max(peak, h.top - 8)
+    return peak
+
+def random_ops(seed, n):
+    """n random mallocs (small, medium and up to 5000 bytes), frees and reallocs."""
+    rng = random.Random(seed)
+    ops, live, nid = [], [], 0
+    for _ in range(n):
+        r = rng.random()
+        if live and r < 0.4:
+            i = rng.randrange(len(live))
+            live[i], live[-1] = live[-1], live[i]
+            ops.append(("f", live.pop()))
+        elif live and r < 0.55:
+            i = rng.randrange(len(live))
+            ops.append(("r", live[i], nid, rng.randint(1, 3000)))
+            live[i] = nid
+            nid += 1
+        else:
+            size = rng.choice([rng.randint(1, 64), rng.randint(1, 600), rng.randint(1, 5000)])
+            ops.append(("a", nid, size))
+            live.append(nid)
+            nid += 1
+    return ops
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fit_policies_match_a_plain_reference_on_random_traces(seed):
+    """first-fit, next-fit and best-fit (native/lab/fitheap.c: hash maps and treaps, their
+    ranges changed in place where an order allows it) give the footprint of RefHeap on random
+    traces of mallocs, frees and reallocs; checked mode (a broken invariant raises) verifies
+    the trees' order and subtree lengths against the maps."""
+    ops = random_ops(seed, 3000)
+    e = Events()
+    for op in ops:
+        at = [0x100000 + 0x10000 * i for i in op[1:3] if isinstance(i, int)]
+        if op[0] == "a":
+            e.malloc(at[0], op[2])
+        elif op[0] == "f":
+            e.free(at[0])
+        else:
+            e.realloc(at[0], at[1], op[3])
+    r = simulate(e.trace(), policies="first-fit,next-fit,best-fit", checked=True)
+    assert footprints(r) == {f"{m}-fit": reference(ops, m) for m in ("first", "next", "best")}

@@ -298,8 +298,16 @@ static void push(lab_replay *r, const pend *x) {
         r->st.late_releases++;
 }
 
+/* Executing an op looks its trace address up in the live map, a miss of the cache when the map
+ * is large: the op this many places ahead has its slot fetched meanwhile. */
+#define PREFETCH_AHEAD 8
+
 static void drain(lab_replay *r, u64 before) {
     while (r->pq_len && r->pq[r->pq_head].pos < before) {
+        if (r->pq_len > PREFETCH_AHEAD) {
+            const pend *y = &r->pq[r->pq_head + PREFETCH_AHEAD];
+            hm_prefetch(&r->live, y->kind == P_REL || y->kind == P_UNBIND ? y->old_addr : y->addr);
+        }
         execute(r, &r->pq[r->pq_head]);
         r->pq_head++;
         r->pq_len--;

@@ -64,15 +64,27 @@ static void shrink_front(fitheap *h, u64 s, u64 len, u64 cut) {
     hm_del(&h->by_start, s, NULL);
     hm_put(&h->by_start, s + cut, len - cut);
     hm_put(&h->by_end, s + len, s + cut);
-    if (uses_addr(h)) {
-        tr_erase(&h->addr, s, 0);
-        tr_insert(&h->addr, s + cut, 0, len - cut);
-    }
+    if (uses_addr(h))   /* (its place in address order stays: its end does) */
+        tr_set(&h->addr, s, 0, s + cut, 0, len - cut);
     if (h->mode == FIT_BEST) {
         tr_erase(&h->size, len, s);
         tr_insert(&h->size, len - cut, s + cut, len - cut);
     }
     h->free_bytes -= cut;
+}
+
+/* The free range [s, s + len) grows to newlen (its start stays where it is). */
+static void grow_range(fitheap *h, u64 s, u64 len, u64 newlen) {
+    hm_put(&h->by_start, s, newlen);
+    hm_del(&h->by_end, s + len, NULL);
+    hm_put(&h->by_end, s + newlen, s);
+    if (uses_addr(h))
+        tr_set(&h->addr, s, 0, s, 0, newlen);
+    if (h->mode == FIT_BEST) {
+        tr_erase(&h->size, len, s);
+        tr_insert(&h->size, newlen, s, newlen);
+    }
+    h->free_bytes += newlen - len;
 }
 
 /* Where an aligned chunk starts inside a range beginning at f: its payload (start + hdr) is a
@@ -146,27 +158,28 @@ u64 fh_alloc(fitheap *h, u64 len, u64 align, u64 hdr, u64 *got) {
 static inline int may_join(const fitheap *h, u64 at) { return !h->nocross || at % h->nocross; }
 
 u64 fh_release(fitheap *h, u64 s, u64 len, u64 *merged_len) {
-    u64 v;
-    if (may_join(h, s) && hm_get(&h->by_end, s, &v)) {
-        del_range(h, v, s - v);
-        len += s - v;
-        s = v;
-    }
-    u64 e = s + len;
+    u64 v, start = s, e = s + len;
+    int joined = may_join(h, s) && hm_get(&h->by_end, s, &start);   /* a free range before */
     if (h->unbounded && e == h->top) {
-        h->top = s;
-        if (h->rover > s)
-            h->rover = s;
+        if (joined)
+            del_range(h, start, s - start);
+        h->top = start;
+        if (h->rover > start)
+            h->rover = start;
         *merged_len = 0;
-        return s;
+        return start;
     }
-    if (may_join(h, e) && hm_get(&h->by_start, e, &v)) {
+    u64 total = e - start;
+    if (may_join(h, e) && hm_get(&h->by_start, e, &v)) {   /* and one after */
         del_range(h, e, v);
-        len += v;
+        total += v;
     }
-    ins_range(h, s, len);
-    *merged_len = len;
-    return s;
+    if (joined)
+        grow_range(h, start, s - start, total);   /* the one before, grown in place */
+    else
+        ins_range(h, s, total);
+    *merged_len = total;
+    return start;
 }
 
 void fh_add_range(fitheap *h, u64 start, u64 len) {
@@ -187,14 +200,24 @@ int fh_extend(fitheap *h, u64 start, u64 len, u64 newlen, int allow_top, u64 *go
     }
     if (!may_join(h, e) || !hm_get(&h->by_start, e, &v) || v < extra)
         return 0;
-    del_range(h, e, v);
     if (v - extra >= h->minchunk) {
-        ins_range(h, e + extra, v - extra);
+        shrink_front(h, e, v, extra);
         *got = newlen;
     } else {
+        del_range(h, e, v);
         *got = len + v;
     }
     return 1;
+}
+
+/* Whether every node of the subtree at x is a free range of the maps: keyed (start, 0) in the
+ * address tree, (length, start) in the size tree. */
+static int tree_matches(const fitheap *h, const tnode *n, u32 x, int by_size) {
+    if (!x)
+        return 1;
+    u64 start = by_size ? n[x].k2 : n[x].k1, len;
+    return hm_get(&h->by_start, start, &len) && len == n[x].len && (!by_size || n[x].k1 == len) &&
+           tree_matches(h, n, n[x].l, by_size) && tree_matches(h, n, n[x].r, by_size);
 }
 
 const char *fh_check(const fitheap *h) {
@@ -218,5 +241,10 @@ const char *fh_check(const fitheap *h) {
         return "fitheap: free byte count wrong";
     if ((uses_addr(h) && h->addr.count != count) || (h->mode == FIT_BEST && h->size.count != count))
         return "fitheap: tree sizes wrong";
+    if ((uses_addr(h) && !tr_check(&h->addr)) || (h->mode == FIT_BEST && !tr_check(&h->size)))
+        return "fitheap: tree order or subtree lengths wrong";
+    if ((uses_addr(h) && !tree_matches(h, h->addr.n, h->addr.root, 0)) ||
+        (h->mode == FIT_BEST && !tree_matches(h, h->size.n, h->size.root, 1)))
+        return "fitheap: a tree's range is not the maps' range";
     return NULL;
 }

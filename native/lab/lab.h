@@ -66,6 +66,15 @@ void hm_clone(hmap *dst, const hmap *src);
 int hm_get(const hmap *m, u64 key, u64 *val);
 void hm_put(hmap *m, u64 key, u64 val);
 int hm_del(hmap *m, u64 key, u64 *val);
+/* The slot where key's probe starts. */
+static inline size_t hm_slot(u64 key, size_t cap) {
+    return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 17) & (cap - 1);
+}
+/* Asks for the line where key's probe starts, ahead of a get, put or del of it: a large map's
+ * probes miss the cache, and an op known a few ops early hides that wait. */
+static inline void hm_prefetch(const hmap *m, u64 key) {
+    __builtin_prefetch(&m->e[hm_slot(key, m->cap)], 1);
+}
 
 /* ---- treap keyed by (k1, k2), each node carrying a length, with subtree max length ---- */
 typedef struct {
@@ -82,11 +91,13 @@ void tr_free(treap *t);
 void tr_clone(treap *dst, const treap *src);
 void tr_insert(treap *t, u64 k1, u64 k2, u64 len);
 int tr_erase(treap *t, u64 k1, u64 k2);
+int tr_set(treap *t, u64 k1, u64 k2, u64 nk1, u64 nk2, u64 len);   /* same place in key order */
 u32 tr_first_fit(const treap *t, u64 need);            /* lowest key with len >= need */
 u32 tr_next_fit(const treap *t, u64 from, u64 need);   /* lowest key >= (from, 0) with len >= need */
 u32 tr_lower_bound(const treap *t, u64 k1, u64 k2);    /* lowest key >= (k1, k2) */
 u32 tr_floor(const treap *t, u64 k1, u64 k2);          /* highest key <= (k1, k2) */
 u32 tr_min(const treap *t);
+int tr_check(const treap *t);   /* 1 if keys are in order, maxlens right and the count too */
 
 /* ---- free ranges of an address space, with a wilderness [top, inf) (fitheap.c) ---- */
 enum { FIT_FIRST, FIT_NEXT, FIT_BEST };

@@ -51,10 +51,6 @@ void *lab_dup(const void *p, size_t bytes) {
 
 #define HM_EMPTY (~0ULL)
 
-static inline size_t hm_slot(u64 key, size_t cap) {
-    return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 17) & (cap - 1);
-}
-
 static hm_entry *hm_alloc(size_t cap) {
     hm_entry *e = malloc(cap * sizeof(hm_entry));
     if (!e)
@@ -259,6 +255,60 @@ int tr_erase(treap *t, u64 k1, u64 k2) {
     t->freelist = gone;
     t->count--;
     return 1;
+}
+
+/* Gives the node keyed (k1, k2) the key (nk1, nk2) and length len, in place: the new key must
+ * sort where the old one did (between the node's neighbours in key order). One descent, no
+ * rotations, where an erase and an insert rotate twice (fitheap's splits and merges: most of
+ * first-fit's time on py_dicts). Returns 0 if there is no such node. */
+int tr_set(treap *t, u64 k1, u64 k2, u64 nk1, u64 nk2, u64 len) {
+    tnode *n = t->n;
+    u32 path[96];
+    int d = 0;
+    u32 x = t->root;
+    while (x && !(n[x].k1 == k1 && n[x].k2 == k2)) {
+        if (d == (int)(sizeof path / sizeof path[0])) {   /* deeper than a treap gets: slow way */
+            if (!tr_erase(t, k1, k2))
+                return 0;
+            tr_insert(t, nk1, nk2, len);
+            return 1;
+        }
+        path[d++] = x;
+        x = key_lt(k1, k2, n[x].k1, n[x].k2) ? n[x].l : n[x].r;
+    }
+    if (!x)
+        return 0;
+    n[x].k1 = nk1;
+    n[x].k2 = nk2;
+    n[x].len = len;
+    u64 before = n[x].maxlen;
+    pull(n, x);
+    /* An ancestor's maxlen can only change while its child's did. */
+    while (d-- > 0 && n[x].maxlen != before) {
+        x = path[d];
+        before = n[x].maxlen;
+        pull(n, x);
+    }
+    return 1;
+}
+
+/* Whether the subtree at x is in key order within (lo, hi) bounds and every maxlen is right;
+ * counts its nodes into *count. */
+static int check_at(const tnode *n, u32 x, const tnode *lo, const tnode *hi, u32 *count) {
+    if (!x)
+        return 1;
+    if ((lo && !key_lt(lo->k1, lo->k2, n[x].k1, n[x].k2)) ||
+        (hi && !key_lt(n[x].k1, n[x].k2, hi->k1, hi->k2)))
+        return 0;
+    u64 m = max_u64(n[x].len, max_u64(n[n[x].l].maxlen, n[n[x].r].maxlen));
+    ++*count;
+    return n[x].maxlen == m && check_at(n, n[x].l, lo, &n[x], count) &&
+           check_at(n, n[x].r, &n[x], hi, count);
+}
+
+int tr_check(const treap *t) {
+    u32 count = 0;
+    return check_at(t->n, t->root, NULL, NULL, &count) && count == t->count;
 }
 
 /* The lowest-addressed node of the subtree at x with len >= need, or 0. */
