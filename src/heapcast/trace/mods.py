@@ -75,7 +75,14 @@ class ModsFile:
             self._snap.modules.append(Module(path or self.exe, int(parts[1], 16),
                                              int(parts[2], 16), int(parts[3], 16)))
         elif line == "E" and self._snap is not None:
-            self.modules.append(self._snap)
+            # Of two snapshots with the same seq the later holds: the recorder writes one per
+            # library that a call site first lies in, each the last plus that library, with the
+            # last one's seq. Kept whole, a program that loads N libraries would keep N lists
+            # of up to N modules in its .hct.
+            if self.modules and self.modules[-1].seq == self._snap.seq:
+                self.modules[-1] = self._snap
+            else:
+                self.modules.append(self._snap)
             self._snap = None
         elif line.startswith("Y "):   # pymalloc recorded from this seq on
             self.pymalloc_seq = int(line[2:], 16)
