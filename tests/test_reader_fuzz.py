@@ -206,3 +206,29 @@ def test_blocks_are_read_ahead_in_order_and_an_early_stop_or_a_bad_block_is_clea
         for block in iter_process_blocks(p, 1 << 20):
             seen.append(len(block))
     assert seen == [300] * 4
+
+
+def test_events_read_whole_decode_their_blocks_side_by_side_into_one_array(tmp_path):
+    """Process.events (read_process_events) decodes a file's EVENTS blocks on threads, each
+    straight into its rows of the result: the same rows as the blocks read in order; a damaged
+    block raises TraceError naming the file, and a block count that disagrees with META too."""
+    from heapcast.trace.reader import iter_process_blocks, read_process_events
+    ev = sample_events(2000)
+    path = tmp_path / "78.hct"
+    parts = [ev[i:i + 300] for i in range(0, len(ev), 300)]   # seven EVENTS blocks
+    write_process_file(path, Process(index=0, pid=78, locations=LocationTable.from_lists([[]])),
+                       iter(parts))
+    (p,) = heapcast.load(path).processes
+    whole = read_process_events(p)
+    assert len(p._blocks) == 7 and whole.flags.c_contiguous
+    assert whole.tobytes() == np.concatenate(list(iter_process_blocks(p, 1 << 20))).tobytes()
+    assert whole[list(EVENT_DTYPE.names)].tobytes() == np.concatenate(parts).tobytes()
+    p.event_count += 1   # (as a META that disagrees with the blocks)
+    with pytest.raises(TraceError, match="78.hct.*EVENTS blocks hold 2000 events, expected 2001"):
+        read_process_events(p)
+    data = bytearray(path.read_bytes())
+    data[p._blocks[5].offset + 7] ^= 0xFF
+    path.write_bytes(bytes(data))
+    (p,) = heapcast.load(path).processes
+    with pytest.raises(TraceError, match="78.hct, offset [0-9]+: EVENTS block"):
+        p.events

@@ -7,6 +7,7 @@ match the format raises TraceError naming the file, the offset and what was expe
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -231,9 +232,12 @@ def _python_frames(path: Path, raw: bytes) -> dict:
                          f"line]: {e}") from None
 
 
-def _decode_block(path: Path, f, b: _Block, proc: int) -> np.ndarray:
+def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """An EVENTS block's events, into `out` (b.count zeroed rows) if given."""
     raw = _payload(f, path, b.offset, b.stored_len, b.raw_len, b.crc, b.codec, "EVENTS block")
-    out = np.zeros(b.count, EVENT_DTYPE)
+    if out is None:
+        out = np.zeros(b.count, EVENT_DTYPE)
     columns = []   # (name, encoding, omitted planes, sparse, bytes)
     pos = 0
     for name in STORED_FIELDS:
@@ -311,10 +315,32 @@ def _cut(block: np.ndarray, size: int) -> Iterator[np.ndarray]:
 
 
 def read_process_events(p: Process) -> np.ndarray:
-    """All events of a process, in seq order."""
+    """All events of a process, in seq order. The file's blocks are decoded side by side, one
+    thread per CPU, each straight into its rows of the result: decoded apart and copied, each
+    event cost two fresh 64-byte rows, and fresh memory is dear (the main job's trace, 13.7M
+    events: 2.3 s, of which the decoding itself 0.8)."""
+    blocks = list(getattr(p, "_blocks", []))
+    if p._events is not None or len(blocks) < 2:
+        out = np.zeros(p.event_count, EVENT_DTYPE)
+        pos = 0
+        for block in iter_process_blocks(p, 1 << 62):
+            out[pos:pos + len(block)] = block
+            pos += len(block)
+        return out
+    path = Path(p.source)
+    starts = np.cumsum([0] + [b.count for b in blocks]).tolist()
+    if starts[-1] != p.event_count:
+        raise TraceError(path, None, f"EVENTS blocks hold {starts[-1]} events, expected "
+                         f"{p.event_count} (META)")
     out = np.zeros(p.event_count, EVENT_DTYPE)
-    pos = 0
-    for block in iter_process_blocks(p, 1 << 62):
-        out[pos:pos + len(block)] = block
-        pos += len(block)
+
+    def decode(k: int) -> None:
+        with open(path, "rb") as f:   # (a file object of its own: its own position)
+            _decode_block(path, f, blocks[k], p.index, out[starts[k]:starts[k + 1]])
+
+    from concurrent.futures import ThreadPoolExecutor
+    workers = min(len(blocks), len(os.sched_getaffinity(0)) or 1)
+    with ThreadPoolExecutor(workers, thread_name_prefix="heapcast-read") as pool:
+        for _ in pool.map(decode, range(len(blocks))):   # (an error raises here)
+            pass
     return out
