@@ -58,14 +58,19 @@ def test_a_line_cut_short_waits_and_is_an_error_at_the_end(tmp_path):
 
 
 def test_of_snapshots_with_the_same_seq_the_last_is_kept(tmp_path):
-    """The recorder writes a snapshot per library that a call site first lies in, each the last
-    plus that library with the last one's seq: the reader keeps one per seq (the later holds), so
-    that N libraries do not leave N lists of up to N modules in the trace."""
+    """The recorder writes a snapshot per library that a call site first lies in, "M seq +": the
+    last one plus that library, with the last one's seq. The reader keeps one per seq (the later
+    holds), so that N libraries do not leave N lists of up to N modules in the trace; a "+" that
+    is not a "+" is a malformed line."""
     lib = [f"m {7 + i:x}0000 {7 + i:x}1000 {7 + i:x}2000 {hx(f'/lib/l{i}.so')}" for i in range(3)]
-    lines = ["M 1", lib[0], "E", "M 1", *lib[:2], "E", "M 1", *lib, "E", "M 9", lib[2], "E"]
+    lines = ["M 1", lib[0], "E", "M 1 +", lib[1], "E", "M 1 +", lib[2], "E", "M 9", lib[2], "E"]
     path = tmp_path / "1.mods"
     path.write_bytes("".join(line + "\n" for line in lines).encode())
     m = ModsFile(path)
     m.update()
     assert [(s.seq, [x.path for x in s.modules]) for s in m.modules] == [
         (1, ["/lib/l0.so", "/lib/l1.so", "/lib/l2.so"]), (9, ["/lib/l2.so"])]
+    bad = tmp_path / "2.mods"
+    bad.write_bytes(b"M 1 x\nE\n")
+    with pytest.raises(TraceError, match="line 1: malformed module map line"):
+        ModsFile(bad).update()

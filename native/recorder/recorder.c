@@ -447,19 +447,23 @@ static int g_snap_unwritten;  /* the first, taken at the start, is written at th
                                * site: an image that never allocates (one that execs at once)
                                * writes none */
 
-/* Writes the kept snapshot to the .mods file, in force from sequence number seq. */
-static void kept_write(uint64_t seq) {
+/* Writes the kept snapshot to the .mods file, in force from sequence number seq: whole, or
+ * with `from` > 0 as "M seq +", the last snapshot written plus the kept lines from byte `from`
+ * on (a library added: the file grows by its line, not by the whole list again). */
+static void kept_write_from(uint64_t seq, uint32_t from) {
     int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
     static struct textbuf tb;   /* under g_mods_lock */
     tb.n = 0;
     g_snap_seq = seq;
     tb_str(&tb, "M ");
     tb_hex(&tb, seq);
-    tb_str(&tb, "\n");
-    if (i >= 0) tb_put(&tb, g_kept[i].text, g_kept[i].len);
+    tb_str(&tb, from ? " +\n" : "\n");
+    if (i >= 0 && from <= g_kept[i].len) tb_put(&tb, g_kept[i].text + from, g_kept[i].len - from);
     tb_str(&tb, "E\n");
     tb_flush(&tb);
 }
+
+static void kept_write(uint64_t seq) { kept_write_from(seq, 0); }
 
 /* Whether k lists module m (its range, load address and path) for pc. */
 static int kept_covers(const struct kept_mods *k, uint64_t pc, const struct hc_found_module *m) {
@@ -537,6 +541,7 @@ static void kept_note_frames(const uintptr_t *frames, int n, uint64_t seq) {
             k->span[k->n++] = have->span[j];
             kept_put(k, have->text + have->at[j], have->span[j]);
         }
+        uint32_t added_at = k->len;   /* the new modules' lines */
         for (int a = 0; a < na; a++) {
             kept_module(k, add[a].base, add[a].lo, add[a].hi, add[a].name);
             python |= is_libpython(add[a].name);
@@ -544,9 +549,13 @@ static void kept_note_frames(const uintptr_t *frames, int n, uint64_t seq) {
         if (!k->full) {
             /* A snapshot that only adds modules is in force from the last one's event: the
              * modules loaded since then, and this event and any other thread's event in them
-             * comes through here first. One that drops a module is in force from this event. */
+             * comes through here first; it is written as the new lines alone. One that drops
+             * a module is written whole, in force from this event. */
             kept_publish(k);
-            kept_write(dropped && seq > g_snap_seq ? seq : g_snap_seq);
+            if (dropped || !have)
+                kept_write(dropped && seq > g_snap_seq ? seq : g_snap_seq);
+            else
+                kept_write_from(g_snap_seq, added_at);
         }
     }
     spin_unlock(&g_mods_lock);

@@ -68,7 +68,12 @@ class ModsFile:
         elif line.startswith("C "):
             self.cwd = self._unhex(line[2:])
         elif line.startswith("M "):
-            self._snap = ModuleSnapshot(int(line[2:], 16), [])
+            seq, plus = line[2:].partition(" ")[::2]
+            if plus not in ("", "+"):
+                raise ValueError(line)
+            # "M seq +": the last snapshot plus the lines that follow (a library added)
+            before = list(self.modules[-1].modules) if plus and self.modules else []
+            self._snap = ModuleSnapshot(int(seq, 16), before)
         elif line.startswith("m ") and self._snap is not None:
             parts = line.split(" ")
             path = self._unhex(parts[4]) if len(parts) > 4 else ""
@@ -76,9 +81,9 @@ class ModsFile:
                                              int(parts[2], 16), int(parts[3], 16)))
         elif line == "E" and self._snap is not None:
             # Of two snapshots with the same seq the later holds: the recorder writes one per
-            # library that a call site first lies in, each the last plus that library, with the
-            # last one's seq. Kept whole, a program that loads N libraries would keep N lists
-            # of up to N modules in its .hct.
+            # library that a call site first lies in ("M seq +"), the last plus that library,
+            # with the last one's seq. Kept apart, a program that loads N libraries would keep
+            # N lists of up to N modules in its .hct.
             if self.modules and self.modules[-1].seq == self._snap.seq:
                 self.modules[-1] = self._snap
             else:
