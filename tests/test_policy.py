@@ -278,11 +278,20 @@ def test_a_fork_child_keys_call_sites_while_the_loaders_lock_is_held(build):
     assert lib.hc_site_of_address(ra) == want != 0
 
 
-def test_predictions_are_deterministic_across_runs_and_threads(runs, rnn_policy):
+def test_predictions_are_deterministic_across_runs_and_threads(runs, rnn_policy, monkeypatch):
+    """predict_streams runs a trace's streams side by side (one thread per CPU): the same
+    predictions as one stream after another, and as four callers at once."""
     data = make_task(load_features([runs["b"], runs["a"]], "thread"), "next", "rich")
     want = data.labels >= 0
+    assert len(data.offsets) - 1 >= 2
     first = predict_streams(Policy(rnn_policy), data, want)
     assert np.array_equal(first, predict_streams(Policy(rnn_policy), data, want))
+    with monkeypatch.context() as m:   # one CPU: the streams one after another
+        m.setattr(os, "sched_getaffinity", lambda pid: {0})
+        assert np.array_equal(first, predict_streams(Policy(rnn_policy), data, want))
+    with monkeypatch.context() as m:   # more threads than streams
+        m.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+        assert np.array_equal(first, predict_streams(Policy(rnn_policy), data, want))
     # four threads running the streams at once (ctypes releases the GIL)
     policy = Policy(rnn_policy)
     results = [None] * 4

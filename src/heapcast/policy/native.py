@@ -8,6 +8,7 @@ use the same C code through the recorder (`heapcast record --policy`) and the al
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from pathlib import Path
 
@@ -79,7 +80,8 @@ class Policy:
         self.kind = {1: "table", 2: "rnn"}[lib.hc_policy_kind(self._h)]
         self.task = ("next", "free", "lifetime")[lib.hc_policy_task(self._h)]
         self.n_labels = lib.hc_policy_labels(self._h)
-        self.run_seconds = 0.0      # time spent inside the runtime by run(), all calls
+        self.run_seconds = 0.0      # time spent inside the runtime by run(), all calls summed
+        self._seconds_lock = threading.Lock()   # (run() may be called from several threads)
 
     def close(self) -> None:
         if self._h:
@@ -113,7 +115,8 @@ class Policy:
             t0 = time.perf_counter()
             rc = library().hc_run(self._h, events.ctypes.data, labels.ctypes.data,
                                   want.ctypes.data, n, out.ctypes.data, memory_log2, warm_from)
-            self.run_seconds += time.perf_counter() - t0
+            with self._seconds_lock:
+                self.run_seconds += time.perf_counter() - t0
             if rc != 0:
                 raise MemoryError("the policy runtime could not map a stream's state")
         return out
