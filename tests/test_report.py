@@ -357,3 +357,32 @@ def test_a_model_file_is_checked_from_its_header_and_read_once(recorded, tmp_pat
     monkeypatch.setattr(models, "read_model_file", lambda p: reads.append(p) or real(p))
     report(trace, output=tmp_path / "r.html", model=model)
     assert reads == [model] and '"model":{"results"' in (tmp_path / "r.html").read_text()
+
+
+def test_a_second_report_takes_the_first_ones_predictions(recorded, tmp_path, monkeypatch):
+    """A report that predicted a model's sample itself (no evaluation kept) keeps its result in
+    the trace's .cache/: the next report of that trace and model predicts nothing and shows the
+    same figures; another model file (other bytes) is predicted again."""
+    d, _ = recorded
+    trace = d / "churn.trace"
+    model = tmp_path / "again.safetensors"
+    assert main(["train", str(trace), "--model", "ngram", "--split", "time", "-o", str(model),
+                 "-q"]) == 0
+    import importlib
+    from heapcast.report import report
+    forecast = importlib.import_module("heapcast.report.forecast")
+    shutil.rmtree(trace / ".cache", ignore_errors=True)   # (no evaluation kept to reuse)
+    real, calls = forecast.predictions, []
+    monkeypatch.setattr(forecast, "predictions", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+
+    def section(name):
+        html = report(trace, output=tmp_path / name, model=model).read_text()
+        return html[html.index('"model":{"results"'):][:2000]
+    first = section("1.html")
+    assert calls == [model]
+    assert section("2.html") == first and calls == [model]
+    other = tmp_path / "other.safetensors"
+    assert main(["train", str(trace), "--model", "ngram", "--split", "time", "--set",
+                 "orders=[1,2]", "-o", str(other), "-q"]) == 0
+    report(trace, output=tmp_path / "3.html", model=other)
+    assert calls == [model, other]

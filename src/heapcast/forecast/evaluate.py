@@ -98,11 +98,13 @@ def keep_for_report(model_path, trace_path, model, y, pred, protocol: str, train
     cache.save(trace_path, "forecast", k, r)
 
 
-def kept_for_report(model_path, trace_path, split: str) -> dict | None:
+def kept_for_report(model_path, trace_path, split: str, digest: str | None = None
+                    ) -> dict | None:
     """The report's view of `model_path` on the trace, if an evaluation left it
     (keep_for_report) under the protocol the report scores with: the model's split on the
-    recordings it was trained on, cross-run on others."""
-    digest = cache.file_digest(model_path)
+    recordings it was trained on, cross-run on others. `digest`: the model file's SHA-256 if
+    the caller has it."""
+    digest = digest or cache.file_digest(model_path)
     for protocol, trained in (((split, True),) if split in ("time", "article") else ()) + \
             (("cross-run", False),):
         r = cache.load(trace_path, "forecast", cache.key(trace_path, model=digest,
