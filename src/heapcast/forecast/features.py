@@ -334,7 +334,10 @@ def _build(procs: list, order: str, need_ranks, proc0: int) -> Features:
             per.update(_rank_columns(ev, blocks, per["site"], groups))
         if order == "thread":
             key = _thread_rank(p)[ev["tid"]] if p.pthread_ids else ev["tid"]
-            perm = np.argsort(key, kind="stable")
+            # (rows already in thread order, as a single-threaded program's: no gather of
+            # every column through an identity permutation)
+            perm = None if len(key) < 2 or bool(np.all(key[1:] >= key[:-1])) else \
+                np.argsort(key, kind="stable")
             lengths = np.unique(key, return_counts=True)[1]
         else:
             perm, lengths = None, np.array([len(ev)] if len(ev) else [], np.int64)
