@@ -7,6 +7,7 @@ never different data without an error.
 import signal
 import zlib
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,6 +174,17 @@ def test_damage_behind_valid_checksums(original, tmp_path):
     assert results.count("error") > 100
 
 
+def seven_blocks(path: Path, pid: int):
+    """A .hct file of 2,000 sample events in seven EVENTS blocks of up to 300: (its events as
+    written, the blocks, its Process)."""
+    ev = sample_events(2000)
+    parts = [ev[i:i + 300] for i in range(0, len(ev), 300)]
+    write_process_file(path, Process(index=0, pid=pid, locations=LocationTable.from_lists([[]])),
+                       iter(parts))
+    (p,) = heapcast.load(path).processes
+    return ev, parts, p
+
+
 def test_blocks_are_read_ahead_in_order_and_an_early_stop_or_a_bad_block_is_clean(tmp_path):
     """iter_process_blocks decodes the next EVENTS block on a thread while the caller works on
     the one before: the blocks come whole and in order, a caller that stops early leaves no
@@ -180,12 +192,8 @@ def test_blocks_are_read_ahead_in_order_and_an_early_stop_or_a_bad_block_is_clea
     reading reaches it, after the blocks before it."""
     import threading
     from heapcast.trace.reader import iter_process_blocks
-    ev = sample_events(2000)
     path = tmp_path / "77.hct"
-    parts = [ev[i:i + 300] for i in range(0, len(ev), 300)]   # seven EVENTS blocks
-    write_process_file(path, Process(index=0, pid=77, locations=LocationTable.from_lists([[]])),
-                       iter(parts))
-    (p,) = heapcast.load(path).processes
+    ev, parts, p = seven_blocks(path, 77)
     assert len(p._blocks) == len(parts)
     got = list(iter_process_blocks(p, 128))
     assert max(len(b) for b in got) == 128
@@ -213,12 +221,8 @@ def test_events_read_whole_decode_their_blocks_side_by_side_into_one_array(tmp_p
     straight into its rows of the result: the same rows as the blocks read in order; a damaged
     block raises TraceError naming the file, and a block count that disagrees with META too."""
     from heapcast.trace.reader import iter_process_blocks, read_process_events
-    ev = sample_events(2000)
     path = tmp_path / "78.hct"
-    parts = [ev[i:i + 300] for i in range(0, len(ev), 300)]   # seven EVENTS blocks
-    write_process_file(path, Process(index=0, pid=78, locations=LocationTable.from_lists([[]])),
-                       iter(parts))
-    (p,) = heapcast.load(path).processes
+    _, parts, p = seven_blocks(path, 78)
     whole = read_process_events(p)
     assert len(p._blocks) == 7 and whole.flags.c_contiguous
     assert whole.tobytes() == np.concatenate(list(iter_process_blocks(p, 1 << 20))).tobytes()

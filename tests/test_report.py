@@ -329,15 +329,20 @@ def test_python_trace_page_names_the_scripts_lines(tmp_path):
     assert re.search(rf">{re.escape(str(PY_SCRIPT))}:\d+ &lt;module&gt;<", dom)
 
 
+def trained_on_held_part(trace: Path, model: Path, *options: str) -> Path:
+    """An n-gram trained on the first part of `trace` (--split time), written to `model`."""
+    assert main(["train", str(trace), "--model", "ngram", "--split", "time", *options,
+                 "-o", str(model), "-q"]) == 0
+    return model
+
+
 def test_a_model_file_is_checked_from_its_header_and_read_once(recorded, tmp_path, monkeypatch):
     """report() checks each model file before the page's pass from its header (a truncated one
     is refused there), and reads its tensors once, to predict (it read them twice: a GB-sized
     n-gram loaded for the check and again for the predictions)."""
     d, _ = recorded
     trace = d / "churn.trace"
-    model = tmp_path / "held.safetensors"
-    assert main(["train", str(trace), "--model", "ngram", "--split", "time", "-o", str(model),
-                 "-q"]) == 0
+    model = trained_on_held_part(trace, tmp_path / "held.safetensors")
     import importlib
     import heapcast.forecast.models as models
     from heapcast.forecast.modelfile import ModelError
@@ -365,9 +370,7 @@ def test_a_second_report_takes_the_first_ones_predictions(recorded, tmp_path, mo
     same figures; another model file (other bytes) is predicted again."""
     d, _ = recorded
     trace = d / "churn.trace"
-    model = tmp_path / "again.safetensors"
-    assert main(["train", str(trace), "--model", "ngram", "--split", "time", "-o", str(model),
-                 "-q"]) == 0
+    model = trained_on_held_part(trace, tmp_path / "again.safetensors")
     import importlib
     from heapcast.report import report
     forecast = importlib.import_module("heapcast.report.forecast")
@@ -381,8 +384,6 @@ def test_a_second_report_takes_the_first_ones_predictions(recorded, tmp_path, mo
     first = section("1.html")
     assert calls == [model]
     assert section("2.html") == first and calls == [model]
-    other = tmp_path / "other.safetensors"
-    assert main(["train", str(trace), "--model", "ngram", "--split", "time", "--set",
-                 "orders=[1,2]", "-o", str(other), "-q"]) == 0
+    other = trained_on_held_part(trace, tmp_path / "other.safetensors", "--set", "orders=[1,2]")
     report(trace, output=tmp_path / "3.html", model=other)
     assert calls == [model, other]
