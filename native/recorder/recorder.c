@@ -362,7 +362,7 @@ static ssize_t read_file(const char *path, char *buf, size_t cap) {
  *   under load);
  * - a thread whose dl_iterate_phdr callback waits for a lock that an allocating thread holds
  *   (tests/programs/dl_loader.c).
- * So the recorder calls it once, when the process starts (init_process: the preloaded
+ * So the recorder calls it only when the process starts (init_process: the preloaded
  * library's constructor, or the first hook if that comes first), and never again. That first
  * snapshot is written at the first call site (an image that execs before it allocates writes
  * none). Every snapshot's "m" lines and ranges are kept in memory; a new call site in a module
@@ -414,6 +414,18 @@ static void tb_module(struct textbuf *tb, uint64_t base, uint64_t lo, uint64_t h
     tb_str(tb, "\n");
 }
 
+/* Records in k a module whose "m" line was put in its text from byte `at` on. */
+static void kept_entry(struct kept_mods *k, uint64_t base, uint64_t lo, uint64_t hi,
+                       uint32_t name, uint32_t at) {
+    if (k->n == KEPT_MODULES) { k->full = 1; return; }
+    k->lo[k->n] = lo;
+    k->hi[k->n] = hi;
+    k->base[k->n] = base;
+    k->name[k->n] = name;
+    k->at[k->n] = at;
+    k->span[k->n++] = k->len - at;
+}
+
 /* Puts a module's "m" line and its range in k (the caller holds g_mods_lock). */
 static void kept_module(struct kept_mods *k, uint64_t base, uint64_t lo, uint64_t hi,
                         const char *name) {
@@ -421,13 +433,7 @@ static void kept_module(struct kept_mods *k, uint64_t base, uint64_t lo, uint64_
     uint32_t at = k->len;
     line.copy = k;
     tb_module(&line, base, lo, hi, name);
-    if (k->n == KEPT_MODULES) { k->full = 1; return; }
-    k->lo[k->n] = lo;
-    k->hi[k->n] = hi;
-    k->base[k->n] = base;
-    k->name[k->n] = name_hash(name);
-    k->at[k->n] = at;
-    k->span[k->n++] = k->len - at;
+    kept_entry(k, base, lo, hi, name_hash(name), at);
 }
 
 /* The buffer to build the next snapshot in (the caller holds g_mods_lock), empty. */
@@ -532,14 +538,9 @@ static void kept_note_frames(const uintptr_t *frames, int n, uint64_t seq) {
             for (int a = 0; a < na; a++)
                 gone |= have->lo[j] < add[a].hi && add[a].lo < have->hi[j];
             if (gone) { dropped = 1; continue; }
-            if (k->n == KEPT_MODULES) { k->full = 1; break; }
-            k->lo[k->n] = have->lo[j];
-            k->hi[k->n] = have->hi[j];
-            k->base[k->n] = have->base[j];
-            k->name[k->n] = have->name[j];
-            k->at[k->n] = k->len;
-            k->span[k->n++] = have->span[j];
+            uint32_t at = k->len;
             kept_put(k, have->text + have->at[j], have->span[j]);
+            kept_entry(k, have->base[j], have->lo[j], have->hi[j], have->name[j], at);
         }
         uint32_t added_at = k->len;   /* the new modules' lines */
         for (int a = 0; a < na; a++) {
@@ -631,9 +632,9 @@ static void snapshot_modules(int when, uint64_t seq) {
         dl_iterate_phdr(mods_cb, &probe);
         if (probe.adds == g_mods_adds && probe.subs == g_mods_subs) return;
     }
-    if ((g_python_want || g_pym_want) && !g_python && g_pym_state == 0 &&
-        dl_iterate_phdr(libpython_cb, NULL))
-        python_probe();                /* libpython came with a dlopen */
+    if (when == SNAP_IF_MOVED && (g_python_want || g_pym_want) && !g_python &&
+        g_pym_state == 0 && dl_iterate_phdr(libpython_cb, NULL))
+        python_probe();   /* libpython came with a dlopen (at the start init_process probed) */
     if (__atomic_exchange_n(&g_mods_lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
     if (seq < g_snap_seq) seq = g_snap_seq;   /* (another thread's, written meanwhile) */
     struct mods_ctx c = {NULL, 0, 0, 0, kept_begin()};
@@ -1087,8 +1088,8 @@ static void init_process(void) {
         if (!g_follow && !claim_root()) traced = 0;
         dl_iterate_phdr(self_cb, (void *)(uintptr_t)&heapcast_start_marker);
         if (traced && open_process_files(0, 0)) {
-            snapshot_modules(SNAP_START, H->seq);   /* the only dl_iterate_phdr of the recording
-                                            * ("module snapshots") */
+            snapshot_modules(SNAP_START, H->seq);   /* the module map's only dl_iterate_phdr
+                                                     * ("module snapshots") */
             if (g_stack_depth && g_unwind_dwarf) {
                 void *warm[4];
                 backtrace(warm, 4);  /* loads libgcc_s now, not inside a later hook */
