@@ -5,9 +5,11 @@ import ctypes
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -426,3 +428,29 @@ def test_a_policy_is_written_in_safetensors_own_layout_from_the_arrays(tmp_path)
         assert np.array_equal(f.get_tensor("j.u8"), tensors["j.u8"])
     with pytest.raises(PolicyError, match="dtype complex128, which a POLICY cannot hold"):
         write_policy(tmp_path / "c.policy", {"z": np.zeros(2, complex)}, {"kind": "table"})
+
+
+def test_a_library_in_an_unloaded_ones_place_is_keyed_as_itself(build):
+    """dlclose forgets the runtime's module map and its cache of call sites: an address of a
+    library loaded where an unloaded one was is keyed by the new one's name and base, not by
+    the old one's (the recorder's and the allocator's policies key the sites of a program's
+    plugins). The runtime's dlclose is exported where it is preloaded."""
+    lib = library()
+    alpha = build("dl_loader", "-DLIB", "-shared", "-fPIC")
+    beta = build("dl_loader", "-DLIB", "-DBETA", "-shared", "-fPIC")
+    where = str(Path(lib._name).parent)
+    exe = build("site_swap", f"-L{where}", f"-Wl,-rpath,{where}", "-Wl,--no-as-needed",
+                "-lheapcast_policy", "-ldl")
+    done = subprocess.run([str(exe), str(alpha), str(beta)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = {name: (int(ra, 16), int(base, 16), int(key))
+            for name, ra, base, key in (line.split() for line in done.stdout.splitlines())}
+    for name, path in (("alpha", alpha), ("beta", beta)):
+        ra, base, key = rows[name]
+        assert key == lib.hc_site_key(zlib.crc32(path.name.encode()), ra - base) != 0, name
+    assert rows["alpha"][1] == rows["beta"][1], "the loader put beta elsewhere: nothing tested"
+    for so in ("libheapcast_recorder.so", "libheapcast_alloc.so"):
+        syms = subprocess.run(["nm", "-D", "--defined-only", str(Path(where) / so)],
+                              capture_output=True, text=True, check=True).stdout.split()
+        assert "dlclose" in syms and "hc_modules_changed" not in syms, so

@@ -138,10 +138,15 @@ uint64_t hc_table_key(int level, uint32_t site, uint32_t token, uint64_t ctx);
  * compiler stores; 0, -1 (too many keys) or -2 (a duplicate). */
 int hc_index_build(const uint64_t *keys, uint64_t n, uint32_t bits, int32_t *slots);
 
-/* Resolves a return address of this process to its call-site key, using a module map built with
- * dl_iterate_phdr (rebuilt when a module was loaded or unloaded since). Async-signal-unsafe but
+/* Resolves a return address of this process to its call-site key, from a map of the loaded
+ * modules filled from _dl_find_object (glibc 2.35; before it, dl_iterate_phdr, rebuilt when a
+ * module was loaded or unloaded since) and a cache of recent answers. Async-signal-unsafe but
  * malloc-free; safe to call from inside malloc. 0 if the address is in no module. */
 uint32_t hc_site_of_address(uintptr_t return_address);
+/* Forgets the map and the cache: a module may have been unloaded, and another loaded in its
+ * place. The runtime's dlclose calls it where the runtime is preloaded (the recorder, the
+ * allocator); a program that unloads libraries otherwise (its own loader) calls it itself. */
+void hc_modules_changed(void);
 
 #ifdef __cplusplus
 }

@@ -11,8 +11,14 @@
  * did: native/recorder/recorder.c, "modules in a fork child"). Without _dl_find_object the map is
  * rebuilt with dl_iterate_phdr when the loader's add/remove counters moved. No malloc: safe
  * inside an allocator or the recorder.
+ *
+ * A library unloaded leaves its range in the map and its call sites in the cache, where another
+ * library loaded later may take its place: those would be keyed by the old one's name and base.
+ * dlclose (interposed where the runtime is preloaded: the recorder, the allocator) therefore
+ * starts a new generation, in which the map is empty and the cache forgotten.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <link.h>
 #include <string.h>
 #include <unistd.h>
@@ -22,11 +28,12 @@
 #define MAX_MODULES 1024
 
 struct module { uint64_t lo, hi, base; uint32_t key_crc; };
-struct modmap { int n; uint64_t adds, subs; struct module m[MAX_MODULES]; };
+struct modmap { int n; uint32_t gen; uint64_t adds, subs; struct module m[MAX_MODULES]; };
 
 static struct modmap maps[2];
 static struct modmap *current;
 static volatile int lock;
+static uint32_t generation;   /* dlcloses so far: a map of an older one holds nothing */
 static uint32_t exe_crc;
 static int exe_crc_ready;
 
@@ -79,15 +86,24 @@ static int counters(struct dl_phdr_info *info, size_t size, void *arg) {
     return 1;
 }
 
+/* Empties mm for generation gen before it is filled (under `lock`). A reader still scanning it
+ * (it was published two maps ago) sees the generation change before any entry does (lookup). */
+static void begin_map(struct modmap *mm, uint32_t gen) {
+    __atomic_store_n(&mm->n, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&mm->gen, gen, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
 /* Rebuilds the map with dl_iterate_phdr if the loader's counters moved (no _dl_find_object). */
 static void rebuild(void) {
     if (__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
     struct modmap *cur = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
+    uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
     uint64_t c[2] = {0, 0};
     dl_iterate_phdr(counters, c);
-    if (!cur || c[0] != cur->adds || c[1] != cur->subs) {
+    if (!cur || cur->gen != gen || c[0] != cur->adds || c[1] != cur->subs) {
         struct modmap *next = cur == &maps[0] ? &maps[1] : &maps[0];
-        next->n = 0;
+        begin_map(next, gen);
         dl_iterate_phdr(add_module, next);
         __atomic_store_n(&current, next, __ATOMIC_RELEASE);
     }
@@ -134,8 +150,11 @@ static const struct module *find_module(uint64_t a, struct module *out) {
     if (!__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE)) {
         struct modmap *cur = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
         struct modmap *next = cur == &maps[0] ? &maps[1] : &maps[0];
-        int n = cur ? cur->n : 0;   /* (next holds an older prefix of cur: a thread still
-                                     * reading it sees the same entries) */
+        uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+        int n = cur && cur->gen == gen ? cur->n : 0;   /* (next holds an older prefix of cur:
+                                                        * a thread still reading it sees the
+                                                        * same entries) */
+        if (next->gen != gen) begin_map(next, gen);
         if (n < MAX_MODULES) {
             if (n) memcpy(next->m, cur->m, (size_t)n * sizeof cur->m[0]);
             next->m[n] = *out;
@@ -147,11 +166,22 @@ static const struct module *find_module(uint64_t a, struct module *out) {
     return out;
 }
 
-static const struct module *lookup(const struct modmap *mm, uint64_t a) {
+/* The module of mm that holds a, copied into *out (NULL if none, or mm is of an older
+ * generation). A seqlock's read: the entry counts only if mm's generation, read after it, is
+ * still the one read before (begin_map changes it before a writer reuses the buffer). */
+static const struct module *lookup(const struct modmap *mm, uint64_t a, struct module *out) {
     if (!mm) return NULL;
-    for (int i = 0; i < mm->n; i++)
-        if (a >= mm->m[i].lo && a < mm->m[i].hi) return &mm->m[i];
-    return NULL;
+    uint32_t gen = __atomic_load_n(&mm->gen, __ATOMIC_ACQUIRE);
+    if (gen != __atomic_load_n(&generation, __ATOMIC_ACQUIRE)) return NULL;
+    int n = __atomic_load_n(&mm->n, __ATOMIC_ACQUIRE), found = 0;
+    for (int i = 0; i < n && i < MAX_MODULES; i++)
+        if (a >= mm->m[i].lo && a < mm->m[i].hi) {
+            *out = mm->m[i];
+            found = 1;
+            break;
+        }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return found && __atomic_load_n(&mm->gen, __ATOMIC_RELAXED) == gen ? out : NULL;
 }
 
 /* A direct-mapped cache of recent answers, shared by all threads (hc_site_of_address_inline,
@@ -164,24 +194,52 @@ HC_EXPORT uint32_t hc_site_of_address(uintptr_t ra) { return hc_site_of_address_
 
 uint32_t hc_site_resolve(uintptr_t ra) {
     uint64_t i = ((uint64_t)ra * 0x9E3779B97F4A7C15ull) >> (64 - HC_SITE_CACHE_BITS);
+    uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
     uint32_t key = resolve(ra);
     if (key) {
         __atomic_store_n(&hc_site_cache[i].tag, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&hc_site_cache[i].key, key, __ATOMIC_RELAXED);
         __atomic_store_n(&hc_site_cache[i].tag, (uint64_t)ra ^ key, __ATOMIC_RELEASE);
+        /* a dlclose meanwhile may have forgotten the cache before this entry was put */
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&generation, __ATOMIC_RELAXED) != gen)
+            __atomic_store_n(&hc_site_cache[i].key, 0, __ATOMIC_RELAXED);
     }
     return key;
 }
 
+HC_EXPORT void hc_modules_changed(void) {
+    __atomic_add_fetch(&generation, 1, __ATOMIC_SEQ_CST);
+    for (size_t i = 0; i < sizeof hc_site_cache / sizeof hc_site_cache[0]; i++)
+        __atomic_store_n(&hc_site_cache[i].key, 0, __ATOMIC_RELAXED);   /* (a key 0: a miss) */
+}
+
+/* The program's dlclose, where this runtime is preloaded (the recorder's and the allocator's
+ * exports.map): glibc's, then a new generation of modules. glibc's own unloading (NSS and iconv
+ * modules, through __libc_dlclose) does not come here; those modules rarely allocate, and are
+ * rarely unloaded before exit. */
+HC_EXPORT int dlclose(void *handle) {
+    static int (*next_dlclose)(void *);
+    int (*fn)(void *) = __atomic_load_n(&next_dlclose, __ATOMIC_ACQUIRE);
+    if (!fn) {
+        fn = (int (*)(void *))dlsym(RTLD_NEXT, "dlclose");
+        if (!fn) return -1;
+        __atomic_store_n(&next_dlclose, fn, __ATOMIC_RELEASE);
+    }
+    int r = fn(handle);
+    hc_modules_changed();
+    return r;
+}
+
 static uint32_t resolve(uintptr_t ra) {
     uint64_t probe = (uint64_t)ra - 1;    /* a return address: the call is just before it */
-    const struct module *m = lookup(__atomic_load_n(&current, __ATOMIC_ACQUIRE), probe);
     struct module found;
+    const struct module *m = lookup(__atomic_load_n(&current, __ATOMIC_ACQUIRE), probe, &found);
     if (!m && hc_have_find_object()) {
         m = find_module(probe, &found);
     } else if (!m) {
         rebuild();
-        m = lookup(__atomic_load_n(&current, __ATOMIC_ACQUIRE), probe);
+        m = lookup(__atomic_load_n(&current, __ATOMIC_ACQUIRE), probe, &found);
     }
     if (!m) return 0;
     return hc_site_key(m->key_crc, (uint64_t)ra - m->base);
