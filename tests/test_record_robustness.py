@@ -232,6 +232,38 @@ def test_a_library_in_an_unloaded_ones_place_symbolizes_as_itself(build, tmp_pat
         assert (got.function, got.module) == (function, lib.name), got
 
 
+def test_a_fork_child_of_a_process_whose_modules_overflowed_keeps_its_module_map(build, tmp_path,
+                                                                               capfd):
+    """A process whose modules at the start do not fit the recorder's kept buffers (1 MiB of
+    lines: here 140 libraries at paths of about 3,900 bytes) lists them into a memfd; a fork
+    child, which may not list them itself (the loader's lock), copies its snapshot from there.
+    Until stop 43 the child's snapshot was empty and none of its call sites symbolized."""
+    from heapcast.stats.symbolize import Symbolizer
+    lib = build("fork_overflow", "-DLIB", "-shared", "-fPIC")
+    deep = tmp_path
+    while len(str(deep)) < 3850:
+        deep = deep / ("d" * min(200, 3850 - len(str(deep))))
+    deep.mkdir(parents=True)
+    names = [f"libhc{i}.so" for i in range(140)]
+    for name in names:
+        shutil.copy(lib, deep / name)
+    exe = build("fork_overflow", f"-L{deep}", f"-Wl,-rpath,{deep}", "-Wl,--no-as-needed",
+                *[f"-l:{name}" for name in names])
+    result = heapcast.record([exe], output=tmp_path / "t", progress=False)
+    assert result.exit_code == 0 and capfd.readouterr().out.split() == ["forked", "0"]
+    parent, child = heapcast.load(tmp_path / "t").processes
+    assert child.forked_from == parent.pid
+    sym = Symbolizer()
+    for proc, size, function in ((parent, 3333, "parent_alloc"), (child, 5555, "child_alloc")):
+        ev = proc.events
+        mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == size)]
+        seq, site = int(mine["seq"][0]), int(proc.locations.callsites[mine["loc"]][0])
+        paths = {m.path for m in proc.modules_at(seq)}
+        assert {str(deep / name) for name in names} <= paths, (function, len(paths))
+        got, = sym.symbolize(proc, [site], seqs=[seq])
+        assert (got.function, got.module) == (function, exe.name), got
+
+
 def test_a_library_dlopened_later_symbolizes_from_its_first_event(build, tmp_path, capfd):
     """The snapshot that adds a dlopen'ed library is in force from the event of its first call
     site (stats symbolizes a location under the snapshot of its first event). It only adds a

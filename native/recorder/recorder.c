@@ -46,6 +46,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -272,42 +273,72 @@ static void seq_go_locked(void) {
 
 static size_t str_len(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
 
-/* Buffered text output for the .mods file, written with write(2). */
+/* Buffered text output for the .mods file, written with write(2). Other threads append their
+ * Python frames' lines ("P") to the same file meanwhile, each with one write (O_APPEND, whole):
+ * a buffer is therefore written up to its last whole line, so that theirs fall between lines. */
 struct kept_mods;
 struct textbuf {   /* written to the .mods file */
     char b[8192];
     size_t n;
     struct kept_mods *copy;   /* what is put is also kept there (a module snapshot's lines), */
     int keep_only;            /* and only there */
+    int fd;                   /* > 0: written there instead (the overflow's memfd) */
 };
 static void kept_put(struct kept_mods *k, const char *s, size_t n);
 
 static uint64_t g_mods_bytes;     /* written to the .mods file */
 static uint64_t file_size_limit(void);
 
-static void tb_flush(struct textbuf *t) {
-    size_t off = 0;
-    if (g_mods_bytes + t->n > file_size_limit()) {  /* past RLIMIT_FSIZE: SIGXFSZ; drop it */
-        if (H) __atomic_fetch_or(&H->flags, HC_FLAG_TRUNCATED, __ATOMIC_RELAXED);
-        t->n = 0;
-        return;
+/* Writes iov[0..cnt) to fd in one writev where it can (a partial write goes on from where it
+ * stopped), or to the .mods file (fd 0), which counts its bytes against RLIMIT_FSIZE. */
+static void fd_writev(int fd, struct iovec *iov, int cnt) {
+    if (fd == 0) {
+        size_t total = 0;
+        for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
+        uint64_t done = __atomic_add_fetch(&g_mods_bytes, total, __ATOMIC_RELAXED);
+        if (done > file_size_limit()) {  /* past RLIMIT_FSIZE: SIGXFSZ; drop it */
+            __atomic_sub_fetch(&g_mods_bytes, total, __ATOMIC_RELAXED);
+            if (H) __atomic_fetch_or(&H->flags, HC_FLAG_TRUNCATED, __ATOMIC_RELAXED);
+            return;
+        }
+        fd = hc_file_fd(&g_mods);
+    } else {   /* (a memfd counts against RLIMIT_FSIZE too) */
+        size_t total = 0;
+        for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
+        off_t at = lseek(fd, 0, SEEK_CUR);
+        if (at < 0 || (uint64_t)at + total > file_size_limit()) return;
     }
-    g_mods_bytes += t->n;
-    int fd = hc_file_fd(&g_mods);
-    while (fd >= 0 && off < t->n) {
-        ssize_t w = write(fd, t->b + off, t->n - off);
+    while (fd >= 0 && cnt > 0) {
+        ssize_t w = writev(fd, iov, cnt);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) break;
-        off += (size_t)w;
+        for (; cnt > 0 && (size_t)w >= iov->iov_len; iov++, cnt--) w -= (ssize_t)iov->iov_len;
+        if (cnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
     }
-    t->n = 0;
 }
+
+/* Writes the first `upto` bytes of t and keeps the rest at its front. */
+static void tb_flush_upto(struct textbuf *t, size_t upto) {
+    struct iovec iov = {t->b, upto};
+    if (upto) fd_writev(t->fd, &iov, 1);
+    memmove(t->b, t->b + upto, t->n - upto);
+    t->n -= upto;
+}
+
+static void tb_flush(struct textbuf *t) { tb_flush_upto(t, t->n); }
 
 static void tb_put(struct textbuf *t, const char *s, size_t n) {
     if (t->copy) kept_put(t->copy, s, n);
     if (t->keep_only) return;
     while (n) {
-        if (t->n == sizeof t->b) tb_flush(t);
+        if (t->n == sizeof t->b) {   /* up to its last whole line (all of a longer line) */
+            size_t end = t->n;
+            while (end && t->b[end - 1] != '\n') end--;
+            tb_flush_upto(t, end ? end : t->n);
+        }
         size_t k = sizeof t->b - t->n < n ? sizeof t->b - t->n : n;
         memcpy(t->b + t->n, s, k);
         t->n += k; s += k; n -= k;
@@ -320,6 +351,7 @@ static void tb_init(struct textbuf *t) {   /* (for one on the stack; a static on
     t->n = 0;
     t->copy = NULL;
     t->keep_only = 0;
+    t->fd = 0;
 }
 
 static void tb_hex(struct textbuf *t, uint64_t v) {
@@ -370,8 +402,10 @@ static ssize_t read_file(const char *path, char *buf, size_t cap) {
  * adds that module from what _dl_find_object (glibc 2.35, lock-free) says of it, drops a module
  * whose range it overlaps (unloaded: two loaded modules never overlap), and writes the snapshot
  * again. A fork child starts from its parent's last snapshot and goes on the same way. A
- * process whose modules at the start do not fit the kept buffers writes them as listed and
- * adds none later (no symbols in libraries it loads later). Without _dl_find_object (older
+ * process whose modules at the start do not fit the kept buffers lists them into a memfd
+ * instead, writes them from there (as does a fork child of it) and adds none later (no symbols
+ * in libraries it loads later). Snapshots are written in whole lines (a kept one in one writev),
+ * so that another thread's Python frame line never falls inside one of theirs. Without _dl_find_object (older
  * glibc) the loader's counters are read with dl_iterate_phdr at each new chunk and call site
  * and at exit, as before stop 41, and a fork child's new modules stay unmapped (no symbols
  * there, nothing hangs). */
@@ -458,15 +492,18 @@ static int g_snap_unwritten;  /* the first, taken at the start, is written at th
  * on (a library added: the file grows by its line, not by the whole list again). */
 static void kept_write_from(uint64_t seq, uint32_t from) {
     int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
-    static struct textbuf tb;   /* under g_mods_lock */
-    tb.n = 0;
+    struct textbuf tb;   /* (a formatter of the first line) */
+    tb_init(&tb);
     g_snap_seq = seq;
     tb_str(&tb, "M ");
     tb_hex(&tb, seq);
     tb_str(&tb, from ? " +\n" : "\n");
-    if (i >= 0 && from <= g_kept[i].len) tb_put(&tb, g_kept[i].text + from, g_kept[i].len - from);
-    tb_str(&tb, "E\n");
-    tb_flush(&tb);
+    struct iovec iov[3] = {{tb.b, tb.n}, {NULL, 0}, {"E\n", 2}};
+    if (i >= 0 && from <= g_kept[i].len) {
+        iov[1].iov_base = g_kept[i].text + from;
+        iov[1].iov_len = g_kept[i].len - from;
+    }
+    fd_writev(0, iov, 3);   /* one write: no other thread's line falls inside it */
 }
 
 static void kept_write(uint64_t seq) { kept_write_from(seq, 0); }
@@ -619,6 +656,58 @@ static int libpython_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     return is_libpython(info->dlpi_name ? info->dlpi_name : "");
 }
 
+/* The module lines of a listing that overflowed the kept buffers, in a memfd (malloc-free, and
+ * inherited by a fork child, which may not list the modules itself and so copies them from
+ * there; closed on exec). Checked by device and inode before each use: a program that closes
+ * every descriptor may have taken its number. */
+static int g_overflow = -1;
+static dev_t g_overflow_dev;
+static ino_t g_overflow_ino;
+
+static int overflow_ok(void) {
+    struct stat st;
+    return g_overflow > 0 && fstat(g_overflow, &st) == 0 && st.st_dev == g_overflow_dev &&
+           st.st_ino == g_overflow_ino;
+}
+
+/* The memfd, emptied (created the first time), or -1 (under g_mods_lock). */
+static int overflow_fd(void) {
+    struct stat st;
+    if (overflow_ok()) {
+        if (ftruncate(g_overflow, 0) == 0 && lseek(g_overflow, 0, SEEK_SET) == 0) return g_overflow;
+        return -1;
+    }
+    int fd = hc_high_fd(memfd_create("heapcast-modules", MFD_CLOEXEC));
+    if (fd > 0 && fstat(fd, &st) == 0) {
+        g_overflow_dev = st.st_dev;
+        g_overflow_ino = st.st_ino;
+        return g_overflow = fd;
+    }
+    if (fd >= 0) close(fd);
+    return g_overflow = -1;
+}
+
+/* Writes the memfd's module lines to the .mods file as a snapshot in force from seq (under
+ * g_mods_lock, or in a fork child before it has other threads). */
+static void overflow_write(uint64_t seq) {
+    static struct textbuf buf;
+    static char part[1 << 16];
+    tb_init(&buf);
+    g_snap_seq = seq;
+    tb_str(&buf, "M ");
+    tb_hex(&buf, seq);
+    tb_str(&buf, "\n");
+    for (off_t off = 0; overflow_ok();) {
+        ssize_t r = pread(g_overflow, part, sizeof part, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        tb_put(&buf, part, (size_t)r);
+        off += r;
+    }
+    tb_str(&buf, "E\n");
+    tb_flush(&buf);
+}
+
 /* Lists the loaded modules (dl_iterate_phdr), in force from event `seq`: SNAP_START, the
  * process's first, kept and written at its first call site (with _dl_find_object; else now);
  * SNAP_IF_MOVED, written if the loader's counters moved since the last one (no
@@ -647,18 +736,28 @@ static void snapshot_modules(int when, uint64_t seq) {
         } else {
             kept_write(seq);
         }
-    } else {   /* more than the kept buffers hold: written as listed, and none added later */
+    } else {   /* more than the kept buffers hold: listed into a memfd, written from there, and
+                * none added later */
         static struct textbuf buf;  /* under g_mods_lock */
         g_kept_overflow = 1;
-        buf.n = 0;
-        c.tb = &buf;
-        g_snap_seq = seq;
-        tb_str(&buf, "M ");
-        tb_hex(&buf, seq);
-        tb_str(&buf, "\n");
-        dl_iterate_phdr(mods_cb, &c);
-        tb_str(&buf, "E\n");
-        tb_flush(&buf);
+        tb_init(&buf);
+        buf.fd = overflow_fd();
+        if (buf.fd > 0) {
+            c.tb = &buf;
+            dl_iterate_phdr(mods_cb, &c);
+            tb_flush(&buf);
+            overflow_write(seq);
+        } else {   /* (no memfd: written as listed) */
+            buf.fd = 0;
+            g_snap_seq = seq;
+            tb_str(&buf, "M ");
+            tb_hex(&buf, seq);
+            tb_str(&buf, "\n");
+            c.tb = &buf;
+            dl_iterate_phdr(mods_cb, &c);
+            tb_str(&buf, "E\n");
+            tb_flush(&buf);
+        }
     }
     g_mods_adds = c.adds;
     g_mods_subs = c.subs;
@@ -1132,7 +1231,10 @@ static void atfork_child(void) {
                          * fork child") */
     int ok = open_process_files(parent, fork_seq);
     g_snap_unwritten = 0;   /* the parent's, if it had not allocated yet: written here */
-    if (ok && g_mods.fd >= 0) kept_write(H->seq);   /* (g_mods_lock is free: reset above) */
+    if (ok && g_mods.fd >= 0) {   /* (g_mods_lock is free: reset above) */
+        if (g_kept_overflow) overflow_write(H->seq);
+        else kept_write(H->seq);
+    }
     if (ok) hc_hook_fork_child();
     /* the wrappers came with the fork (or some of them: another thread was installing them) */
     if (ok && g_pym_state >= 2) pym_note(fork_seq);
