@@ -68,6 +68,8 @@ _Static_assert(PACK_MAX == (size_t)1 << PACK_MAX_LOG, "pack.h and pack_params.h 
 
 typedef struct {              /* per unit */
     uint32_t head;            /* the unit index of its span's first unit */
+    uint16_t cls;             /* its span's class and group, as in span_meta: free() reads */
+    uint8_t group;            /* them here, a dependent load fewer than through the span */
     uint32_t dnext, dprev;    /* the class's dirty-unit queue (unit index + 1; 0: none) */
     uint32_t epoch;           /* the sweep count when its first dirty page came */
     uint64_t dirty;           /* its pages that are free and resident, one bit per page */
@@ -458,8 +460,11 @@ static uint32_t span_new(pack_class *c, unsigned cls, unsigned group) {
     if (!h1)
         return 0;
     uint32_t h = h1 - 1;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
         units[h + i].head = h;
+        units[h + i].cls = (uint16_t)cls;
+        units[h + i].group = (uint8_t)group;
+    }
     span_meta *s = S(h1);
     s->size = class_size[cls];
     s->nblocks = nblocks;
@@ -732,9 +737,9 @@ void *pack_alloc(int group, size_t size, size_t align) {
 
 void pack_free(void *ptr) {
     uintptr_t p = (uintptr_t)ptr;
-    uint32_t h = span_of(p);
-    span_meta *s = &spans[h];
-    unsigned g = s->group, cls = s->cls;
+    const unit_meta *u = &units[(p - pack_lo) >> ushift];
+    unsigned g = u->group, cls = u->cls;
+    uint32_t h = u->head;
     if (cls < TC_CLASSES && tc_on()) {
         tc_bin *b = &(*tc)[g][cls];
         if (HA_UNLIKELY(b->n >= tc_max[cls])) {
@@ -752,7 +757,7 @@ void pack_free(void *ptr) {
 }
 
 size_t pack_usable_size(const void *p) {
-    return spans[units[((uintptr_t)p - pack_lo) >> ushift].head].size;
+    return class_size[units[((uintptr_t)p - pack_lo) >> ushift].cls];
 }
 
 /* ---- blocks over PACK_MAX: a mapping each ----
