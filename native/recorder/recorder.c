@@ -404,11 +404,11 @@ static ssize_t read_file(const char *path, char *buf, size_t cap) {
  * again. A fork child starts from its parent's last snapshot and goes on the same way. A
  * process whose modules at the start do not fit the kept buffers lists them into a memfd
  * instead, writes them from there (as does a fork child of it) and adds none later (no symbols
- * in libraries it loads later). Snapshots are written in whole lines (a kept one in one writev),
- * so that another thread's Python frame line never falls inside one of theirs. Without _dl_find_object (older
- * glibc) the loader's counters are read with dl_iterate_phdr at each new chunk and call site
- * and at exit, as before stop 41, and a fork child's new modules stay unmapped (no symbols
- * there, nothing hangs). */
+ * in libraries it loads later). Snapshots are written in whole lines (a kept one in one
+ * writev), so that another thread's Python frame line never falls inside one of theirs.
+ * Without _dl_find_object (older glibc) the loader's counters are read with dl_iterate_phdr at
+ * each new chunk and call site and at exit, as before stop 41, and a fork child's new modules
+ * stay unmapped (no symbols there, nothing hangs). */
 #define KEPT_TEXT (1 << 20)     /* (.bss: only the pages written cost memory) */
 #define KEPT_MODULES 4096
 struct kept_mods {
