@@ -235,7 +235,11 @@ def test_module_map_from_the_start_written_only_by_images_that_allocate(tmp_path
         assert any("libc" in os.path.basename(m.path) for m in first.modules)
 
 
-def test_exit_from_a_thread(build, own, tmp_path, capfd):
+@pytest.mark.parametrize("pidfd", [True, False])
+def test_exit_from_a_thread(build, own, tmp_path, capfd, monkeypatch, pidfd):
+    """(Without a pidfd, as on a kernel before 5.3, `record` waits with Popen's polling.)"""
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
     prog = build("thread_exit")
     result = heapcast.record([prog], output=tmp_path / "t")
     assert result.exit_code == 7
