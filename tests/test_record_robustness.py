@@ -8,6 +8,8 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -262,6 +264,33 @@ def test_a_fork_child_of_a_process_whose_modules_overflowed_keeps_its_module_map
         assert {str(deep / name) for name in names} <= paths, (function, len(paths))
         got, = sym.symbolize(proc, [site], seqs=[seq])
         assert (got.function, got.module) == (function, exe.name), got
+
+
+def test_module_snapshots_are_never_cut_by_other_threads_lines(build, tmp_path, capfd):
+    """A module snapshot of about 80 KiB of lines (forty preloaded libraries at paths of
+    about 1,000 bytes) written again and again (two libraries taking each other's place) while
+    three threads define new Python frames, each with a line of its own in the same file. Until
+    stop 43 a snapshot was written 8 KiB at a time, and another thread's line could fall inside
+    one of its lines: the trace was left unconverted ("malformed module map line") in each of
+    five runs. Now the kept snapshot goes in one writev."""
+    alpha = build("dl_loader", "-DLIB", "-shared", "-fPIC")
+    beta = build("dl_loader", "-DLIB", "-DBETA", "-shared", "-fPIC")
+    tiny = build("fork_overflow", "-DLIB", "-shared", "-fPIC")
+    deep = tmp_path.joinpath(*["p" * 200] * 5)
+    deep.mkdir(parents=True)
+    preload = []
+    for i in range(40):
+        shutil.copy(tiny, deep / f"libtiny{i}.so")
+        preload.append(str(deep / f"libtiny{i}.so"))
+    script = Path(__file__).parent / "programs" / "python" / "snapshot_race.py"
+    result = heapcast.record([sys.executable, str(script), str(alpha), str(beta)],
+                             output=tmp_path / "t", stacks=8, progress=False,
+                             env={"LD_PRELOAD": ":".join(preload), "PYTHONMALLOC": "malloc"})
+    assert result.exit_code == 0 and capfd.readouterr().out.split() == ["done"]
+    assert not result.problems, result.problems
+    proc, = heapcast.load(tmp_path / "t").processes
+    assert len(proc.modules) > 100   # a snapshot a library swap, give or take
+    assert set(preload) <= {m.path for m in proc.modules[-1].modules}
 
 
 def test_a_library_dlopened_later_symbolizes_from_its_first_event(build, tmp_path, capfd):
