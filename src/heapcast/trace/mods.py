@@ -1,6 +1,8 @@
 """The `.mods` companion of a raw file (docs/trace-format.md, "Raw files"): the program's path,
 arguments and directory, its module snapshots, its Python frame definitions and where pymalloc
-recording began, one text line each, appended by the recorder with one write(2) per line.
+recording began, one text line each, appended by the recorder in whole lines (a Python frame's
+line in one write(2), a module snapshot in one writev: other threads' lines fall between a
+snapshot's lines, never inside one).
 
 A Python program's file holds a line per Python frame it allocated from (33,000 for py_dicts):
 parsing it all after the exit took 40 ms of `heapcast record`'s wait. So the converter that runs
