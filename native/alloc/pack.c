@@ -710,7 +710,27 @@ static void *tc_refill(tc_bin *b, unsigned g, unsigned cls) {
 
 /* ---- allocation entry points ---- */
 
+static void *alloc_slow(int group, size_t size, size_t align);
+
 void *pack_alloc(int group, size_t size, size_t align) {
+    /* The common case inline, saving no registers: a small block, no alignment asked, from a
+     * bin of this thread's cache that holds one. */
+    if (HA_LIKELY(size <= ((size_t)1 << fine_log) && align == 0 && tc_state == TC_ON &&
+                  (unsigned)group < PACK_GROUPS)) {
+        unsigned cls = class_of(size);
+        if (HA_LIKELY(cls < TC_CLASSES)) {
+            tc_bin *b = &(*tc)[group][cls];
+            uint32_t n = b->n;
+            if (HA_LIKELY(n)) {
+                b->n = n - 1;
+                return b->slot[n - 1];
+            }
+        }
+    }
+    return alloc_slow(group, size, align);
+}
+
+static __attribute__((noinline)) void *alloc_slow(int group, size_t size, size_t align) {
     if (size > PACK_MAX || align > PAGE || (unsigned)group >= PACK_GROUPS)
         return NULL;
     unsigned cls = class_of(size);
@@ -735,14 +755,13 @@ void *pack_alloc(int group, size_t size, size_t align) {
     return p;
 }
 
-void pack_free(void *ptr) {
-    uintptr_t p = (uintptr_t)ptr;
-    const unit_meta *u = &units[(p - pack_lo) >> ushift];
+/* pack_free's other cases, out of line so that its common one saves no registers: a full bin,
+ * a thread whose cache is not on yet, a class above the cache's. */
+static __attribute__((noinline)) void free_slow(void *ptr, const unit_meta *u) {
     unsigned g = u->group, cls = u->cls;
-    uint32_t h = u->head;
     if (cls < TC_CLASSES && tc_on()) {
         tc_bin *b = &(*tc)[g][cls];
-        if (HA_UNLIKELY(b->n >= tc_max[cls])) {
+        if (b->n >= tc_max[cls]) {
             tc_drain(b, g, cls, tc_batch[cls]);
             maybe_sweep();
         }
@@ -751,9 +770,24 @@ void pack_free(void *ptr) {
     }
     pack_class *c = &classes[g][cls];
     pthread_mutex_lock(&c->lock);
-    free_locked(c, h, p);
+    free_locked(c, u->head, (uintptr_t)ptr);
     pthread_mutex_unlock(&c->lock);
     maybe_sweep();
+}
+
+void pack_free(void *ptr) {
+    const unit_meta *u = &units[((uintptr_t)ptr - pack_lo) >> ushift];
+    unsigned cls = u->cls;
+    if (HA_LIKELY(cls < TC_CLASSES && tc_state == TC_ON)) {   /* into this thread's bin */
+        tc_bin *b = &(*tc)[u->group][cls];
+        uint32_t n = b->n;
+        if (HA_LIKELY(n < tc_max[cls])) {
+            b->slot[n] = ptr;
+            b->n = n + 1;
+            return;
+        }
+    }
+    free_slow(ptr, u);
 }
 
 size_t pack_usable_size(const void *p) {
