@@ -246,6 +246,21 @@ def test_learned_policy_places_by_lifetime_and_beats_glibc(frag_trace, frag_poli
     assert learned < 0.75 * glibc, (glibc, learned)
 
 
+def test_learned_policy_keys_the_programs_call_sites_under_the_recorder(frag_trace, frag_policy,
+                                                                         cli, tmp_path):
+    """`heapcast record` inside `heapcast run --policy`: the recorder's hooks call the
+    allocator, whose call site is then the hook's caller (CALLER() in native/alloc/alloc.c,
+    expanded in each entry point), so the program's sites get their classes as they do without
+    the recorder."""
+    prog, _ = frag_trace
+    log, again = tmp_path / "run.json", tmp_path / "again.trace"
+    done = cli("run", "--policy", frag_policy, "--log", log, "--",
+               *[sys.executable, "-m", "heapcast"], "record", "-o", again, "--", prog)
+    assert done.returncode == 0, done.stderr
+    got = {r["class"]: r for r in json.loads(log.read_text())["classes"]}
+    assert got[2]["allocations"] == 48000 and got[5]["allocations"] >= 48000
+
+
 def test_mispredicted_site_is_detected_and_reclassified(frag_trace, frag_policy, cli, tmp_path):
     """Trained where short_block's blocks die within a round, run where half of them are never
     freed: sampled blocks outlive their class, and the site moves to a longer class."""

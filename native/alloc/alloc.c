@@ -33,6 +33,9 @@ uint8_t ha_heap_of[HA_SLOTS] = PACK_HEAP_MAP;   /* short, medium, long+never+def
 
 /* 0: not yet, 1: being initialized (allocations meanwhile take the default heap), 2: ready */
 static _Atomic int init_state;
+/* Nothing to classify, time or sample, and the packer serves (--policy none, or a policy placed
+ * in one group): malloc and free take their short paths (malloc, free). */
+static int plain;
 static const char *log_path;
 /* The recorder's text, when `heapcast record` runs under this allocator: its hooks call us, so
  * the program's call site is one frame further up. */
@@ -162,6 +165,7 @@ static void init_once(void) {
     log_path = getenv("HEAPCAST_ALLOC_LOG");
     if (log_path && !*log_path)
         log_path = NULL;
+    plain = ha_mode == HA_MODE_NONE && ha_backend_pack;
     atomic_store(&init_state, 2);
 }
 
@@ -189,8 +193,6 @@ static inline int place(uintptr_t ra, size_t size, int op, uint32_t *site) {
     }
     if (size > HA_PLACE_MAX)
         return HA_DEFAULT;
-    if (HA_UNLIKELY(ra >= recorder_lo && ra < recorder_hi))
-        ra = (uintptr_t)__builtin_extract_return_addr(__builtin_return_address(1));
     return ha_classify(ra, size, op, site);
 }
 
@@ -288,7 +290,15 @@ static void *block_realloc(int cls, void *p, size_t want) {
     return ha_fallback_realloc(ha_heap_of[cls], p, want);
 }
 
-#define CALLER() ((uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0)))
+/* The call site of an allocation: the return address of the exported function's caller, or
+ * under `heapcast record` (whose hooks call this allocator) that of the hook's caller. Expanded
+ * in the exported function itself, from whose frame __builtin_return_address counts: a helper
+ * out of line (malloc_at, realloc_at, aligned_at) would see the exported function instead. */
+#define CALLER() ({                                                                          \
+    uintptr_t ra_ = (uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0));   \
+    if (HA_UNLIKELY(ra_ >= recorder_lo && ra_ < recorder_hi))                                \
+        ra_ = (uintptr_t)__builtin_extract_return_addr(__builtin_return_address(1));         \
+    ra_; })
 
 /* glibc refuses sizes above PTRDIFF_MAX with ENOMEM (mimalloc would report EOVERFLOW). */
 static inline int too_large(size_t size) {
@@ -304,16 +314,30 @@ static inline void tick(void) {
         ha_tick();
 }
 
-EXPORT void *malloc(size_t size) {
+static __attribute__((noinline)) void *malloc_at(uintptr_t ra, size_t size) {
     if (too_large(size))
         return NULL;
     uint32_t site;
-    int cls = place(CALLER(), size, HC_OP_MALLOC, &site);
+    int cls = place(ra, size, HC_OP_MALLOC, &site);
     tick();
     return alloc_in(cls, size, 0, 0, site);
 }
 
-EXPORT void free(void *p) {
+/* The common case first, in a path that saves no registers: with nothing to classify, a
+ * block the packer serves (pack_alloc has its own short path for a thread's bin). Everything
+ * else, and this case when the packer cannot serve it, as malloc_at does it. */
+EXPORT void *malloc(size_t size) {
+    if (HA_LIKELY(plain && atomic_load_explicit(&init_state, memory_order_relaxed) == 2)) {
+        void *p = pack_alloc(ha_heap_of[HA_DEFAULT], size, 0);
+        if (HA_LIKELY(p)) {
+            account(HA_DEFAULT, size < MIN_SIZE ? MIN_SIZE : size);
+            return p;
+        }
+    }
+    return malloc_at(CALLER(), size);
+}
+
+static __attribute__((noinline)) void free_at(void *p) {
     if (!p)
         return;
     if (ha_mode == HA_MODE_POLICY) {
@@ -321,6 +345,14 @@ EXPORT void free(void *p) {
         ha_sample_free(p);
     }
     block_free(p);
+}
+
+EXPORT void free(void *p) {
+    if (HA_LIKELY(plain && pack_owns(p))) {   /* (plain: set once the packer is ready) */
+        pack_free(p);
+        return;
+    }
+    free_at(p);
 }
 
 EXPORT void *calloc(size_t n, size_t size) {
