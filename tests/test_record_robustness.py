@@ -234,6 +234,20 @@ def test_a_library_in_an_unloaded_ones_place_symbolizes_as_itself(build, tmp_pat
         assert (got.function, got.module) == (function, lib.name), got
 
 
+def long_path_copies(build, tmp_path, count: int, path_length: int) -> list[Path]:
+    """`count` copies of a library that does nothing (fork_overflow.c -DLIB), in a directory
+    whose path is `path_length` bytes long: module lines of about 2 x path_length bytes each."""
+    lib = build("fork_overflow", "-DLIB", "-shared", "-fPIC")
+    deep = tmp_path
+    while len(str(deep)) < path_length:
+        deep = deep / ("d" * min(200, path_length - len(str(deep))))
+    deep.mkdir(parents=True)
+    copies = [deep / f"libhc{i}.so" for i in range(count)]
+    for copy in copies:
+        shutil.copy(lib, copy)
+    return copies
+
+
 def test_a_fork_child_of_a_process_whose_modules_overflowed_keeps_its_module_map(build, tmp_path,
                                                                                capfd):
     """A process whose modules at the start do not fit the recorder's kept buffers (1 MiB of
@@ -241,16 +255,10 @@ def test_a_fork_child_of_a_process_whose_modules_overflowed_keeps_its_module_map
     child, which may not list them itself (the loader's lock), copies its snapshot from there.
     Until stop 43 the child's snapshot was empty and none of its call sites symbolized."""
     from heapcast.stats.symbolize import Symbolizer
-    lib = build("fork_overflow", "-DLIB", "-shared", "-fPIC")
-    deep = tmp_path
-    while len(str(deep)) < 3850:
-        deep = deep / ("d" * min(200, 3850 - len(str(deep))))
-    deep.mkdir(parents=True)
-    names = [f"libhc{i}.so" for i in range(140)]
-    for name in names:
-        shutil.copy(lib, deep / name)
+    libs = long_path_copies(build, tmp_path, 140, 3850)
+    deep = libs[0].parent
     exe = build("fork_overflow", f"-L{deep}", f"-Wl,-rpath,{deep}", "-Wl,--no-as-needed",
-                *[f"-l:{name}" for name in names])
+                *[f"-l:{lib.name}" for lib in libs])
     result = heapcast.record([exe], output=tmp_path / "t", progress=False)
     assert result.exit_code == 0 and capfd.readouterr().out.split() == ["forked", "0"]
     parent, child = heapcast.load(tmp_path / "t").processes
@@ -261,7 +269,7 @@ def test_a_fork_child_of_a_process_whose_modules_overflowed_keeps_its_module_map
         mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == size)]
         seq, site = int(mine["seq"][0]), int(proc.locations.callsites[mine["loc"]][0])
         paths = {m.path for m in proc.modules_at(seq)}
-        assert {str(deep / name) for name in names} <= paths, (function, len(paths))
+        assert {str(lib) for lib in libs} <= paths, (function, len(paths))
         got, = sym.symbolize(proc, [site], seqs=[seq])
         assert (got.function, got.module) == (function, exe.name), got
 
@@ -275,13 +283,7 @@ def test_module_snapshots_are_never_cut_by_other_threads_lines(build, tmp_path, 
     five runs. Now the kept snapshot goes in one writev."""
     alpha = build("dl_loader", "-DLIB", "-shared", "-fPIC")
     beta = build("dl_loader", "-DLIB", "-DBETA", "-shared", "-fPIC")
-    tiny = build("fork_overflow", "-DLIB", "-shared", "-fPIC")
-    deep = tmp_path.joinpath(*["p" * 200] * 5)
-    deep.mkdir(parents=True)
-    preload = []
-    for i in range(40):
-        shutil.copy(tiny, deep / f"libtiny{i}.so")
-        preload.append(str(deep / f"libtiny{i}.so"))
+    preload = [str(lib) for lib in long_path_copies(build, tmp_path, 40, 1000)]
     script = Path(__file__).parent / "programs" / "python" / "snapshot_race.py"
     result = heapcast.record([sys.executable, str(script), str(alpha), str(beta)],
                              output=tmp_path / "t", stacks=8, progress=False,

@@ -210,8 +210,12 @@ uint32_t hc_site_resolve(uintptr_t ra) {
 
 HC_EXPORT void hc_modules_changed(void) {
     __atomic_add_fetch(&generation, 1, __ATOMIC_SEQ_CST);
+    /* (a key 0: a miss) Only entries in use are written: in a process whose policy never keyed
+     * a site (the recorder without --policy) the cache's pages stay the kernel's zero page,
+     * and a dlclose costs it no memory. */
     for (size_t i = 0; i < sizeof hc_site_cache / sizeof hc_site_cache[0]; i++)
-        __atomic_store_n(&hc_site_cache[i].key, 0, __ATOMIC_RELAXED);   /* (a key 0: a miss) */
+        if (__atomic_load_n(&hc_site_cache[i].key, __ATOMIC_RELAXED))
+            __atomic_store_n(&hc_site_cache[i].key, 0, __ATOMIC_RELAXED);
 }
 
 /* The program's dlclose, where this runtime is preloaded (the recorder's and the allocator's

@@ -292,9 +292,9 @@ static uint64_t file_size_limit(void);
 /* Writes iov[0..cnt) to fd in one writev where it can (a partial write goes on from where it
  * stopped), or to the .mods file (fd 0), which counts its bytes against RLIMIT_FSIZE. */
 static void fd_writev(int fd, struct iovec *iov, int cnt) {
+    size_t total = 0;
+    for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
     if (fd == 0) {
-        size_t total = 0;
-        for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
         uint64_t done = __atomic_add_fetch(&g_mods_bytes, total, __ATOMIC_RELAXED);
         if (done > file_size_limit()) {  /* past RLIMIT_FSIZE: SIGXFSZ; drop it */
             __atomic_sub_fetch(&g_mods_bytes, total, __ATOMIC_RELAXED);
@@ -303,8 +303,6 @@ static void fd_writev(int fd, struct iovec *iov, int cnt) {
         }
         fd = hc_file_fd(&g_mods);
     } else {   /* (a memfd counts against RLIMIT_FSIZE too) */
-        size_t total = 0;
-        for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
         off_t at = lseek(fd, 0, SEEK_CUR);
         if (at < 0 || (uint64_t)at + total > file_size_limit()) return;
     }
@@ -490,14 +488,20 @@ static int g_snap_unwritten;  /* the first, taken at the start, is written at th
 /* Writes the kept snapshot to the .mods file, in force from sequence number seq: whole, or
  * with `from` > 0 as "M seq +", the last snapshot written plus the kept lines from byte `from`
  * on (a library added: the file grows by its line, not by the whole list again). */
+/* A snapshot's first line into tb: "M seq", and " +" for one that only adds lines to the last
+ * (the caller holds g_mods_lock). */
+static void snap_head(struct textbuf *tb, uint64_t seq, int plus) {
+    g_snap_seq = seq;
+    tb_str(tb, "M ");
+    tb_hex(tb, seq);
+    tb_str(tb, plus ? " +\n" : "\n");
+}
+
 static void kept_write_from(uint64_t seq, uint32_t from) {
     int i = __atomic_load_n(&g_kept_pub, __ATOMIC_ACQUIRE);
     struct textbuf tb;   /* (a formatter of the first line) */
     tb_init(&tb);
-    g_snap_seq = seq;
-    tb_str(&tb, "M ");
-    tb_hex(&tb, seq);
-    tb_str(&tb, from ? " +\n" : "\n");
+    snap_head(&tb, seq, from > 0);
     struct iovec iov[3] = {{tb.b, tb.n}, {NULL, 0}, {"E\n", 2}};
     if (i >= 0 && from <= g_kept[i].len) {
         iov[1].iov_base = g_kept[i].text + from;
@@ -693,10 +697,7 @@ static void overflow_write(uint64_t seq) {
     static struct textbuf buf;
     static char part[1 << 16];
     tb_init(&buf);
-    g_snap_seq = seq;
-    tb_str(&buf, "M ");
-    tb_hex(&buf, seq);
-    tb_str(&buf, "\n");
+    snap_head(&buf, seq, 0);
     for (off_t off = 0; overflow_ok();) {
         ssize_t r = pread(g_overflow, part, sizeof part, off);
         if (r < 0 && errno == EINTR) continue;
@@ -742,18 +743,14 @@ static void snapshot_modules(int when, uint64_t seq) {
         g_kept_overflow = 1;
         tb_init(&buf);
         buf.fd = overflow_fd();
+        c.tb = &buf;
         if (buf.fd > 0) {
-            c.tb = &buf;
             dl_iterate_phdr(mods_cb, &c);
             tb_flush(&buf);
             overflow_write(seq);
         } else {   /* (no memfd: written as listed) */
             buf.fd = 0;
-            g_snap_seq = seq;
-            tb_str(&buf, "M ");
-            tb_hex(&buf, seq);
-            tb_str(&buf, "\n");
-            c.tb = &buf;
+            snap_head(&buf, seq, 0);
             dl_iterate_phdr(mods_cb, &c);
             tb_str(&buf, "E\n");
             tb_flush(&buf);

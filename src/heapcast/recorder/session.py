@@ -15,6 +15,7 @@ import functools
 import gc
 import mmap
 import os
+import select
 import shlex
 import signal
 import struct
@@ -400,7 +401,6 @@ def _wait_sampling(proc, sampler, interval: float) -> int:
     """Waits for the program to exit, sampling RSS every `interval` seconds; its return code.
     Its exit is seen at once through a pidfd (Linux 5.3): Popen.wait(timeout) polls with sleeps
     that double up to the interval, and saw an exit 1.5-6 ms late."""
-    import select
     try:
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):   # an older kernel (or Python): Popen's polling
