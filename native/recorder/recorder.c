@@ -290,8 +290,9 @@ static uint64_t g_mods_bytes;     /* written to the .mods file */
 static uint64_t file_size_limit(void);
 
 /* Writes iov[0..cnt) to fd in one writev where it can (a partial write goes on from where it
- * stopped), or to the .mods file (fd 0), which counts its bytes against RLIMIT_FSIZE. */
-static void fd_writev(int fd, struct iovec *iov, int cnt) {
+ * stopped), or to the .mods file (fd 0), which counts its bytes against RLIMIT_FSIZE; whether
+ * all of it was written. */
+static int fd_writev(int fd, struct iovec *iov, int cnt) {
     size_t total = 0;
     for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
     if (fd == 0) {
@@ -299,12 +300,12 @@ static void fd_writev(int fd, struct iovec *iov, int cnt) {
         if (done > file_size_limit()) {  /* past RLIMIT_FSIZE: SIGXFSZ; drop it */
             __atomic_sub_fetch(&g_mods_bytes, total, __ATOMIC_RELAXED);
             if (H) __atomic_fetch_or(&H->flags, HC_FLAG_TRUNCATED, __ATOMIC_RELAXED);
-            return;
+            return 0;
         }
         fd = hc_file_fd(&g_mods);
     } else {   /* (a memfd counts against RLIMIT_FSIZE too) */
         off_t at = lseek(fd, 0, SEEK_CUR);
-        if (at < 0 || (uint64_t)at + total > file_size_limit()) return;
+        if (at < 0 || (uint64_t)at + total > file_size_limit()) return 0;
     }
     while (fd >= 0 && cnt > 0) {
         ssize_t w = writev(fd, iov, cnt);
@@ -316,6 +317,7 @@ static void fd_writev(int fd, struct iovec *iov, int cnt) {
             iov->iov_len -= (size_t)w;
         }
     }
+    return cnt == 0;
 }
 
 /* Writes the first `upto` bytes of t and keeps the rest at its front. */
@@ -1588,17 +1590,11 @@ static uint32_t define_pyframe(struct tstate *t, const char *f) {
         }
     }
     line[n++] = '\n';
-    uint64_t done = __atomic_add_fetch(&g_mods_bytes, n, __ATOMIC_RELAXED);
-    if (done > file_size_limit()) {   /* past RLIMIT_FSIZE: SIGXFSZ; drop it */
-        __atomic_fetch_or(&H->flags, HC_FLAG_TRUNCATED, __ATOMIC_RELAXED);
-        return 0;
-    }
+    struct iovec iov = {line, n};
     t->busy++;   /* O_APPEND: one write lands whole, beside other threads' lines */
-    int fd = hc_file_fd(&g_mods);
-    ssize_t w = -1;
-    do { w = fd >= 0 ? write(fd, line, n) : -1; } while (w < 0 && fd >= 0 && errno == EINTR);
+    int ok = fd_writev(0, &iov, 1);
     t->busy--;
-    return w == (ssize_t)n ? id : 0;
+    return ok ? id : 0;
 }
 
 /* The frame value of Python frame f: PY_FRAME_TAG | its definition's id, interned per thread
