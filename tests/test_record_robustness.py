@@ -209,29 +209,36 @@ def test_no_loader_lock_is_taken_inside_malloc(build, tmp_path, mode):
         assert (got.function, got.module) == ("alpha_alloc", lib.name), got
 
 
-def test_a_library_in_an_unloaded_ones_place_symbolizes_as_itself(build, tmp_path, capfd):
+@pytest.mark.parametrize("stacks", [0, 8])
+def test_a_library_in_an_unloaded_ones_place_symbolizes_as_itself(build, tmp_path, capfd, stacks):
     """A library dlclosed and another dlopened at its address (same size: the loader reuses the
-    hole): a new call site in the second lies in the first's range at the same load address.
-    The module map compares paths too, so the second replaces the first in the snapshot (the
+    hole): the second's call site is at the very address of the first's (the same code at the
+    same offset), in the first's range at the same load address. A dlclose makes the recorder
+    key call sites anew, so the second's is a location of its own, defined after the swap; the
+    module map compares paths too, so the second replaces the first in the snapshot (the
     ranges overlap: the first is gone) from that call site's event, and each call site
-    symbolizes to its own library. Until stop 42 the second's call site was symbolized in the
-    first library (its range and load address matched)."""
+    symbolizes to its own library, with or without --stacks. Until stop 42 the second's call
+    site was symbolized in the first library (its range and load address matched); until stop
+    44 one at the first's very address reused the first's location."""
     from heapcast.stats.symbolize import Symbolizer
     alpha = build("dl_loader", "-DLIB", "-shared", "-fPIC")
     beta = build("dl_loader", "-DLIB", "-DBETA", "-shared", "-fPIC")
     result = heapcast.record([build("dl_loader"), "swap", str(alpha), str(beta)],
-                             output=tmp_path / "t", progress=False)
+                             output=tmp_path / "t", stacks=stacks, progress=False)
     assert result.exit_code == 0 and capfd.readouterr().out.split() == ["swap", "same"]
     proc, = heapcast.load(tmp_path / "t").processes
     ev = proc.events
     sym = Symbolizer()
+    sites = []
     for size, function, lib in ((1111, "alpha_alloc", alpha), (2222, "beta_alloc", beta)):
         mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == size)]
         seq, site = int(mine["seq"][0]), int(proc.locations.callsites[mine["loc"]][0])
+        sites.append(site)
         paths = [m.path for m in proc.modules_at(seq)]
         assert str(lib) in paths and str(alpha if lib == beta else beta) not in paths, paths
         got, = sym.symbolize(proc, [site], seqs=[seq])
         assert (got.function, got.module) == (function, lib.name), got
+    assert sites[0] == sites[1]   # the case above: one address, two libraries
 
 
 def long_path_copies(build, tmp_path, count: int, path_length: int) -> list[Path]:

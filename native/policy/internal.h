@@ -185,6 +185,9 @@ static inline uint16_t hc_event_token_inline(const hc_policy *p, const hc_event 
 struct hc_found_module { uint64_t lo, hi, base; const char *name; };   /* name: "" = the program */
 int hc_have_find_object(void);   /* 0 where glibc has no _dl_find_object */
 int hc_find_module(uintptr_t pc, struct hc_found_module *out);   /* 1 if a module holds pc */
+/* dlcloses so far (the runtime's dlclose, hc_modules_changed): an address keyed in an older
+ * generation may now lie in another library. The recorder mixes it into its call-site keys. */
+extern uint32_t hc_modules_gen;
 
 /* ---- call-site keys: modmap.c's cache of recent answers, read inline by per-event paths */
 #define HC_SITE_CACHE_BITS 12

@@ -33,7 +33,7 @@ struct modmap { int n; uint32_t gen; uint64_t adds, subs; struct module m[MAX_MO
 static struct modmap maps[2];
 static struct modmap *current;
 static volatile int lock;
-static uint32_t generation;   /* dlcloses so far: a map of an older one holds nothing */
+uint32_t hc_modules_gen;   /* dlcloses so far: a map of an older one holds nothing */
 static uint32_t exe_crc;
 static int exe_crc_ready;
 
@@ -98,7 +98,7 @@ static void begin_map(struct modmap *mm, uint32_t gen) {
 static void rebuild(void) {
     if (__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE)) return;  /* another thread does it */
     struct modmap *cur = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
-    uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+    uint32_t gen = __atomic_load_n(&hc_modules_gen, __ATOMIC_ACQUIRE);
     uint64_t c[2] = {0, 0};
     dl_iterate_phdr(counters, c);
     if (!cur || cur->gen != gen || c[0] != cur->adds || c[1] != cur->subs) {
@@ -150,7 +150,7 @@ static const struct module *find_module(uint64_t a, struct module *out) {
     if (!__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE)) {
         struct modmap *cur = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
         struct modmap *next = cur == &maps[0] ? &maps[1] : &maps[0];
-        uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+        uint32_t gen = __atomic_load_n(&hc_modules_gen, __ATOMIC_ACQUIRE);
         int n = cur && cur->gen == gen ? cur->n : 0;   /* (next holds an older prefix of cur:
                                                         * a thread still reading it sees the
                                                         * same entries) */
@@ -172,7 +172,7 @@ static const struct module *find_module(uint64_t a, struct module *out) {
 static const struct module *lookup(const struct modmap *mm, uint64_t a, struct module *out) {
     if (!mm) return NULL;
     uint32_t gen = __atomic_load_n(&mm->gen, __ATOMIC_ACQUIRE);
-    if (gen != __atomic_load_n(&generation, __ATOMIC_ACQUIRE)) return NULL;
+    if (gen != __atomic_load_n(&hc_modules_gen, __ATOMIC_ACQUIRE)) return NULL;
     int n = __atomic_load_n(&mm->n, __ATOMIC_ACQUIRE), found = 0;
     for (int i = 0; i < n && i < MAX_MODULES; i++)
         if (a >= mm->m[i].lo && a < mm->m[i].hi) {
@@ -194,7 +194,7 @@ HC_EXPORT uint32_t hc_site_of_address(uintptr_t ra) { return hc_site_of_address_
 
 uint32_t hc_site_resolve(uintptr_t ra) {
     uint64_t i = ((uint64_t)ra * 0x9E3779B97F4A7C15ull) >> (64 - HC_SITE_CACHE_BITS);
-    uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+    uint32_t gen = __atomic_load_n(&hc_modules_gen, __ATOMIC_ACQUIRE);
     uint32_t key = resolve(ra);
     if (key) {
         __atomic_store_n(&hc_site_cache[i].tag, 0, __ATOMIC_RELAXED);
@@ -202,14 +202,14 @@ uint32_t hc_site_resolve(uintptr_t ra) {
         __atomic_store_n(&hc_site_cache[i].tag, (uint64_t)ra ^ key, __ATOMIC_RELEASE);
         /* a dlclose meanwhile may have forgotten the cache before this entry was put */
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&generation, __ATOMIC_RELAXED) != gen)
+        if (__atomic_load_n(&hc_modules_gen, __ATOMIC_RELAXED) != gen)
             __atomic_store_n(&hc_site_cache[i].key, 0, __ATOMIC_RELAXED);
     }
     return key;
 }
 
 HC_EXPORT void hc_modules_changed(void) {
-    __atomic_add_fetch(&generation, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&hc_modules_gen, 1, __ATOMIC_SEQ_CST);
     /* (a key 0: a miss) Only entries in use are written: in a process whose policy never keyed
      * a site (the recorder without --policy) the cache's pages stay the kernel's zero page,
      * and a dlclose costs it no memory. */

@@ -1647,6 +1647,15 @@ static int py_hybrid(struct tstate *t, uintptr_t *frames, int n, const char *f, 
     return k;
 }
 
+/* The interning key of a native call site. A dlclose (the runtime's, modmap.c) starts a new
+ * generation of modules, and every call site a new key in it: a library loaded in the unloaded
+ * one's place may have code at the very addresses whose locations were defined in the old one.
+ * The tables keep the old keys until they fill (table_put). */
+static inline uint64_t site_key(const void *callsite) {
+    uint64_t gen = __atomic_load_n(&hc_modules_gen, __ATOMIC_RELAXED);
+    return (((uint64_t)(uintptr_t)callsite ^ (gen << 47)) * 0x9E3779B97F4A7C15ull) | 1;
+}
+
 /* The location id of this event: its call site, or with --stacks its whole stack, interned in a
  * per-thread table (the reader merges ids that different threads gave to the same frames). On a
  * thread running Python code the location is its Python stack (pf and the frames below it, at
@@ -1671,12 +1680,13 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
             int k = py_hybrid(t, frames, n, pf, g_stack_depth);
             if (k) n = k;
         }
-        h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+        h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n ^
+            ((uint64_t)__atomic_load_n(&hc_modules_gen, __ATOMIC_RELAXED) << 32);
         for (int i = 0; i < n; i++) { h ^= frames[i]; h *= 0xff51afd7ed558ccdull; h ^= h >> 29; }
     } else if (pf) {
         h = py_stack_key(pf);
     } else {
-        h = (uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull;
+        h = site_key(callsite);
     }
     h |= 1;  /* 0 marks an empty table slot */
     uint32_t id = table_find(tab, h);
@@ -1722,7 +1732,7 @@ static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
         if (g_python && (pf = py_frame(t->self)) != NULL)
             h = py_stack_key(pf);
         else
-            h = ((uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull) | 1;
+            h = site_key(callsite);
         uint64_t *e = t->loc_table + 2 * ((uint32_t)(h >> 40) & (LOC_TABLE_SLOTS - 1));
         if (LIKELY(e[0] == h)) return (uint32_t)e[1];
         return location_slow(t, callsite, pf, h, seq);

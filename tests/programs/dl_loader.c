@@ -15,13 +15,12 @@
  *                          "order_dlopen 0".
  *   dl_loader swap LIB BETA
  *                          dlopens LIB, calls alpha_alloc (malloc 1111), dlcloses it, dlopens
- *                          BETA (built with -DLIB -DBETA: beta_alloc, at another offset) and
- *                          calls beta_alloc (malloc 2222); prints "swap same" if BETA was
- *                          loaded at LIB's address, else "swap moved". */
+ *                          BETA (built with -DLIB -DBETA: beta_alloc, the same code at the
+ *                          same offset) and calls beta_alloc (malloc 2222); prints "swap same"
+ *                          if BETA was loaded at LIB's address, else "swap moved". */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #if defined(LIB) && defined(BETA)
-int beta_pad(int x) { return x * 3 + 1; }   /* (moves beta_alloc's call site) */
 void *beta_alloc(size_t n) { return malloc(n); }
 #elif defined(LIB)
 void *alpha_alloc(size_t n) { return malloc(n); }
