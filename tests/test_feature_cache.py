@@ -3,6 +3,7 @@ commands featurize a trace once, read back exactly what featurize computes, and 
 of another trace, code or option."""
 import os
 import stat
+import time
 
 import numpy as np
 import pytest
@@ -89,6 +90,32 @@ def test_each_order_and_rank_choice_keeps_one_entry_and_a_changed_trace_is_compu
     monkeypatch.setattr(features, "_build", lambda *a, **k: calls.append(1) or real(*a, **k))
     featurize([t], "thread", False)
     assert calls == [1] and len(entries(t)) == 2
+
+
+def test_a_trace_keeps_its_most_recently_used_entries(runs, monkeypatch):
+    """At most MAX_ENTRIES feature entries per trace: a new one pushes out the one used least
+    recently, and reading an entry back counts as a use."""
+    t = runs["a"]
+    fresh(t)
+    choices = [("thread", False), ("process", False), ("thread", ("site",)),
+               ("process", ("site",)), ("thread", ("class",))]
+    assert len(choices) == feature_cache.MAX_ENTRIES + 1
+    def path(order, ranks):
+        k = feature_cache.entry_key(t, order, features._rank_groups(ranks))
+        return feature_cache.cache.entry_path(t, feature_cache.KIND, k, ".hcf")
+    for i, (order, ranks) in enumerate(choices[:-1]):
+        featurize([t], order, ranks)
+        # one after the other a second apart (file times may be coarser than one featurize)
+        os.utime(path(order, ranks), (time.time() - 100 + i,) * 2)
+    assert len(entries(t)) == feature_cache.MAX_ENTRIES
+    with monkeypatch.context() as m:
+        no_build(m)
+        featurize([t], *choices[0])                # the oldest entry, used again
+    featurize([t], *choices[-1])
+    assert sorted(entries(t)) == sorted(path(*c) for c in choices if c != choices[1])
+    with monkeypatch.context() as m:
+        no_build(m)
+        featurize([t], *choices[0])
 
 
 def test_a_damaged_entry_is_computed_again(runs, monkeypatch):

@@ -10,8 +10,10 @@ The file holds no pickle: a JSON header (the key, the order, the trace's source 
 column's name, dtype, rows and stored length) and one zstd frame per column, `ts` and `seq` as
 wrapping differences from the row before (their frames are then a few bytes per row instead of
 eight). It takes 2.5-4 bytes per event (35 MB for the main job's trace, whose .hct file is 10
-MB; 50 MB for ring 10M's 20M events). An unreadable or damaged entry is computed again and
-replaced; a trace directory that cannot be written is not cached. HEAPCAST_CACHE=0 turns the
+MB; 50 MB for ring 10M's 20M events). A trace keeps at most MAX_ENTRIES of them, the most
+recently used (each read marks its entry used): a user who tries every stream order and rank
+choice does not leave sixteen entries behind. An unreadable or damaged entry is computed again
+and replaced; a trace directory that cannot be written is not cached. HEAPCAST_CACHE=0 turns the
 cache off.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ MAGIC = b"HCFEAT1\n"
 _LEN = struct.Struct("<I")
 _DELTA = ("ts", "seq")      # increasing within a stream: stored as differences
 _LEVEL = 3
+MAX_ENTRIES = 4             # per trace: the most recently used are kept
 
 
 def entry_key(trace_dir, order: str, groups: tuple) -> str | None:
@@ -47,8 +50,9 @@ def load(trace_dir, k: str | None):
     from .features import Features
     if k is None:
         return None
+    path = cache.entry_path(trace_dir, KIND, k, ".hcf")
     try:
-        with open(cache.entry_path(trace_dir, KIND, k, ".hcf"), "rb") as f:
+        with open(path, "rb") as f:
             if f.read(len(MAGIC)) != MAGIC:
                 return None
             (n,) = _LEN.unpack(f.read(_LEN.size))
@@ -61,6 +65,10 @@ def load(trace_dir, k: str | None):
         return None
     if len(offsets) < 1 or any(len(v) != offsets[-1] for v in columns.values()):
         return None
+    try:
+        os.utime(path)          # used now: the last to go (_evict)
+    except OSError:
+        pass
     return Features(head["order"], offsets, columns), head["source"]
 
 
@@ -79,6 +87,23 @@ def save(trace_dir, k: str | None, feats, source: dict) -> None:
     data = json.dumps(head).encode()
     cache.write_entry(trace_dir, KIND, k, ".hcf",
                       [MAGIC, _LEN.pack(len(data)), data, offsets, *frames])
+    _evict(trace_dir)
+
+
+def _evict(trace_dir) -> None:
+    """Removes the trace's feature entries beyond the MAX_ENTRIES most recently used."""
+    kept = []
+    for p in cache.entry_path(trace_dir, KIND, "*", ".hcf").parent.glob(f"{KIND}-*.hcf"):
+        try:
+            kept.append((p.stat().st_mtime_ns, p))
+        except OSError:
+            pass                # removed meanwhile (another command's eviction)
+    kept.sort(reverse=True)
+    for _, p in kept[MAX_ENTRIES:]:
+        try:
+            p.unlink()
+        except OSError:
+            pass
 
 
 def _describe(name: str, values: np.ndarray, frame: bytes) -> dict:
