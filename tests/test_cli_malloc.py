@@ -1,6 +1,7 @@
 """The heavy subcommands' process runs with glibc's malloc told to keep large blocks
 (heapcast.cli.MALLOC_TUNABLES, README "Heavy commands"): the command runs itself once more with
-them, and gives GLIBC_TUNABLES back its value for the programs it may start."""
+them, and gives GLIBC_TUNABLES back its value for the programs it may start. numpy in it leaves
+huge pages alone (heapcast.cli.NUMPY_HUGEPAGE)."""
 import json
 import os
 import subprocess
@@ -12,14 +13,16 @@ import heapcast
 from heapcast import cli
 
 # A stand-in for the `heapcast` command: it takes the first step of main() for the subcommand
-# it is given, then says what its programs would inherit and how many page faults a block of
-# 256 MiB costs after one was freed (numpy arrays, as the commands make them). (What the process
-# was started with cannot be read back: ld.so cuts GLIBC_TUNABLES up in place.)
+# it is given, then says what its programs would inherit, whether numpy asks for huge pages and
+# how many page faults a block of 256 MiB costs after one was freed (numpy arrays, as the
+# commands make them). (What the process was started with cannot be read back: ld.so cuts
+# GLIBC_TUNABLES up in place.)
 PROBE = r"""
 import json, os, resource, sys
-import numpy as np
 from heapcast import cli
 cli._tune_malloc(sys.argv[1])
+import numpy as np   # (after: the commands import it later, as here)
+hugepage = bool((getattr(np, "_core", None) or np.core).multiarray._get_madvise_hugepage())
 faults = []
 for _ in range(3):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -27,7 +30,7 @@ for _ in range(3):
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     del a
 print(json.dumps({"now": os.environ.get("GLIBC_TUNABLES"), "marker": cli._TUNED in os.environ,
-                  "faults": faults}))
+                  "faults": faults, "hugepage": hugepage}))
 """
 
 
@@ -41,7 +44,8 @@ def glibc() -> bool:
 
 def probe(verb: str, **env) -> dict:
     full = {k: v for k, v in os.environ.items()
-            if k not in ("GLIBC_TUNABLES", "HEAPCAST_MALLOC_TUNING", cli._TUNED)}
+            if k not in ("GLIBC_TUNABLES", "HEAPCAST_MALLOC_TUNING", cli._TUNED,
+                         cli.NUMPY_HUGEPAGE)}
     full.update(env)
     p = subprocess.run([sys.executable, "-c", PROBE, verb], env=full, capture_output=True,
                        text=True, timeout=120)
@@ -65,6 +69,16 @@ def test_a_heavy_subcommand_runs_with_the_settings_and_its_programs_do_not():
     assert theirs["faults"][1] < 64 and theirs["faults"][2] < 64, theirs["faults"]
 
 
+def test_numpy_in_a_heavy_subcommand_leaves_huge_pages_alone():
+    """numpy's default (huge pages for arrays of 4 MiB or more) is kept for the light
+    subcommands, with HEAPCAST_MALLOC_TUNING=0, and where the user's environment says."""
+    assert probe("evaluate")["hugepage"] is False
+    assert probe("stats", GLIBC_TUNABLES="glibc.malloc.trim_threshold=65536")["hugepage"] is False
+    assert probe("record")["hugepage"] is True
+    assert probe("train", HEAPCAST_MALLOC_TUNING="0")["hugepage"] is True
+    assert probe("report", **{cli.NUMPY_HUGEPAGE: "1"})["hugepage"] is True
+
+
 @pytest.mark.parametrize("theirs, started", [
     (None, cli.MALLOC_TUNABLES),
     ("", cli.MALLOC_TUNABLES),
@@ -85,6 +99,8 @@ def test_what_the_command_runs_again_with(monkeypatch, theirs, started):
     monkeypatch.setattr(os, "confstr", lambda name: "glibc 2.36")
     monkeypatch.delenv(cli._TUNED, raising=False)
     monkeypatch.delenv("HEAPCAST_MALLOC_TUNING", raising=False)
+    monkeypatch.setenv(cli.NUMPY_HUGEPAGE, "")    # (undone after the test: the call sets it)
+    monkeypatch.delenv(cli.NUMPY_HUGEPAGE)
     if theirs is None:
         monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     else:
