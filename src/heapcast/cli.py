@@ -197,8 +197,9 @@ _TUNED = "HEAPCAST_MALLOC_TUNED"   # in the process run again: "=" + the user's 
 #: numpy asks for transparent huge pages for every array of 4 MiB or more (madvise), unless this
 #: variable, read when numpy is imported, says 0. A huge page is zeroed whole when first touched,
 #: and on a virtual machine that reports free memory to its host (this 2-core VM) fresh 2 MiB
-#: blocks are the ones the host has taken back: featurizing the main job's trace took 4.1-5.8 s
-#: with them and 2.7 s without, the GRU's training 33-37 s against 30 s (README, "Heavy commands").
+#: blocks are the ones the host has taken back: featurizing the main job's trace took 5.7-6.0 s
+#: with them and 2.8-3.1 s without, the GRU's evaluation 21-23 s against 18-20 s (README, "Heavy
+#: commands").
 NUMPY_HUGEPAGE = "NUMPY_MADVISE_HUGEPAGE"
 
 
