@@ -100,3 +100,17 @@ def test_a_system_error_names_its_file_plainly(build, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"heapcast report: error: {missing}: No such file or directory" in err
     assert "Errno" not in err
+
+
+@pytest.mark.parametrize("argv, unknown", [(["stats", "t", "--bogus"], "--bogus"),
+                                           (["export", "t", "-o", "x.parquet"], "-o x.parquet"),
+                                           (["simulate", "t", "--nosuch", "1"], "--nosuch 1")])
+def test_an_unknown_option_is_the_subcommands_error(argv, unknown, capsys):
+    """An option the subcommand does not have: its own usage and name, not the top-level
+    `heapcast [-h] COMMAND ...` that argparse gives by default."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: heapcast {argv[0]} ")
+    assert f"heapcast {argv[0]}: error: unrecognized arguments: {unknown}" in err

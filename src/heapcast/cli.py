@@ -164,6 +164,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
         add_policy_parsers(sub)     # after forecast's: it extends train and evaluate
         add_report_parsers(sub)
         add_alloc_parsers(sub)
+    p.subcommands = sub.choices   # (main: an unknown option is the subcommand's error)
     return p
 
 
@@ -250,7 +251,9 @@ def main(argv=None) -> int:
     if command:
         _tune_malloc(_verb(argv))
     parser = build_parser(_verb(argv))
-    a = parser.parse_args(argv)
+    a, unknown = parser.parse_known_args(argv)
+    if unknown:   # with the subcommand's usage, not only `heapcast [-h] COMMAND ...`
+        parser.subcommands[a.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     a.own_process = command
     if a.verb == "record" and a.command and a.command[0] == "--":
         a.command = a.command[1:]
