@@ -9,7 +9,9 @@
 #            from an n-gram trained on a recording with native call sites, as the allocator sees them)
 #   simulate replay it through every allocation policy of the lab (table and footprint plot)
 #   report   one self-contained interactive HTML page of it all: results/report.html
-# Results go to results/ (HEAPCAST_OUT to change).
+# Results go to results/ (HEAPCAST_OUT to change). py_dicts runs with PYTHONHASHSEED=0 each time: the
+# interpreter's string hashes, and with them its dicts' allocations, are then the same in every
+# run, and so are the recorded events (another seed moves the held-out figures: README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -21,7 +23,7 @@ hc=.venv/bin/heapcast
 PY=$(.venv/bin/python -c 'import os, sys; print(os.path.realpath(sys.executable))')
 
 echo "== record" >&2
-PYTHONMALLOC=malloc "$hc" record -o "$trace" -- "$PY" workloads/py_dicts.py
+PYTHONHASHSEED=0 PYTHONMALLOC=malloc "$hc" record -o "$trace" -- "$PY" workloads/py_dicts.py
 echo "== stats" >&2
 "$hc" stats "$trace" --plot "$out/stats.png"
 if .venv/bin/python -c 'import torch' 2>/dev/null; then
@@ -39,10 +41,10 @@ if "$hc" run --env --policy none >/dev/null 2>&1; then
   echo "== run py_dicts under heapcast's allocator with a compiled lifetime policy" >&2
   native="$out/py_dicts-native.trace"
   rm -rf "$native"
-  PYTHONMALLOC=malloc "$hc" record --no-python -o "$native" -- "$PY" workloads/py_dicts.py
+  PYTHONHASHSEED=0 PYTHONMALLOC=malloc "$hc" record --no-python -o "$native" -- "$PY" workloads/py_dicts.py
   "$hc" train "$native" --model ngram --task lifetime -q -o "$out/lifetime.safetensors"
   "$hc" compile "$out/lifetime.safetensors" --kind table -o "$out/lifetime.policy"
-  PYTHONMALLOC=malloc "$hc" run --policy "$out/lifetime.policy" --log "$out/run.json" \
+  PYTHONHASHSEED=0 PYTHONMALLOC=malloc "$hc" run --policy "$out/lifetime.policy" --log "$out/run.json" \
     -- "$PY" workloads/py_dicts.py
 fi
 echo "== simulate" >&2
