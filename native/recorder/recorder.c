@@ -1536,19 +1536,21 @@ static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n, uin
     return id;
 }
 
-/* The id under key h (odd) in a location table, or 0. */
-static inline uint32_t table_find(const uint64_t *tab, uint64_t h) {
+/* The value kept under key h (odd) in a location table, or NULL. A value is a location id, and
+ * for a location with native frames, in its upper half the generation of modules in which
+ * those frames were last known to lie in the modules they were defined in (current_entry). */
+static inline uint64_t *table_entry(uint64_t *tab, uint64_t h) {
     uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
     for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
-        if (LIKELY(tab[2 * i] == h)) return (uint32_t)tab[2 * i + 1];
+        if (LIKELY(tab[2 * i] == h)) return &tab[2 * i + 1];
         if (tab[2 * i] == 0) break;
     }
-    return 0;
+    return NULL;
 }
 
-/* Keeps key h -> id in the thread's table; a crowded table starts over (the reader merges the
+/* Keeps key h -> value in the thread's table; a crowded table starts over (the reader merges the
  * duplicate definitions that follow). */
-static void table_put(uint64_t *tab, uint64_t h, uint32_t id) {
+static void table_put(uint64_t *tab, uint64_t h, uint64_t id) {
     uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
     for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
         if (tab[2 * i] == 0 || tab[2 * i] == h) { tab[2 * i + 1] = id; tab[2 * i] = h; return; }
@@ -1604,7 +1606,7 @@ static uint64_t py_frame_value(struct tstate *t, const char *f) {
     uint64_t *tab = t->loc_table;
     uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
     for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
-        if (tab[2 * i] == h) return PY_FRAME_TAG | tab[2 * i + 1];
+        if (tab[2 * i] == h) return PY_FRAME_TAG | (uint32_t)tab[2 * i + 1];
         if (tab[2 * i] == 0) break;
     }
     uint32_t id = define_pyframe(t, f);
@@ -1647,13 +1649,33 @@ static int py_hybrid(struct tstate *t, uintptr_t *frames, int n, const char *f, 
     return k;
 }
 
-/* The interning key of a native call site. A dlclose (the runtime's, modmap.c) starts a new
- * generation of modules, and every call site a new key in it: a library loaded in the unloaded
- * one's place may have code at the very addresses whose locations were defined in the old one.
- * The tables keep the old keys until they fill (table_put). */
+/* Modules and locations. A dlclose (the runtime's, modmap.c) starts a new generation of modules:
+ * a library loaded later in the unloaded one's place may have code at the very addresses whose
+ * locations were defined in the old one, and such a call site must become a location of its own,
+ * defined after the snapshot that lists the new library. A location with native frames is
+ * therefore believed, in a generation later than the one its table entry was last checked in,
+ * only once its frames are found to lie in modules the kept snapshot has (kept_lacks): most are
+ * (the program's own code, libraries still loaded), and the entry is then current again; the
+ * others are defined anew. A Python stack's location holds no native frame. */
+static inline uint32_t modules_gen(void) { return __atomic_load_n(&hc_modules_gen, __ATOMIC_RELAXED); }
+
+static inline uint64_t entry_value(uint32_t id, uint32_t gen) { return (uint64_t)gen << 32 | id; }
+
+/* Whether entry *v (of frames[0..n), native) holds in generation gen; brings it up to gen if so. */
+static int entry_current(struct tstate *t, uint64_t *v, const uintptr_t *frames, int n,
+                         uint32_t gen) {
+    if (LIKELY((uint32_t)(*v >> 32) == gen)) return 1;
+    t->busy++;   /* (_dl_find_object: lock-free, allocates nothing) */
+    int lacks = kept_lacks(frames, n);
+    t->busy--;
+    if (lacks) return 0;
+    *v = entry_value((uint32_t)*v, gen);
+    return 1;
+}
+
+/* The interning key of a native call site. */
 static inline uint64_t site_key(const void *callsite) {
-    uint64_t gen = __atomic_load_n(&hc_modules_gen, __ATOMIC_RELAXED);
-    return (((uint64_t)(uintptr_t)callsite ^ (gen << 47)) * 0x9E3779B97F4A7C15ull) | 1;
+    return ((uint64_t)(uintptr_t)callsite * 0x9E3779B97F4A7C15ull) | 1;
 }
 
 /* The location id of this event: its call site, or with --stacks its whole stack, interned in a
@@ -1672,6 +1694,8 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
     uint64_t h;
     uint64_t *tab = t->loc_table;
     if (UNLIKELY(!tab)) return 0;
+    uint32_t gen = modules_gen();   /* (before the frames are checked: a dlclose meanwhile
+                                     * leaves the entry to be checked again) */
     frames[0] = (uintptr_t)callsite;
     if (UNLIKELY(g_stack_depth)) {
         n = walk_frames(t, frames, g_stack_depth);
@@ -1680,8 +1704,7 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
             int k = py_hybrid(t, frames, n, pf, g_stack_depth);
             if (k) n = k;
         }
-        h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n ^
-            ((uint64_t)__atomic_load_n(&hc_modules_gen, __ATOMIC_RELAXED) << 32);
+        h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
         for (int i = 0; i < n; i++) { h ^= frames[i]; h *= 0xff51afd7ed558ccdull; h ^= h >> 29; }
     } else if (pf) {
         h = py_stack_key(pf);
@@ -1689,9 +1712,11 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
         h = site_key(callsite);
     }
     h |= 1;  /* 0 marks an empty table slot */
-    uint32_t id = table_find(tab, h);
-    if (id) return id;
-    if (pf && !g_stack_depth) {  /* a new Python call site: its frames */
+    int python_only = pf && !g_stack_depth;
+    uint64_t *known = table_entry(tab, h);
+    if (known && (python_only || entry_current(t, known, frames, n, gen))) return (uint32_t)*known;
+    uint32_t id;
+    if (python_only) {  /* a new Python call site: its frames */
         n = 0;
         for (const char *f = pf; f && n < PY_STACK_MAX; f = py_previous(f)) {
             uint64_t v = py_frame_value(t, f);
@@ -1700,7 +1725,7 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
         }
     }
     id = define_loc(t, frames, n, seq);
-    if (id) table_put(tab, h, id);
+    if (id) table_put(tab, h, entry_value(id, gen));
     return id;
 }
 
@@ -1711,8 +1736,10 @@ static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const 
     /* A location met before whose key is not at its first slot (6% of py_dicts' events) is
      * found without the bracket below, which costs two system-library calls and errno. */
     if (h && LIKELY(g_pym_state != 1)) {
-        uint32_t id = table_find(t->loc_table, h);
-        if (id) return id;
+        uint64_t *known = table_entry(t->loc_table, h);
+        uintptr_t site = (uintptr_t)callsite;
+        if (known && (pf || entry_current(t, known, &site, 1, modules_gen())))
+            return (uint32_t)*known;
     }
     struct quiet q;   /* (a stack walk, a .mods write: quiet.h) */
     quiet_begin(&q);
@@ -1734,7 +1761,8 @@ static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
         else
             h = site_key(callsite);
         uint64_t *e = t->loc_table + 2 * ((uint32_t)(h >> 40) & (LOC_TABLE_SLOTS - 1));
-        if (LIKELY(e[0] == h)) return (uint32_t)e[1];
+        if (LIKELY(e[0] == h) && (pf || LIKELY((uint32_t)(e[1] >> 32) == modules_gen())))
+            return (uint32_t)e[1];
         return location_slow(t, callsite, pf, h, seq);
     } else if (g_python && t->loc_table) {
         pf = py_frame(t->self);

@@ -17,7 +17,9 @@
  *                          dlopens LIB, calls alpha_alloc (malloc 1111), dlcloses it, dlopens
  *                          BETA (built with -DLIB -DBETA: beta_alloc, the same code at the
  *                          same offset) and calls beta_alloc (malloc 2222); prints "swap same"
- *                          if BETA was loaded at LIB's address, else "swap moved". */
+ *                          if BETA was loaded at LIB's address, else "swap moved".
+ *   dl_loader churn LIB N  N times: dlopens LIB, calls alpha_alloc (malloc 1111), mallocs
+ *                          from its own code (malloc 3333) and dlcloses LIB; prints "churn 0". */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #if defined(LIB) && defined(BETA)
@@ -84,6 +86,18 @@ int main(int argc, char **argv) {
         if (!g) return 2;
         free(g(2222));
         printf("swap %s\n", base_of((void *)g) == at ? "same" : "moved");
+        return 0;
+    }
+    if (argc == 4 && strcmp(argv[1], "churn") == 0) {
+        for (int i = atoi(argv[3]); i > 0; i--) {
+            void *lib;
+            alloc_fn f = load(argv[2], "alpha_alloc", &lib);
+            if (!f) return 2;
+            free(f(1111));
+            free(malloc(3333));
+            dlclose(lib);
+        }
+        printf("churn 0\n");
         return 0;
     }
     int late = argc == 3 && strcmp(argv[1], "order_dlopen") == 0;
