@@ -6,10 +6,14 @@
  *   outlives_parent forever  the child makes pairs until it is killed
  *   outlives_parent exec     the child execs `sleep 30`, a program not traced without
  *                            --follow-children
- * Both print the child's pid first, on a line of its own. The parent exits only once the child
- * runs its own code (the recorder's fork handler, which opens the child's trace file, has run):
- * `record` waits for the traced processes it finds when the program ends, and a child not yet
- * scheduled by then would not be found (README, "Recording": a daemon's child). */
+ *   outlives_parent stopped N
+ *                            the parent stops the child (SIGSTOP) as soon as fork returns, most
+ *                            often before the child has run at all, and exits at once; the
+ *                            child, once continued, makes N malloc/free pairs
+ * Each prints the child's pid first, on a line of its own. But for `stopped`, the parent exits
+ * only once the child runs its own code (the recorder's fork handler, which opens the child's
+ * trace file, has run then). */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,14 +23,20 @@ int main(int argc, char **argv) {
     if (argc < 2) return 2;
     for (int i = 0; i < 1000; i++) free(malloc(32));
     pid_t parent = getpid();   /* (before the fork: the parent may be gone when the child runs) */
+    int stopped = strcmp(argv[1], "stopped") == 0 && argc > 2;
     int started[2];
     if (pipe(started)) return 2;
     pid_t child = fork();
     if (child < 0) return 2;
     if (child > 0) {
         char c;
-        if (read(started[0], &c, 1) != 1) return 2;
+        if (stopped ? kill(child, SIGSTOP) != 0 : read(started[0], &c, 1) != 1) return 2;
         printf("%d\n", (int)child);
+        return 0;
+    }
+    if (stopped) {
+        long n = atol(argv[2]);
+        for (long i = 0; i < n; i++) free(malloc(16 + i % 64));
         return 0;
     }
     if (write(started[1], "", 1) != 1) _exit(2);

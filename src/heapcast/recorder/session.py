@@ -374,24 +374,30 @@ def run_program(cmd, env, trace_dir, rss_interval_ms, started=None) -> tuple:
         if handler != signal.SIG_IGN:
             signal.signal(s, _pass_on)
     sampler = _RssSampler(trace_dir) if trace_dir is not None else None
+    reaper = _Subreaper() if trace_dir is not None else None
     try:
         try:
-            proc = subprocess.Popen(cmd, env=env, restore_signals=True)
-        except OSError as e:
-            raise RecordError(f"cannot run {shlex.join(cmd)}: {e.strerror}",
-                              exit_code=127) from None
-        old_term = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(s))
-        if started is not None:
-            started(sampler, proc.pid)
-        interval = rss_interval_ms / 1000.0
-        try:
-            rc = _wait_sampling(proc, sampler, interval)
+            try:
+                proc = subprocess.Popen(cmd, env=env, restore_signals=True)
+            except OSError as e:
+                raise RecordError(f"cannot run {shlex.join(cmd)}: {e.strerror}",
+                                  exit_code=127) from None
+            old_term = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(s))
+            if started is not None:
+                started(sampler, proc.pid)
+            interval = rss_interval_ms / 1000.0
+            try:
+                rc = _wait_sampling(proc, sampler, interval)
+            finally:
+                signal.signal(signal.SIGTERM, old_term)
         finally:
-            signal.signal(signal.SIGTERM, old_term)
+            for s, handler in old.items():
+                signal.signal(s, handler)
+        cut = _wait_for_the_rest(trace_dir, sampler, interval, reaper) \
+            if trace_dir is not None else set()
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    cut = _wait_for_the_rest(trace_dir, sampler, interval) if trace_dir is not None else set()
+        if reaper is not None:
+            reaper.close()
     if sampler is not None:
         sampler.close()
     return (128 - rc if rc < 0 else rc), sampler, cut
@@ -425,10 +431,62 @@ def _wait_sampling(proc, sampler, interval: float) -> int:
             os.close(pidfd)
 
 
-def _still_recording(trace_dir: Path) -> dict:
+class _Subreaper:
+    """Makes this process the child subreaper of the programs it starts while it records
+    (prctl PR_SET_CHILD_SUBREAPER), as it was before once closed. A process the program forked
+    just before it ended may not have run yet when `record` sees the end, and so has no raw file
+    of its own to be found by (its fork handler opens it): orphaned, it becomes a child of this
+    process, where _still_recording finds it mapping its parent's raw file. Those found and
+    gone are reaped here (others, which this process never waited for, are left alone)."""
+
+    PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+
+    def __init__(self):
+        self.before = None
+        self.adopted: set = set()   # pids _still_recording found through this
+        try:
+            import ctypes
+            self.prctl = ctypes.CDLL(None, use_errno=True).prctl
+            was = ctypes.c_int(0)
+            if self.prctl(self.PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) == 0 and \
+                    self.prctl(self.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+                self.before = was.value
+        except (OSError, AttributeError):   # not Linux (or no libc to ask): as before
+            pass
+
+    def close(self) -> None:
+        """Reaps the adopted processes that ended; gives the process its setting back."""
+        for pid in self.adopted:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        self.adopted.clear()
+        if self.before is not None:
+            self.prctl(self.PR_SET_CHILD_SUBREAPER, self.before, 0, 0, 0)
+            self.before = None
+
+
+def _children() -> set:
+    """The pids of this process's children (its own and the orphans it adopted as subreaper)."""
+    out = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out.update(int(p) for p in f.read().split())
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _still_recording(trace_dir: Path, adopted: set | None = None) -> dict:
     """pid -> raw file name of the traced processes that still record: a process maps its raw
-    file's header until it exits or execs."""
+    file's header until it exits or execs. Also a child of this process (an orphan adopted as
+    subreaper: _Subreaper) that still maps another's raw file: forked, it has not run its fork
+    handler, which opens its own, yet (named after the file it will open; its pid added to
+    `adopted`)."""
     running = {}
+    raw_dir = os.fsencode(os.path.realpath(trace_dir)) + b"/"
     for entry in os.scandir(trace_dir):
         name = entry.name
         if not name.endswith(".raw") or not name.split(".", 1)[0].isdigit():
@@ -441,15 +499,26 @@ def _still_recording(trace_dir: Path) -> dict:
             continue   # gone
         if b" " + os.fsencode(os.path.realpath(entry.path)) + b"\n" in maps:
             running[pid] = name
+    for pid in _children() - set(running):
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                maps = f.read()
+        except OSError:
+            continue
+        if any(line.endswith(b".raw") and b" " + raw_dir in line for line in maps.splitlines()):
+            running[pid] = f"{pid}.raw"
+            if adopted is not None:
+                adopted.add(pid)
     return running
 
 
-def _wait_for_the_rest(trace_dir: Path, sampler, interval: float) -> set:
+def _wait_for_the_rest(trace_dir: Path, sampler, interval: float, reaper=None) -> set:
     """Waits while traced processes that the program started still run after it ended (a
     daemon's forked child; with --follow-children, a program started in the background): their
     events would be lost without a word. ^C (or SIGTERM) stops waiting; returns the raw file
     names of those still running then, whose traces end there."""
-    running = _still_recording(trace_dir)
+    adopted = reaper.adopted if reaper is not None else None
+    running = _still_recording(trace_dir, adopted)
     if not running:
         return set()
     stop = []   # (the handlers first: a ^C right after the message stops the waiting)
@@ -466,7 +535,7 @@ def _wait_for_the_rest(trace_dir: Path, sampler, interval: float) -> set:
         while running and not stop:
             sampler.sample()
             time.sleep(interval)
-            running = _still_recording(trace_dir)
+            running = _still_recording(trace_dir, adopted)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
