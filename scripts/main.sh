@@ -11,7 +11,8 @@
 #   report   one self-contained interactive HTML page of it all: results/report.html
 # Results go to results/ (HEAPCAST_OUT to change). py_dicts runs with PYTHONHASHSEED=0 each time: the
 # interpreter's string hashes, and with them its dicts' allocations, are then the same in every
-# run, and so are the recorded events (another seed moves the held-out figures: README).
+# run, and so are the recorded events but for a few (another seed moves the held-out figures:
+# README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
