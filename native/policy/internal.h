@@ -186,7 +186,8 @@ struct hc_found_module { uint64_t lo, hi, base; const char *name; };   /* name: 
 int hc_have_find_object(void);   /* 0 where glibc has no _dl_find_object */
 int hc_find_module(uintptr_t pc, struct hc_found_module *out);   /* 1 if a module holds pc */
 /* dlcloses so far (the runtime's dlclose, hc_modules_changed): an address keyed in an older
- * generation may now lie in another library. The recorder mixes it into its call-site keys. */
+ * generation may now lie in another library. The recorder checks its locations again in a new
+ * one (recorder.c, entry_current). */
 extern uint32_t hc_modules_gen;
 
 /* ---- call-site keys: modmap.c's cache of recent answers, read inline by per-event paths */

@@ -1538,7 +1538,7 @@ static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n, uin
 
 /* The value kept under key h (odd) in a location table, or NULL. A value is a location id, and
  * for a location with native frames, in its upper half the generation of modules in which
- * those frames were last known to lie in the modules they were defined in (current_entry). */
+ * those frames were last known to lie in the modules they were defined in (entry_current). */
 static inline uint64_t *table_entry(uint64_t *tab, uint64_t h) {
     uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
     for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
@@ -1661,13 +1661,18 @@ static inline uint32_t modules_gen(void) { return __atomic_load_n(&hc_modules_ge
 
 static inline uint64_t entry_value(uint32_t id, uint32_t gen) { return (uint64_t)gen << 32 | id; }
 
-/* Whether entry *v (of frames[0..n), native) holds in generation gen; brings it up to gen if so. */
+/* Whether entry *v (of frames[0..n), native) holds in generation gen; brings it up to gen if so.
+ * Where no module is ever added to the kept snapshot (no .mods file, or the modules at the start
+ * overflowed it: kept_note_frames), a new definition would change nothing: it holds. */
 static int entry_current(struct tstate *t, uint64_t *v, const uintptr_t *frames, int n,
                          uint32_t gen) {
     if (LIKELY((uint32_t)(*v >> 32) == gen)) return 1;
-    t->busy++;   /* (_dl_find_object: lock-free, allocates nothing) */
-    int lacks = kept_lacks(frames, n);
-    t->busy--;
+    int lacks = 0;
+    if (g_mods.fd >= 0 && !g_kept_overflow) {
+        t->busy++;   /* (_dl_find_object: lock-free, allocates nothing) */
+        lacks = kept_lacks(frames, n);
+        t->busy--;
+    }
     if (lacks) return 0;
     *v = entry_value((uint32_t)*v, gen);
     return 1;

@@ -209,7 +209,8 @@ def _tune_malloc(verb) -> None:
     MALLOC_TUNABLES in GLIBC_TUNABLES (glibc reads them only when a program starts: mallopt
     cannot raise the mapping threshold above 32 MiB); in that process, gives GLIBC_TUNABLES back
     its value for the programs it may start. Also has numpy leave huge pages alone (NUMPY_HUGEPAGE
-    set to 0 before numpy is imported) unless the user's environment sets that variable. Nothing
+    set to 0 before numpy is imported, and left so for the programs it starts: heapcast's own,
+    c++filt) unless the user's environment sets that variable. Nothing
     happens for other subcommands or with HEAPCAST_MALLOC_TUNING=0; GLIBC_TUNABLES is left alone
     without glibc or when the user's already sets these two."""
     env = os.environ

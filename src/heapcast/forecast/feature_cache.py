@@ -93,7 +93,7 @@ def save(trace_dir, k: str | None, feats, source: dict) -> None:
 def _evict(trace_dir) -> None:
     """Removes the trace's feature entries beyond the MAX_ENTRIES most recently used."""
     kept = []
-    for p in cache.entry_path(trace_dir, KIND, "*", ".hcf").parent.glob(f"{KIND}-*.hcf"):
+    for p in (Path(trace_dir) / cache.CACHE_DIR).glob(f"{KIND}-*.hcf"):
         try:
             kept.append((p.stat().st_mtime_ns, p))
         except OSError:
