@@ -146,6 +146,27 @@ def test_bad_policy_files_are_clear_errors_before_the_program_starts(cli, tmp_pa
     assert not marker.exists()
 
 
+def test_an_rnn_policy_is_refused_not_run_as_no_policy(frag_trace, cli, tmp_path):
+    """A network's predictions need the whole event stream, which malloc does not see: an rnn
+    POLICY of lifetimes placed every block in the default group and said nothing."""
+    pytest.importorskip("torch")
+    from heapcast.forecast.train import train
+    from heapcast.policy import compile_policy
+    from model_configs import TINY
+    _, trace = frag_trace
+    model, policy = tmp_path / "gru.safetensors", tmp_path / "gru.policy"
+    train([trace], model, model="gru", task="lifetime", config=TINY, max_steps=2)
+    compile_policy(model, policy, kind="rnn")
+    marker = tmp_path / "ran"
+    done = cli("run", "--policy", policy, "--", "sh", "-c", f"touch {marker}")
+    assert done.returncode == 2 and not marker.exists()
+    assert f"{policy}: an rnn policy" in done.stderr and "--kind table" in done.stderr
+    assert "Traceback" not in done.stderr
+    # and compile says so when it writes one
+    note = cli("compile", model, "-o", tmp_path / "again.policy")
+    assert note.returncode == 0 and "`heapcast run` cannot place blocks" in note.stderr
+
+
 def test_corrupt_oracle_file_is_refused_with_offset(tmp_path):
     bad = tmp_path / "oracle.bin"
     bad.write_bytes(b"HCORACL1" + (2).to_bytes(4, "little") + (1).to_bytes(4, "little")

@@ -32,7 +32,6 @@ __thread uint32_t ha_clock_pending __attribute__((tls_model("initial-exec")));
 
 #ifdef HC_HAVE_POLICY_RUNTIME
 static hc_policy *policy;
-static int policy_is_table;
 #endif
 
 #ifdef HC_HAVE_POLICY_RUNTIME
@@ -79,6 +78,17 @@ int ha_classify_init(const char *path, char *err, size_t errlen) {
         hc_policy_close(p);
         return -1;
     }
+    if (hc_policy_kind(p) != HC_KIND_TABLE) {
+        /* A network's prediction needs the stream of every heap event before it (a state the
+         * recorder's --policy keeps); malloc sees one call: it would answer nothing, and every
+         * block would land in the default group without a word. */
+        snprintf(err, errlen, "%s: an rnn policy (the network itself) cannot place blocks: "
+                 "its predictions need the whole event stream, which the allocator does not "
+                 "keep; compile the model as a lookup table (`heapcast compile MODEL --kind "
+                 "table`)", path);
+        hc_policy_close(p);
+        return -1;
+    }
     if (policy) {
         hc_policy_close(p);     /* a check from `heapcast run`: keep the first */
     } else if (!(ha_lifetime_groups = hc_policy_lifetime_groups(p))) {
@@ -87,7 +97,6 @@ int ha_classify_init(const char *path, char *err, size_t errlen) {
         hc_policy_close(p);
     } else {
         policy = p;
-        policy_is_table = hc_policy_kind(p) == HC_KIND_TABLE;
     }
     return 0;
 #else
@@ -137,7 +146,7 @@ int ha_classify(uintptr_t ra, size_t size, int op, uint32_t *site_out) {
         hc_event ev = {.site = site, .op = (uint16_t)op, .token = 0xFFFF, .size = size};
         hc_prediction pr;
         hc_predict_alloc(policy, NULL, &ev, &pr);
-        if (pr.label[0] >= 0 && pr.label[0] < HA_CLASSES && !(policy_is_table && pr.level == 0))
+        if (pr.label[0] >= 0 && pr.label[0] < HA_CLASSES && pr.level != 0)
             cls = pr.label[0];
         int r = ha_reclassified(site);
         if (r > cls || (r >= 0 && cls == HA_DEFAULT))

@@ -34,6 +34,10 @@ def _cmd_compile(a) -> int:
         if "placement" in spec:
             from .placement import describe
             print(f"heapcast: placement: {describe(spec['placement'])}", file=sys.stderr)
+        elif spec["task"] == "lifetime" and spec["kind"] == "rnn":
+            print("heapcast: note: `heapcast run` cannot place blocks with an rnn policy (its "
+                  "predictions need the whole event stream); `--kind table` compiles one it can",
+                  file=sys.stderr)
     return 0
 
 
