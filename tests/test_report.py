@@ -237,8 +237,9 @@ def test_model_and_lab_sections(recorded, tmp_path, cli):
 
 def test_a_model_the_protocol_refuses_is_refused_before_the_work(recorded, tmp_path, cli,
                                                                 monkeypatch):
-    """A model trained on the whole recording cannot be scored on it (the report would score it
-    cross-run): refused from the metadata, before the page's pass or any feature is built."""
+    """A model trained on the whole recording cannot be scored on it: refused from the metadata,
+    before the page's pass or any feature is built, saying what to do (it named the cross-run
+    protocol, which the user had not asked for)."""
     d, _ = recorded
     model = tmp_path / "whole.safetensors"
     assert cli("train", d / "churn.trace", "--model", "ngram", "-o", model).returncode == 0
@@ -251,12 +252,13 @@ def test_a_model_the_protocol_refuses_is_refused_before_the_work(recorded, tmp_p
         raise AssertionError("work done before the refusal")
     monkeypatch.setattr(importlib.import_module("heapcast.report.data"), "build", no_work)
     monkeypatch.setattr(dataset, "featurize", no_work)
-    with pytest.raises(ModelError, match="cross-run"):
+    with pytest.raises(ModelError, match="trained on the whole of .*--split time"):
         report(d / "churn.trace", output=tmp_path / "r.html", model=model)
     assert not (tmp_path / "r.html").exists()
     monkeypatch.undo()
     done = cli("report", d / "churn.trace", "--model", model, "-o", tmp_path / "r.html")
-    assert done.returncode == 2 and "trained on" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "none of its events left" in done.stderr
+    assert "cross-run" not in done.stderr and "Traceback" not in done.stderr
 
 
 def test_mapped_bytes_over_time_with_mmap():

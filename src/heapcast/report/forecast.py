@@ -107,7 +107,13 @@ def protocol_for(model_path, trace) -> str:
     sources = [recording_source(trace)]
     split = training.get("split", "all")
     trained = overlap(training.get("traces", []), sources)
-    protocol = split if trained and split in ("time", "article") else "cross-run"
+    if trained and split not in ("time", "article"):
+        from ..forecast.modelfile import ModelError
+        raise ModelError(f"{model_path}: trained on the whole of {', '.join(trained)} (--split "
+                         f"{split}): the report has none of its events left to score it on; "
+                         "report it on another recording of the same program, or train it "
+                         "with --split time")
+    protocol = split if trained else "cross-run"
     check_protocol(model_path, protocol, training, sources)
     return protocol
 
