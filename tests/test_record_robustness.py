@@ -275,6 +275,38 @@ def test_call_sites_of_loaded_code_are_not_defined_again_at_each_dlclose(build, 
     assert len(locs) < 80, len(locs)
 
 
+def test_more_stacks_than_a_first_location_table_holds_are_each_defined_once(build, tmp_path):
+    """16,384 distinct stacks (many_stacks.c: 14 levels of left or right), each with a malloc and a
+    free, three rounds, with --stacks: 32,768 locations, more than a thread's first location table
+    holds (16,384 slots, half full at most). The table grows: each is defined once (it started
+    over instead, again and again: 88,000 definitions), and every malloc's stack is its own."""
+    from heapcast.recorder.session import recorder_library
+    from heapcast.trace.raw import RawProcess
+    bits, rounds = 14, 3
+    out = tmp_path / "raw"
+    out.mkdir()
+    env = {**os.environ, "LD_PRELOAD": str(recorder_library()), "HEAPCAST_DIR": str(out),
+           "HEAPCAST_STACKS": "64"}
+    done = subprocess.run([build("many_stacks"), str(bits), str(rounds)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and int(done.stdout) == rounds << bits, done.stderr
+    raw, = out.glob("*.raw")
+    rp = RawProcess(raw)
+    try:
+        defined = len(rp.locs)
+    finally:
+        rp.close()
+    assert 2 << bits <= defined <= (2 << bits) + 200, defined
+    heapcast.finalize(out)
+    proc, = heapcast.load(out).processes
+    ev = proc.events
+    mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == 4242)]
+    assert len(mine) == rounds << bits
+    stacks = [tuple(proc.locations.frames(int(k))) for k in mine["loc"]]
+    assert len(set(stacks)) == 1 << bits
+    assert all(len(s) >= bits + 3 for s in set(stacks))
+
+
 def long_path_copies(build, tmp_path, count: int, path_length: int) -> list[Path]:
     """`count` copies of a library that does nothing (fork_overflow.c -DLIB), in a directory
     whose path is `path_length` bytes long: module lines of about 2 x path_length bytes each."""
@@ -722,22 +754,27 @@ def _ubsan_recorder(tmp_path):
 def test_recorder_built_with_ubsan(build, own, tmp_path):
     """The recorder compiled with -fsanitize=undefined (fatal) records threads, fork and signals
     with stacks, threads that end by the thousand, a fork beside threads (their mappings
-    reaped), and the switch to shared sequence numbers when a second thread starts. (ASan cannot
+    reaped), the switch to shared sequence numbers when a second thread starts, and a location
+    table that grows while a timer's handler allocates. (ASan cannot
     check it: ASan's runtime must come first in the preload list, and then its malloc, not the
     recorder's, is what the program calls.)"""
     lib = _ubsan_recorder(tmp_path)
-    for name in ("threads", "fork", "signal", "thread_churn", "fork_threads_maps", "seq_switch"):
+    for name, *args in (("threads",), ("fork",), ("signal",), ("thread_churn",),
+                        ("fork_threads_maps",), ("seq_switch",),
+                        ("many_stacks", "13", "2", "signals")):   # its location table grows
         out = tmp_path / name
         out.mkdir()
-        env = dict(os.environ, LD_PRELOAD=str(lib), HEAPCAST_DIR=str(out), HEAPCAST_STACKS="16",
-                   UBSAN_OPTIONS="print_stacktrace=1")
-        done = subprocess.run([build(name)], env=env, capture_output=True, text=True, timeout=60)
+        depth = 64 if args else 16   # (many_stacks' stacks: 2 x 13 frames and more)
+        env = dict(os.environ, LD_PRELOAD=str(lib), HEAPCAST_DIR=str(out),
+                   HEAPCAST_STACKS=str(depth), UBSAN_OPTIONS="print_stacktrace=1")
+        done = subprocess.run([build(name), *args], env=env, capture_output=True, text=True,
+                              timeout=60)
         assert done.returncode == 0 and "runtime error" not in done.stderr, done.stderr
         heapcast.finalize(out)
         trace = heapcast.load(out)
         assert trace.event_count > 0 and not trace.truncated
         for p, blocks in zip(trace.processes, match_trace(trace)):
-            assert p.stack_depth == 16 and len(own(p)) > 0
+            assert p.stack_depth == depth and len(own(p)) > 0
             if p.lost_events == 0:  # signal.c may lose (and count) a handler's events
                 _replays_cleanly(p, blocks)
 

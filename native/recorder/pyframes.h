@@ -43,6 +43,9 @@
     X(co_linetable, 136, 136, 136)     /* PyCodeObject.co_linetable (bytes) */                   \
     X(co_firsttraceable, 168, 176, 184) /* PyCodeObject._co_firsttraceable (int, code units) */  \
     X(co_code, 184, 192, 200)          /* PyCodeObject.co_code_adaptive (the bytecode) */        \
+    X(co_firstlineno, 72, 68, 68)      /* PyCodeObject.co_firstlineno (int) */                   \
+    X(bytes_size, 16, 16, 16)          /* PyVarObject.ob_size: a bytes object's length */        \
+    X(bytes_data, 32, 32, 32)          /* PyBytesObject.ob_sval: its bytes */                    \
     X(str_length, 16, 16, 16)          /* PyASCIIObject.length (code points) */                  \
     X(str_state, 32, 32, 32)           /* PyASCIIObject.state: kind bits 2..4, compact 5, ascii 6 */ \
     X(str_ascii_data, 48, 40, 40)      /* sizeof(PyASCIIObject): compact ASCII text follows */   \
@@ -79,6 +82,26 @@ static void *const *py_finalizing;            /* &_PyRuntime._finalizing */
 static void *(*py_tstate_attached)(void);     /* 3.12+: the calling thread's attached state */
 static void *(*py_tstate_this_thread)(void);  /* PyGILState_GetThisThreadState */
 static int (*py_addr2line)(void *, int);      /* PyCode_Addr2Line: pure, never allocates */
+
+/* CPython's PyCodeAddressRange (cpython/code.h, the same in 3.11-3.13): where a walk of a code
+ * object's line table stands. _PyCode_CheckLineNumber moves one from where it stands to the
+ * entry of a given offset, forwards or backwards, entry by entry; PyCode_Addr2Line starts each
+ * lookup at the table's beginning, which made the definitions of a function's N lines cost
+ * N^2/2 steps (a module of 64,000 top-level lines: 25 s). */
+struct py_range {
+    int ar_start, ar_end, ar_line;
+    struct { int computed_line; const uint8_t *lo_next, *limit; } opaque;
+};
+_Static_assert(sizeof(struct py_range) == 40, "PyCodeAddressRange");
+static int (*py_check_line)(int, struct py_range *);   /* _PyCode_CheckLineNumber, or NULL */
+/* The calling thread's last walk: of which code object (and line table, of which length and first
+ * line: a code object freed and another made at its address is not taken for it) */
+static TLS struct py_lines {
+    const char *code, *table;
+    int64_t size;
+    int first;
+    struct py_range r;
+} py_lines;
 static uintptr_t py_eval_lo, py_eval_hi;      /* _PyEval_EvalFrameDefault's code */
 
 /* Finds a CPython 3.11, 3.12 or 3.13 release build in the process; 1 if its frames can be read.
@@ -117,6 +140,7 @@ static int py_probe(void) {
     py_tstate_this_thread = (void *(*)(void))mine;
     py_tstate_attached = (void *(*)(void))attached;
     py_addr2line = (int (*)(void *, int))a2l;
+    py_check_line = (int (*)(int, struct py_range *))dlsym(RTLD_DEFAULT, "_PyCode_CheckLineNumber");
     if (minor == 11)
         __atomic_store_n(&py_tstate_current, (void *const *)(runtime + PL.rt_tstate_current),
                          __ATOMIC_RELEASE);
@@ -204,11 +228,34 @@ static inline uint64_t py_stack_key(const char *f) {
     return h | 1;
 }
 
-/* The source line of a frame's current instruction (0 if it has none). */
+/* The source line of a frame's current instruction (0 if it has none). Successive lines of one
+ * code object continue the thread's last walk of its line table (py_lines). */
 static int py_line(const char *f) {
     const char *code = PY_PTR(f, PL.fr_code);
     long off = PY_PTR(f, PL.fr_instr) - (code + PL.co_code);
-    int line = py_addr2line((void *)code, off < 0 ? -1 : (int)off);
+    int line;
+    const char *table = PY_PTR(code, PL.co_linetable);
+    if (py_check_line && off >= 0 && off <= INT32_MAX && table) {
+        struct py_lines *c = &py_lines;
+        int64_t size = *(const int64_t *)(table + PL.bytes_size);
+        int first = PY_INT(code, PL.co_firstlineno);
+        if (c->code != code || c->table != table || c->size != size || c->first != first) {
+            /* as _PyLineTable_InitAddressRange starts one */
+            c->code = code;
+            c->table = table;
+            c->size = size;
+            c->first = first;
+            c->r.opaque.lo_next = (const uint8_t *)table + PL.bytes_data;
+            c->r.opaque.limit = c->r.opaque.lo_next + size;
+            c->r.ar_start = -1;
+            c->r.ar_end = 0;
+            c->r.ar_line = -1;
+            c->r.opaque.computed_line = first;
+        }
+        line = py_check_line((int)off, &c->r);
+    } else {
+        line = py_addr2line((void *)code, off < 0 ? -1 : (int)off);
+    }
     return line > 0 ? line : 0;
 }
 

@@ -64,7 +64,8 @@
 #define GROW_BYTES (16u << 20)
 #define FIRST_BYTES (1u << 20)   /* reserved at the start: a shell's short programs each need
                                     little, and 16 MiB apiece held 3 GB of disk for 200 of them */
-#define LOC_TABLE_SLOTS (1u << 14)
+#define LOC_TABLE_SLOTS (1u << 14)   /* a thread's first location table */
+#define LOC_TABLE_MAX (1u << 22)     /* the largest it grows to (64 MiB) */
 /* Slots at the end of every chunk that only a nested event (a signal handler's, while the event it
  * interrupted is being written) may take: it must not replace the chunk then (see slots_slow). */
 #define NESTED_RESERVE 32u
@@ -157,7 +158,9 @@ struct tstate {
                                         (slots_slow, event_slots) */
     uint64_t tbase;                  /* time base of the current chunk */
     uintptr_t stk_lo, stk_hi;        /* stack bounds, for frame pointer walks */
-    uint64_t *loc_table;             /* open addressing: (key hash, location id) pairs */
+    uint64_t *loc_table;             /* open addressing: (key hash, location id) pairs
+                                        (table_new: its size and use are kept before it) */
+    uint32_t loc_mask;               /* its slots - 1 */
     uintptr_t self;                  /* pthread_self(), to recognise this thread's Python state */
     int boot;                        /* looking for CPython: what dlsym allocates comes from the
                                         boot arena, never from the program's heap */
@@ -818,6 +821,33 @@ static volatile int g_maps_lock;
 static uint64_t *g_table_pool[TABLE_POOL];
 static uint32_t g_table_pooled;
 
+/* A location table: a mapping of (slots + 1) 16-byte pairs, the first one its header (slots,
+ * pairs in use), the table itself the rest. Where a table goes (a thread, the pool of ended
+ * threads' tables, a fork child) its size goes with it. */
+static uint64_t *table_new(uint32_t slots) {
+    uint64_t *m = sys_mmap(NULL, ((size_t)slots + 1) * 16, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    m[0] = slots;
+    return m + 2;
+}
+
+static inline uint32_t table_slots(const uint64_t *tab) { return (uint32_t)tab[-2]; }
+
+static void table_free(uint64_t *tab) { sys_munmap(tab - 2, ((size_t)table_slots(tab) + 1) * 16); }
+
+static void table_clear(uint64_t *tab) {
+    memset(tab, 0, (size_t)table_slots(tab) * 16);
+    tab[-1] = 0;
+}
+
+/* Makes tab (or NULL) the calling thread's location table. */
+static void table_use(struct tstate *t, uint64_t *tab) {
+    t->loc_table = tab;
+    t->loc_mask = tab ? table_slots(tab) - 1 : 0;
+    if (t->maps) t->maps->loc_table = tab;
+}
+
 static void maps_init(void) {
     void *m = sys_mmap(NULL, THREAD_MAPS * sizeof *g_maps, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -866,7 +896,7 @@ static void maps_reap(uint32_t most) {
             if (g_table_pooled < TABLE_POOL && e->gen == __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE))
                 g_table_pool[g_table_pooled++] = e->loc_table;
             else
-                sys_munmap(e->loc_table, LOC_TABLE_SLOTS * 16);
+                table_free(e->loc_table);
         }
         maps_release(e);
     }
@@ -921,7 +951,7 @@ static void maps_after_fork(struct thread_maps *mine) {
         if (e == mine) continue;
         if (e->os_tid) {
             if (e->rec) sys_munmap(e->rec, e->bytes);   /* the parent's file: left as it is */
-            if (e->loc_table) sys_munmap(e->loc_table, LOC_TABLE_SLOTS * 16);
+            if (e->loc_table) table_free(e->loc_table);
         }
         maps_release(e);
     }
@@ -931,7 +961,7 @@ static void maps_after_fork(struct thread_maps *mine) {
     }
     g_maps_reaped = g_maps_used;
     while (g_table_pooled)   /* their ids are the parent's */
-        sys_munmap(g_table_pool[--g_table_pooled], LOC_TABLE_SLOTS * 16);
+        table_free(g_table_pool[--g_table_pooled]);
 }
 
 /* ---------------------------------------------------------------- files */
@@ -1389,16 +1419,13 @@ static int thread_ready_body(struct tstate *t) {
         stack_bounds(t);
         t->own--;
     }
-    if (t->loc_table)   /* after a fork: its ids belong to the parent's file */
-        memset(t->loc_table, 0, LOC_TABLE_SLOTS * 16);
+    uint64_t *tab = t->loc_table;
+    if (tab)   /* after a fork: its ids belong to the parent's file */
+        table_clear(tab);
     if (!t->maps)   /* (after a fork, the forking thread has one) */
-        t->maps = maps_register(&t->loc_table);
-    if (!t->loc_table) {
-        void *m = sys_mmap(NULL, LOC_TABLE_SLOTS * 16, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        t->loc_table = m == MAP_FAILED ? NULL : m;
-    }
-    if (t->maps) t->maps->loc_table = t->loc_table;
+        t->maps = maps_register(&tab);
+    if (!tab) tab = table_new(LOC_TABLE_SLOTS);
+    table_use(t, tab);
     t->gen = gen;
     t->busy--;
     return 1;
@@ -1539,8 +1566,9 @@ static uint32_t define_loc(struct tstate *t, const uintptr_t *frames, int n, uin
 /* The value kept under key h (odd) in a location table, or NULL. A value is a location id, and
  * for a location with native frames, in its upper half the generation of modules in which
  * those frames were last known to lie in the modules they were defined in (entry_current). */
-static inline uint64_t *table_entry(uint64_t *tab, uint64_t h) {
-    uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
+static inline uint64_t *table_entry(const struct tstate *t, uint64_t h) {
+    uint64_t *tab = t->loc_table;
+    uint32_t mask = t->loc_mask, i = (uint32_t)(h >> 40) & mask;
     for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
         if (LIKELY(tab[2 * i] == h)) return &tab[2 * i + 1];
         if (tab[2 * i] == 0) break;
@@ -1548,17 +1576,51 @@ static inline uint64_t *table_entry(uint64_t *tab, uint64_t h) {
     return NULL;
 }
 
-/* Keeps key h -> value in the thread's table; a crowded table starts over (the reader merges the
- * duplicate definitions that follow). */
-static void table_put(uint64_t *tab, uint64_t h, uint64_t id) {
-    uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
+/* Puts key h -> value in table tab (of mask + 1 slots); 0 if its 32 slots from h's are taken by
+ * other keys. */
+static int table_insert(uint64_t *tab, uint32_t mask, uint64_t h, uint64_t v) {
+    uint32_t i = (uint32_t)(h >> 40) & mask;
     for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
-        if (tab[2 * i] == 0 || tab[2 * i] == h) { tab[2 * i + 1] = id; tab[2 * i] = h; return; }
+        if (tab[2 * i] == h) { tab[2 * i + 1] = v; return 1; }
+        if (tab[2 * i] == 0) {
+            tab[2 * i + 1] = v;
+            tab[2 * i] = h;
+            tab[-1]++;
+            return 1;
+        }
     }
-    memset(tab, 0, LOC_TABLE_SLOTS * 16);
-    i = (uint32_t)(h >> 40) & mask;
-    tab[2 * i + 1] = id;
-    tab[2 * i] = h;
+    return 0;
+}
+
+/* Replaces the thread's table by one four times larger holding the same entries; 0 if none
+ * could be mapped. Never from a signal handler's event that interrupted another (emitting > 1):
+ * that one may hold a pointer into the table. A nested event during the copy reads and writes
+ * the old table, whose entries the copy may then miss: they are defined again. */
+static int table_grow(struct tstate *t) {
+    uint64_t *old = t->loc_table;
+    uint32_t slots = table_slots(old);
+    if (t->emitting > 1 || slots >= LOC_TABLE_MAX) return 0;
+    uint64_t *tab = table_new(slots * 4);
+    if (!tab) return 0;
+    for (uint32_t i = 0; i < slots; i++)
+        if (old[2 * i]) table_insert(tab, slots * 4 - 1, old[2 * i], old[2 * i + 1]);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);   /* a handler finds it whole */
+    table_use(t, tab);
+    table_free(old);
+    return 1;
+}
+
+/* Keeps key h -> value in the thread's table. It grows past half full (a program with more call
+ * sites than it holds would define them again and again: one definition per event, each a line
+ * table scan for a Python frame), up to LOC_TABLE_MAX; crowded there, it starts over (the reader
+ * merges the duplicate definitions that follow). */
+static void table_put(struct tstate *t, uint64_t h, uint64_t v) {
+    if (!t->loc_table) return;
+    if (2 * (t->loc_table[-1] + 1) > (uint64_t)t->loc_mask + 1) table_grow(t);
+    if (table_insert(t->loc_table, t->loc_mask, h, v)) return;
+    if (table_grow(t) && table_insert(t->loc_table, t->loc_mask, h, v)) return;
+    table_clear(t->loc_table);
+    table_insert(t->loc_table, t->loc_mask, h, v);
 }
 
 /* Defines a Python frame (file, function, line of f's current instruction) as a "P" line of the
@@ -1603,14 +1665,10 @@ static uint32_t define_pyframe(struct tstate *t, const char *f) {
  * (0 if it could not be defined). */
 static uint64_t py_frame_value(struct tstate *t, const char *f) {
     uint64_t h = (py_key(f) * 0x9E3779B97F4A7C15ull) | 1;   /* not the location's key */
-    uint64_t *tab = t->loc_table;
-    uint32_t mask = LOC_TABLE_SLOTS - 1, i = (uint32_t)(h >> 40) & mask;
-    for (uint32_t probe = 0; probe < 32; probe++, i = (i + 1) & mask) {
-        if (tab[2 * i] == h) return PY_FRAME_TAG | (uint32_t)tab[2 * i + 1];
-        if (tab[2 * i] == 0) break;
-    }
+    const uint64_t *known = table_entry(t, h);
+    if (known) return PY_FRAME_TAG | (uint32_t)*known;
     uint32_t id = define_pyframe(t, f);
-    if (id) table_put(tab, h, id);
+    if (id) table_put(t, h, id);
     return id ? PY_FRAME_TAG | id : 0;
 }
 
@@ -1697,8 +1755,7 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
     uintptr_t frames[MAX_STACK];
     int n = 1;
     uint64_t h;
-    uint64_t *tab = t->loc_table;
-    if (UNLIKELY(!tab)) return 0;
+    if (UNLIKELY(!t->loc_table)) return 0;
     uint32_t gen = modules_gen();   /* (before the frames are checked: a dlclose meanwhile
                                      * leaves the entry to be checked again) */
     frames[0] = (uintptr_t)callsite;
@@ -1718,7 +1775,7 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
     }
     h |= 1;  /* 0 marks an empty table slot */
     int python_only = pf && !g_stack_depth;
-    uint64_t *known = table_entry(tab, h);
+    uint64_t *known = table_entry(t, h);   /* (py_hybrid may have grown the table) */
     if (known && (python_only || entry_current(t, known, frames, n, gen))) return (uint32_t)*known;
     uint32_t id;
     if (python_only) {  /* a new Python call site: its frames */
@@ -1730,7 +1787,7 @@ static uint32_t intern_location(struct tstate *t, const void *callsite, const ch
         }
     }
     id = define_loc(t, frames, n, seq);
-    if (id) table_put(tab, h, entry_value(id, gen));
+    if (id) table_put(t, h, entry_value(id, gen));
     return id;
 }
 
@@ -1741,7 +1798,7 @@ static __attribute__((noinline)) uint32_t location_slow(struct tstate *t, const 
     /* A location met before whose key is not at its first slot (6% of py_dicts' events) is
      * found without the bracket below, which costs two system-library calls and errno. */
     if (h && LIKELY(g_pym_state != 1)) {
-        uint64_t *known = table_entry(t->loc_table, h);
+        uint64_t *known = table_entry(t, h);
         uintptr_t site = (uintptr_t)callsite;
         if (known && (pf || entry_current(t, known, &site, 1, modules_gen())))
             return (uint32_t)*known;
@@ -1765,7 +1822,7 @@ static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
             h = py_stack_key(pf);
         else
             h = site_key(callsite);
-        uint64_t *e = t->loc_table + 2 * ((uint32_t)(h >> 40) & (LOC_TABLE_SLOTS - 1));
+        uint64_t *e = t->loc_table + 2 * ((uint32_t)(h >> 40) & t->loc_mask);
         if (LIKELY(e[0] == h) && (pf || LIKELY((uint32_t)(e[1] >> 32) == modules_gen())))
             return (uint32_t)e[1];
         return location_slow(t, callsite, pf, h, seq);

@@ -1,0 +1,68 @@
+/* many_stacks: ROUNDS rounds over 2^BITS distinct stacks: stack i descends BITS levels through
+ * left() or right() by the bits of i, and its leaf mallocs and frees one block of 4242 bytes.
+ * Recorded with --stacks (at least BITS + 3 frames), each stack is a location of its own.
+ * With "signals", a timer interrupts it every 20 us with a handler that mallocs and
+ * frees 77 bytes: events nested in the recorder's, while its location table grows.
+ * usage: many_stacks BITS ROUNDS [signals] */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+static void *volatile sink;
+static void left(unsigned i, int depth);
+static void right(unsigned i, int depth);
+
+__attribute__((noinline)) static void leaf(void) {
+    sink = malloc(4242);
+    free(sink);
+}
+
+/* The calls are not tail calls (the volatile store after them), so that each level keeps its
+ * frame and return address. */
+static volatile int after;
+__attribute__((noinline)) static void step(unsigned i, int depth) {
+    if (depth == 0) leaf();
+    else if (i & 1) right(i >> 1, depth - 1);
+    else left(i >> 1, depth - 1);
+    after++;
+}
+__attribute__((noinline)) static void left(unsigned i, int depth) { step(i, depth); after++; }
+__attribute__((noinline)) static void right(unsigned i, int depth) { step(i, depth); after++; }
+
+static volatile long handled;
+static void on_timer(int sig) {
+    (void)sig;
+    free(malloc(77));
+    handled++;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3 || argc > 4 || (argc == 4 && strcmp(argv[3], "signals") != 0)) {
+        fprintf(stderr, "usage: many_stacks BITS ROUNDS [signals]\n");
+        return 2;
+    }
+    int bits = atoi(argv[1]), rounds = atoi(argv[2]);
+    if (argc == 4) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_timer;
+        sa.sa_flags = SA_RESTART;
+        sigaction(SIGALRM, &sa, NULL);
+        struct itimerval every = {{0, 20}, {0, 20}};
+        setitimer(ITIMER_REAL, &every, NULL);
+    }
+    for (int r = 0; r < rounds; r++)
+        for (unsigned i = 0; i < 1u << bits; i++) step(i, bits);
+    if (argc == 4) {
+        struct itimerval off = {{0, 0}, {0, 0}};
+        setitimer(ITIMER_REAL, &off, NULL);
+        if (handled == 0) {
+            fprintf(stderr, "many_stacks: no signal was handled\n");
+            return 1;
+        }
+    }
+    printf("%d\n", rounds << bits);
+    return 0;
+}
