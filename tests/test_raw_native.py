@@ -22,7 +22,7 @@ from heapcast.trace import native_raw
 from heapcast.trace.format import TraceError
 from heapcast.trace.raw import (CHUNK_DRAINED, CHUNK_MAGIC, CHUNK_MAX, FLAG_CLEAN_EXIT, FLAG_TSC, HEADER_SIZE, OP_EXT,
                                 OP_LOC, OP_LOCX, OP_TIME, RAW_MAGIC, SLOT, SLOT_DTYPE, Chunk,
-                                RawProcess, raw_files)
+                                RawProcess, frames_key, raw_files)
 
 _HEADER = struct.Struct("<8sIIIIiiiIQQQQQQQI")
 _COUNTERS = struct.Struct("<QQQIIQ")
@@ -90,7 +90,7 @@ def ref_location_definition(path, slots, i: int, n: int, off: int):
         j += 1
     if len(frames) < count:
         return None
-    return int(s["head"]) >> 8, tuple(frames[:count])
+    return int(s["head"]) >> 8, frames_key(frames[:count])
 
 
 def ref_ticks_to_ns(rp: RawProcess, ticks: np.ndarray) -> np.ndarray:
@@ -868,13 +868,14 @@ def test_location_definitions_read_at_once_and_stop_at_one_cut_short(few, monkey
     extra(6, 0x33, 0x34, 0x35)
     extra(7, 0x36, 0x37, 0x38)
     defs, stop = location_definitions("f", slots[:8], 0)
-    assert defs == {7: (0x1000,), 8: (0x11, 0x12, (5 << 32) | 0x13, 0x14), 9: (0x21, 0x22)}
+    assert defs == {7: frames_key([0x1000]), 8: frames_key([0x11, 0x12, (5 << 32) | 0x13, 0x14]),
+                    9: frames_key([0x21, 0x22])}
     assert stop == 5
     for i in (0, 1, 4):
         assert ref_location_definition("f", slots[:8], i, 8, 0)[1] == defs[slots[i]["head"] >> 8]
     extra(8, 0x39, 0x3A, 0x3B)
     defs, stop = location_definitions("f", slots, 0, start=5)
-    assert defs == {10: (0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38, 0x39)} and stop == 9
+    assert defs == {10: frames_key(range(0x31, 0x3A))} and stop == 9
     slots[7]["head"] = F.MALLOC                   # not an HC_LOCX slot where one must be
     with pytest.raises(TraceError, match="marker 0xFC"):
         location_definitions("f", slots, 64)
@@ -917,7 +918,8 @@ def test_locations_are_numbered_by_first_use_across_blocks():
     different threads with the same frames share one; definitions no event used come last."""
     from heapcast.trace.raw import LocationAssigner
     a = LocationAssigner()
-    a.add_definitions({1: (0x10,), 2: (0x20,), 3: (0x30,), 7: (0x20,), 9: (0x90,)})
+    a.add_definitions({k: frames_key([f]) for k, f in
+                       ((1, 0x10), (2, 0x20), (3, 0x30), (7, 0x20), (9, 0x90))})
 
     def block(raw_ids):   # the loc column as the decoder gives it: remap[raw id]
         return {"loc": a.remap[np.array(raw_ids, np.int64)].copy()}
@@ -928,7 +930,7 @@ def test_locations_are_numbered_by_first_use_across_blocks():
     b2 = block([9, 1, 3, 9])
     a.number(b2)
     assert b2["loc"].tolist() == [3, 4, 1, 3]               # new ones continue the numbering
-    a.add_definitions({12: (0x120,)})
+    a.add_definitions({12: frames_key([0x120])})
     assert list(a.table().flat) == [0x30, 0x20, 0x90, 0x10, 0x120]   # unused 12 last
 
 
@@ -938,26 +940,29 @@ def test_the_location_table_built_as_ids_are_given_is_the_table_of_every_id():
     definitions no event used, and stacks of every length, table() is the table of its ids in
     order, whenever it is asked."""
     from heapcast.trace.model import LocationTable
-    from heapcast.trace.raw import LocationAssigner
+    from heapcast.trace.raw import LocationAssigner, key_frames
     rng = np.random.default_rng(5)
     a = LocationAssigner()
-    defs = {k: tuple(int(x) for x in rng.integers(1, 2**40, int(rng.integers(0, 6))))
+    defs = {k: frames_key(rng.integers(1, 2**40, int(rng.integers(0, 6))))
             for k in range(1, 400)}
     defs[400] = defs[3]                            # another thread's id for the same frames
     a.add_definitions(defs)
-    a.ids.setdefault((0xABC, 0xDEF), len(a.ids))   # set directly, before any block
+    a.ids.setdefault(frames_key([0xABC, 0xDEF]), len(a.ids))   # set directly, before any block
+
+    def reference():
+        return LocationTable.from_lists([key_frames(k).tolist() for k in a.ids])
     for step in range(6):
         raw = rng.integers(1, 300 if step < 5 else 401, 500)
         a.number({"loc": a.remap[raw].copy()})
         if step == 2:
             mid = a.table()
-            ref = LocationTable.from_lists(list(a.ids))
+            ref = reference()
             assert mid.offsets.tolist() == ref.offsets.tolist()
             assert mid.flat.tolist() == ref.flat.tolist()
-    a.add_definitions({500: (0x500,)})
+    a.add_definitions({500: frames_key([0x500])})
     table = a.table()
-    assert len(a.ids) > len(defs) // 2 and (0x500,) in a.ids
-    ref = LocationTable.from_lists(list(a.ids))
+    assert len(a.ids) > len(defs) // 2 and frames_key([0x500]) in a.ids
+    ref = reference()
     assert table.offsets.dtype == ref.offsets.dtype and table.flat.dtype == ref.flat.dtype
     assert table.offsets.tolist() == ref.offsets.tolist() and table.flat.tolist() == ref.flat.tolist()
     again = a.table()

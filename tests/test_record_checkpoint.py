@@ -13,8 +13,13 @@ import heapcast
 from heapcast.recorder import checkpoint
 from heapcast.trace.format import EVENT_DTYPE
 from heapcast.trace.model import Process
-from heapcast.trace.raw import LocationAssigner
+from heapcast.trace.raw import LocationAssigner, frames_key
 from heapcast.trace.writer import ProcessFileWriter
+
+
+def K(*frames) -> bytes:
+    """A location's frames as the conversion keeps them (heapcast.trace.raw.frames_key)."""
+    return frames_key(frames)
 
 
 def _block(a: LocationAssigner, raw_ids) -> dict:
@@ -25,11 +30,11 @@ def _block(a: LocationAssigner, raw_ids) -> dict:
 def test_the_log_gives_the_last_complete_checkpoint(tmp_path):
     trace = tmp_path / "1.hct"
     a = LocationAssigner()
-    a.add_definitions({1: (0x10,), 2: (0x20, 0x21)})
+    a.add_definitions({1: K(0x10), 2: K(0x20, 0x21)})
     a.number(_block(a, [2, 1]))
     log = checkpoint.CheckpointLog(trace)
     log.append(4096, 4000, 1234, 4095, 77, a, len(a.ids))
-    a.add_definitions({5: (1 << 63 | 3,)})          # a Python frame: bit 63 set
+    a.add_definitions({5: K(1 << 63 | 3)})          # a Python frame: bit 63 set
     a.number(_block(a, [5]))
     log.append(8192, 8000, 2345, 8191, 99, a, len(a.ids) - 1)   # id 3 given past the window
     log.close()
@@ -39,8 +44,8 @@ def test_the_log_gives_the_last_complete_checkpoint(tmp_path):
     ck = checkpoint.load(trace)
     assert (ck.next_lo, ck.emitted, ck.hct_bytes, ck.prev_seq, ck.last_ts) == \
         (8192, 8000, 2345, 8191, 99)
-    assert ck.frames == {1: (0x10,), 2: (0x20, 0x21), 5: (1 << 63 | 3,)}
-    assert ck.ids == [(0x20, 0x21), (0x10,)]        # the third id was not certain yet
+    assert ck.frames == {1: K(0x10), 2: K(0x20, 0x21), 5: K(1 << 63 | 3)}
+    assert ck.ids == [K(0x20, 0x21), K(0x10)]        # the third id was not certain yet
     assert ck.resume() == (2345, 8000, 8191, 99)
     checkpoint.path_for(trace).write_bytes(good[:10])
     assert checkpoint.load(trace) is None
@@ -59,12 +64,12 @@ def test_a_damaged_record_is_named(tmp_path):
 
 def test_numbering_goes_on_from_a_checkpoint_as_unbroken():
     a = LocationAssigner()
-    a.add_definitions({1: (0x10,), 2: (0x20,), 3: (0x30,), 7: (0x20,), 9: (0x90,)})
+    a.add_definitions({1: K(0x10), 2: K(0x20), 3: K(0x30), 7: K(0x20), 9: K(0x90)})
     a.number(_block(a, [3, 3, 0, 2]))
     ck = checkpoint.Checkpoint(frames=dict(a.frames), ids=list(a.ids)[1:])
     b = ck.assigner()
-    a.add_definitions({12: (0x120,)})
-    b.add_definitions({12: (0x120,), 1: (0x10,)})     # a definition read again is harmless
+    a.add_definitions({12: K(0x120)})
+    b.add_definitions({12: K(0x120), 1: K(0x10)})     # a definition read again is harmless
     for raw_ids in ([9, 7, 1, 3], [12, 2, 9]):
         x, y = _block(a, raw_ids), _block(b, raw_ids)
         a.number(x)

@@ -270,7 +270,7 @@ def test_call_sites_of_loaded_code_are_not_defined_again_at_each_dlclose(build, 
     assert len(own) == 300 and len(np.unique(own)) == 1
     in_lib = loc[size == 1111]
     assert len(in_lib) == 300
-    sites = {tuple(locs[int(i)]) for i in np.unique(in_lib)}
+    sites = {locs[int(i)] for i in np.unique(in_lib)}   # (their frames)
     assert len(np.unique(in_lib)) <= 2 * len(sites)   # (at most once more: moved and back)
     assert len(locs) < 80, len(locs)
 

@@ -55,8 +55,8 @@ def path_for(trace: Path) -> Path:
 class Checkpoint:
     """The state of a conversion at a window boundary: `next_lo` (every event below it is in the
     first `hct_bytes` bytes of `<pid>.hct.tmp`, `emitted` of them, the last with seq `prev_seq`
-    and the latest time `last_ts`), and the location numbering (`frames`: raw id -> frames,
-    `ids`: the frames of location ids 1, 2, ... given so far)."""
+    and the latest time `last_ts`), and the location numbering (`frames`: raw id -> frames_key,
+    `ids`: the frames_keys of location ids 1, 2, ... given so far)."""
 
     next_lo: int = 0
     emitted: int = 0
@@ -106,15 +106,14 @@ class CheckpointLog:
         for k, f in zip(new, frames):
             self.raw_of.setdefault(f, k)
         ids = [self.raw_of[f] for f in itertools.islice(assigner.ids, self.ids_written, n_ids)]
-        lens = [len(f) for f in frames]
-        flat = np.fromiter(itertools.chain.from_iterable(frames), "<u8", sum(lens))
+        lens = [len(f) >> 3 for f in frames]   # (frames_keys: their uint64 bytes)
         head = json.dumps({
             "next_lo": next_lo, "emitted": emitted, "hct_bytes": hct_bytes,
-            "prev_seq": prev_seq, "last_ts": last_ts, "defs": len(new), "frames": len(flat),
+            "prev_seq": prev_seq, "last_ts": last_ts, "defs": len(new), "frames": sum(lens),
             "ids": len(ids)}).encode()
         payload = b"".join([struct.pack("<I", len(head)), head,
                             np.array(new, "<u4").tobytes(), np.array(lens, "<u4").tobytes(),
-                            flat.tobytes(), np.array(ids, "<u4").tobytes()])
+                            *frames, np.array(ids, "<u4").tobytes()])
         record = RECORD.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
         if os.write(self.fd, record) != len(record):
             raise OSError(errno.ENOSPC, f"{self.path}: short write")
@@ -149,12 +148,13 @@ def load(trace: Path) -> Checkpoint | None:
             at = 4 + hn
             raw = np.frombuffer(payload, "<u4", nd, at).tolist()
             lens = np.frombuffer(payload, "<u4", nd, at + 4 * nd)
-            flat = np.frombuffer(payload, "<u8", nf, at + 8 * nd).tolist()
+            flat = payload[at + 8 * nd:at + 8 * nd + 8 * nf]
             by = np.frombuffer(payload, "<u4", ni, at + 8 * nd + 8 * nf).tolist()
             if int(lens.sum()) != nf or at + 8 * nd + 8 * nf + 4 * ni != n:
                 raise ValueError("array lengths do not add up")
             ends = np.cumsum(lens).tolist()
-            frames.update((k, tuple(flat[e - m:e])) for k, m, e in zip(raw, lens.tolist(), ends))
+            frames.update((k, flat[8 * (e - m):8 * e])
+                          for k, m, e in zip(raw, lens.tolist(), ends))
             ids.extend(frames[k] for k in by)
             ck = Checkpoint(int(r["next_lo"]), int(r["emitted"]), int(r["hct_bytes"]),
                             int(r["prev_seq"]), int(r["last_ts"]))

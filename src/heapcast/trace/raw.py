@@ -23,7 +23,7 @@ from . import format as F
 from . import native_raw
 from .base import RAW_HEADER_SIZE as HEADER_SIZE, RAW_MAGIC
 from .format import TraceError
-from .model import PY_FRAME_TAG, LocationTable, ModuleSnapshot, Process, PyFrame, frame_rows
+from .model import PY_FRAME_TAG, LocationTable, ModuleSnapshot, Process, PyFrame
 from .mods import ModsFile
 
 RAW_VERSION = 1
@@ -123,7 +123,7 @@ class RawProcess:
     def _scan(self) -> None:
         """One pass over the chunks: valid slots, seq range, location definitions, clock pairs."""
         self.chunks: list[Chunk] = []
-        self.locs: dict[int, tuple] = {}
+        self.locs: dict[int, bytes] = {}   # raw id -> frames_key
         pairs = [(self.start_tsc, self.start_mono)]
         buf = self._buffer()
         address, length = buf.ctypes.data, len(buf)
@@ -313,15 +313,18 @@ class RawProcess:
 
     def location_table(self) -> tuple[LocationTable, np.ndarray]:
         """The merged location table and the map from raw location ids to table ids."""
-        uniq: dict[tuple, int] = {(): 0}
+        uniq: dict[bytes, int] = {b"": 0}
         remap = np.zeros(max(self.locs, default=0) + 1, np.uint32)
-        canon = self._python_ids()
-        for raw_id, frames in sorted(self.locs.items()):
-            if canon:
-                frames = tuple(PY_FRAME_TAG | canon.get(f & 0xFFFFFFFF, f & 0xFFFFFFFF)
-                               if f & PY_FRAME_TAG else f for f in frames)
+        items = sorted(self.locs.items())
+        keys = [k for _, k in items]
+        canon = self._moving_python_ids()
+        if canon and keys:   # each Python frame id -> the first one of its (file, function, line)
+            lengths, flat = key_rows(keys)
+            if _canonical_python_ids(flat, canon):
+                keys = _split_keys(lengths, flat)
+        for (raw_id, _), frames in zip(items, keys):
             remap[raw_id] = uniq.setdefault(frames, len(uniq))
-        return LocationTable.from_lists(list(uniq)), remap
+        return LocationTable.from_lengths(*key_rows(list(uniq))), remap
 
     def _python_ids(self) -> dict:
         """Python frame id -> the first id defined with the same (file, function, line): threads
@@ -336,25 +339,17 @@ class RawProcess:
         """`table` with each Python frame id replaced by the first id defined with the same
         (file, function, line): threads, forks and a cleared location cache define their own,
         and process() keeps the first ids only."""
-        # only the ids that move: none where one thread of one process defined every frame
-        canon = {fid: first for fid, first in self._python_ids().items() if fid != first}
+        canon = self._moving_python_ids()
         if not canon or not len(table.flat):
             return table
         flat = table.flat.astype(np.uint64)
-        py = np.flatnonzero(flat & np.uint64(PY_FRAME_TAG))
-        ids = flat[py] & np.uint64(0xFFFFFFFF)
-        # id -> canonical id as an array: the recorder numbers the frames it defines from 0 (an
-        # id it did not define stays itself); a dict lookup per frame where ids are sparse
-        top = max(max(canon), int(ids.max(initial=0))) + 1
-        if top <= 4 * (len(canon) + len(ids)) + 4096:
-            lut = np.arange(top, dtype=np.uint64)
-            lut[np.fromiter(canon.keys(), np.int64, len(canon))] = \
-                np.fromiter(canon.values(), np.uint64, len(canon))
-            new = lut[ids.astype(np.int64)]
-        else:
-            new = np.array([canon.get(i, i) for i in ids.tolist()], np.uint64)
-        flat[py] = np.uint64(PY_FRAME_TAG) | new
+        _canonical_python_ids(flat, canon)
         return LocationTable(offsets=table.offsets, flat=flat)
+
+    def _moving_python_ids(self) -> dict:
+        """_python_ids' ids that move: none where one thread of one process defined every
+        frame."""
+        return {fid: first for fid, first in self._python_ids().items() if fid != first}
 
     def process(self) -> Process:
         """A Process with this file's metadata (no events, no RSS: the caller adds them)."""
@@ -381,14 +376,14 @@ class LocationAssigner:
     so far."""
 
     def __init__(self):
-        self.frames: dict[int, tuple] = {}            # raw id -> frames
-        self.ids: dict[tuple, int] = {(): 0}          # frames -> location id
+        self.frames: dict[int, bytes] = {}            # raw id -> frames_key
+        self.ids: dict[bytes, int] = {b"": 0}         # frames_key -> location id
         self.remap = np.zeros(1, np.uint32)           # raw id -> id, or LOC_UNASSIGNED | raw id
         self._rows: list = []                         # (lengths, flat) of the table's first
         self._built = 0                               # _built ids, built by _extend
 
     def add_definitions(self, defs: dict) -> None:
-        """Learns location definitions (raw id -> frames)."""
+        """Learns location definitions (raw id -> frames_key)."""
         new = {k: v for k, v in defs.items() if k not in self.frames}
         if not new:
             return
@@ -423,7 +418,7 @@ class LocationAssigner:
         368,000 frames took 13.5-15.7 ms there, now 1.3-1.4 ms)."""
         if len(self.ids) == self._built:
             return
-        self._rows.append(frame_rows(list(islice(self.ids, self._built, None))))
+        self._rows.append(key_rows(list(islice(self.ids, self._built, None))))
         self._built = len(self.ids)
 
     def table(self) -> LocationTable:
@@ -448,6 +443,55 @@ def fit_clock(pairs, start_tsc: int, start_mono: int) -> tuple[float, int, int]:
         dn = p[:, 1] - n0
         return float(np.dot(dt, dn) / np.dot(dt, dt)), t0, n0
     return 1.0 / _tsc_ghz(), t0, n0
+
+
+def _canonical_python_ids(flat: np.ndarray, canon: dict) -> bool:
+    """Replaces, in place, the id of each Python frame among `flat` (uint64 frames) by canon's
+    (an id it lacks stays itself); whether there was one."""
+    py = np.flatnonzero(flat & np.uint64(PY_FRAME_TAG))
+    if not len(py):
+        return False
+    ids = flat[py] & np.uint64(0xFFFFFFFF)
+    # id -> canonical id as an array: the recorder numbers the frames it defines from 0 (an
+    # id it did not define stays itself); a dict lookup per frame where ids are sparse
+    top = max(max(canon), int(ids.max(initial=0))) + 1
+    if top <= 4 * (len(canon) + len(ids)) + 4096:
+        lut = np.arange(top, dtype=np.uint64)
+        lut[np.fromiter(canon.keys(), np.int64, len(canon))] = \
+            np.fromiter(canon.values(), np.uint64, len(canon))
+        new = lut[ids.astype(np.int64)]
+    else:
+        new = np.array([canon.get(i, i) for i in ids.tolist()], np.uint64)
+    flat[py] = np.uint64(PY_FRAME_TAG) | new
+    return True
+
+
+def frames_key(frames) -> bytes:
+    """A location definition's frames as the conversion keeps them: their little-endian uint64
+    bytes (a tuple of Python ints took about 2 KB a stack of 37 frames: 1 GB for 524,288 of
+    them, where these take a sixth)."""
+    return np.asarray(frames, "<u8").tobytes()
+
+
+def key_frames(key: bytes) -> np.ndarray:
+    """The frames of a frames_key, uint64."""
+    return np.frombuffer(key, "<u8").astype(np.uint64)
+
+
+def key_rows(keys: list) -> tuple[np.ndarray, np.ndarray]:
+    """Each frames_key's length and all their frames in order, as uint64 arrays: the rows of a
+    LocationTable (from_lengths)."""
+    lengths = np.fromiter((len(k) >> 3 for k in keys), np.uint64, len(keys))
+    # (joined into a bytearray: the array is its memory, writable, not a copy of it)
+    return lengths, np.frombuffer(bytearray().join(keys), np.uint64)
+
+
+def _split_keys(lengths: np.ndarray, flat: np.ndarray) -> list:
+    """frames_keys of the rows (lengths, flat)."""
+    buf = flat.astype("<u8").tobytes()
+    ends = (np.cumsum(lengths.astype(np.int64)) * 8).tolist()
+    starts = [0] + ends[:-1]
+    return [buf[b:e] for b, e in zip(starts, ends)]
 
 
 def location_definitions(path, slots: np.ndarray, off: int, start: int = 0) -> tuple[dict, int]:
@@ -489,12 +533,12 @@ def location_definitions(path, slots: np.ndarray, off: int, start: int = 0) -> t
     # A head carries 2 frames (its third column is padding), an HC_LOCX slot 3.
     keep = np.ones((len(idx), 3), bool)
     keep[~is_x, 2] = False
-    flat = three[keep].tolist()
+    flat = three[keep].astype("<u8").tobytes()
     ids = (head[heads] >> 8).tolist()
     starts = np.cumsum(2 + 3 * extra) - (2 + 3 * extra)
     out = {}
     for k, (b, c) in enumerate(zip(starts.tolist(), count.tolist())):
-        out[ids[k]] = tuple(flat[b:b + c])
+        out[ids[k]] = flat[8 * b:8 * (b + c)]
     return out, stop
 
 
@@ -520,7 +564,7 @@ def _few_definitions(path, slots: np.ndarray, off: int, heads: list) -> tuple[di
                 raise TraceError(path, off + SLOT * (j + 1), "expected the frames of a "
                                  "location definition (marker 0xFC)")
             frames += (x0 | (x1 << 32), xa, xb)
-        out[h >> 8] = tuple(frames[:count])
+        out[h >> 8] = frames_key(frames[:count])
     return out, n
 
 
