@@ -818,8 +818,11 @@ static volatile int g_maps_lock;
  * any event of a thread that takes the table), so a new thread neither maps 256 KiB nor defines
  * its call sites again (20,000 short threads: 40,000 definitions for the reader to merge). */
 #define TABLE_POOL 64
+#define TABLE_POOL_BYTES (32u << 20)  /* in all: a pooled table's pages stay resident, and a
+                                         grown one may be 64 MiB (table_grow) */
 static uint64_t *g_table_pool[TABLE_POOL];
 static uint32_t g_table_pooled;
+static uint64_t g_table_pool_bytes;
 
 /* A location table: a mapping of (slots + 1) 16-byte pairs, the first one its header (slots,
  * pairs in use), the table itself the rest. Where a table goes (a thread, the pool of ended
@@ -893,10 +896,14 @@ static void maps_reap(uint32_t most) {
             sys_munmap(e->rec, e->bytes);
         }
         if (e->loc_table) {
-            if (g_table_pooled < TABLE_POOL && e->gen == __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE))
+            uint64_t bytes = (uint64_t)table_slots(e->loc_table) * 16;
+            if (g_table_pooled < TABLE_POOL && g_table_pool_bytes + bytes <= TABLE_POOL_BYTES &&
+                e->gen == __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE)) {
                 g_table_pool[g_table_pooled++] = e->loc_table;
-            else
+                g_table_pool_bytes += bytes;
+            } else {
                 table_free(e->loc_table);
+            }
         }
         maps_release(e);
     }
@@ -920,7 +927,10 @@ static void maps_reap_now_and_then(uint64_t now) {
 static struct thread_maps *maps_register(uint64_t **table) {
     if (!g_maps) return NULL;
     maps_lock();   /* (errno: from thread_ready_slow's quiet bracket) */
-    if (!*table && g_table_pooled) *table = g_table_pool[--g_table_pooled];
+    if (!*table && g_table_pooled) {
+        *table = g_table_pool[--g_table_pooled];
+        g_table_pool_bytes -= (uint64_t)table_slots(*table) * 16;
+    }
     if (g_maps_used >= 64 && g_maps_used >= 2 * g_maps_reaped) maps_reap(THREAD_MAPS);
     struct thread_maps *e = NULL;
     if (g_maps_free) {
@@ -962,6 +972,7 @@ static void maps_after_fork(struct thread_maps *mine) {
     g_maps_reaped = g_maps_used;
     while (g_table_pooled)   /* their ids are the parent's */
         table_free(g_table_pool[--g_table_pooled]);
+    g_table_pool_bytes = 0;
 }
 
 /* ---------------------------------------------------------------- files */
