@@ -307,6 +307,24 @@ def test_more_stacks_than_a_first_location_table_holds_are_each_defined_once(bui
     assert all(len(s) >= bits + 3 for s in set(stacks))
 
 
+def test_a_fork_child_of_a_grown_location_table_starts_a_small_one(build, tmp_path):
+    """many_stacks.c fork: the parent grows its table (16,384 stacks), then forks; the child's
+    table starts empty and small again (clearing a grown one cost up to 64 MiB of writes in
+    every child) and grows again as it runs its round: every one of its stacks is its own."""
+    bits = 14
+    result = heapcast.record([build("many_stacks"), str(bits), "2", "fork"],
+                             output=tmp_path / "t", stacks=64, progress=False)
+    assert result.exit_code == 0
+    parent, child = sorted(heapcast.load(tmp_path / "t").processes, key=lambda p: p.fork_seq)
+    # (the parent's round after the fork is called from another line of main: other stacks)
+    for proc, rounds, distinct in ((parent, 3, 2 << bits), (child, 1, 1 << bits)):
+        ev = proc.events
+        mine = ev[(ev["op"] == OP["malloc"]) & (ev["size"] == 4242)]
+        assert len(mine) == rounds << bits
+        stacks = {tuple(proc.locations.frames(int(k))) for k in mine["loc"]}
+        assert len(stacks) == distinct
+
+
 def long_path_copies(build, tmp_path, count: int, path_length: int) -> list[Path]:
     """`count` copies of a library that does nothing (fork_overflow.c -DLIB), in a directory
     whose path is `path_length` bytes long: module lines of about 2 x path_length bytes each."""

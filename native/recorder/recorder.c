@@ -1430,9 +1430,15 @@ static int thread_ready_body(struct tstate *t) {
         stack_bounds(t);
         t->own--;
     }
+    /* After a fork the table's ids belong to the parent's file: it starts empty, and small (a
+     * grown one would cost a clear of up to 64 MiB in every child). */
     uint64_t *tab = t->loc_table;
-    if (tab)   /* after a fork: its ids belong to the parent's file */
+    if (tab && table_slots(tab) > LOC_TABLE_SLOTS) {
+        table_free(tab);
+        tab = NULL;
+    } else if (tab) {
         table_clear(tab);
+    }
     if (!t->maps)   /* (after a fork, the forking thread has one) */
         t->maps = maps_register(&tab);
     if (!tab) tab = table_new(LOC_TABLE_SLOTS);

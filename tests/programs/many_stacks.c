@@ -3,12 +3,16 @@
  * Recorded with --stacks (at least BITS + 3 frames), each stack is a location of its own.
  * With "signals", a timer interrupts it every 20 us with a handler that mallocs and
  * frees 77 bytes: events nested in the recorder's, while its location table grows.
- * usage: many_stacks BITS ROUNDS [signals] */
+ * With "fork", a child forked after the rounds runs one more round (its location table, which
+ * the parent grew, starts small again) before the parent's last round.
+ * usage: many_stacks BITS ROUNDS [signals|fork] */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void *volatile sink;
 static void left(unsigned i, int depth);
@@ -39,12 +43,14 @@ static void on_timer(int sig) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3 || argc > 4 || (argc == 4 && strcmp(argv[3], "signals") != 0)) {
-        fprintf(stderr, "usage: many_stacks BITS ROUNDS [signals]\n");
+    int signals = argc == 4 && strcmp(argv[3], "signals") == 0;
+    int forks = argc == 4 && strcmp(argv[3], "fork") == 0;
+    if (argc < 3 || argc > 4 || (argc == 4 && !signals && !forks)) {
+        fprintf(stderr, "usage: many_stacks BITS ROUNDS [signals|fork]\n");
         return 2;
     }
     int bits = atoi(argv[1]), rounds = atoi(argv[2]);
-    if (argc == 4) {
+    if (signals) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_timer;
@@ -55,7 +61,21 @@ int main(int argc, char **argv) {
     }
     for (int r = 0; r < rounds; r++)
         for (unsigned i = 0; i < 1u << bits; i++) step(i, bits);
-    if (argc == 4) {
+    if (forks) {
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) {
+            for (unsigned i = 0; i < 1u << bits; i++) step(i, bits);
+            _exit(0);
+        }
+        int status;
+        if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+            WEXITSTATUS(status) != 0)
+            return 1;
+        for (unsigned i = 0; i < 1u << bits; i++) step(i, bits);
+        rounds++;
+    }
+    if (signals) {
         struct itimerval off = {{0, 0}, {0, 0}};
         setitimer(ITIMER_REAL, &off, NULL);
         if (handled == 0) {
