@@ -94,11 +94,13 @@ struct py_range {
 };
 _Static_assert(sizeof(struct py_range) == 40, "PyCodeAddressRange");
 static int (*py_check_line)(int, struct py_range *);   /* _PyCode_CheckLineNumber, or NULL */
-/* The calling thread's last walk: of which code object (and line table, of which length and first
- * line: a code object freed and another made at its address is not taken for it) */
+/* The calling thread's last walk: of which code object, told by its address, its line table's
+ * address, length and first bytes, its first line and its names (a code object freed and another
+ * made at its address, as code compiled again and again may be, is not taken for it) */
 static TLS struct py_lines {
-    const char *code, *table;
+    const char *code, *table, *names[2];
     int64_t size;
+    uint64_t head;
     int first;
     struct py_range r;
 } py_lines;
@@ -239,12 +241,19 @@ static int py_line(const char *f) {
         struct py_lines *c = &py_lines;
         int64_t size = *(const int64_t *)(table + PL.bytes_size);
         int first = PY_INT(code, PL.co_firstlineno);
-        if (c->code != code || c->table != table || c->size != size || c->first != first) {
+        const char *file = PY_PTR(code, PL.co_filename), *func = PY_PTR(code, PL.co_qualname);
+        uint64_t head = 0;
+        memcpy(&head, table + PL.bytes_data, size < 8 ? (size_t)size : 8);
+        if (c->code != code || c->table != table || c->size != size || c->first != first ||
+            c->names[0] != file || c->names[1] != func || c->head != head) {
             /* as _PyLineTable_InitAddressRange starts one */
             c->code = code;
             c->table = table;
             c->size = size;
             c->first = first;
+            c->names[0] = file;
+            c->names[1] = func;
+            c->head = head;
             c->r.opaque.lo_next = (const uint8_t *)table + PL.bytes_data;
             c->r.opaque.limit = c->r.opaque.lo_next + size;
             c->r.ar_start = -1;
