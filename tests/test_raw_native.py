@@ -940,7 +940,7 @@ def test_the_location_table_built_as_ids_are_given_is_the_table_of_every_id():
     definitions no event used, and stacks of every length, table() is the table of its ids in
     order, whenever it is asked."""
     from heapcast.trace.model import LocationTable
-    from heapcast.trace.raw import LocationAssigner, key_frames
+    from heapcast.trace.raw import LocationAssigner
     rng = np.random.default_rng(5)
     a = LocationAssigner()
     defs = {k: frames_key(rng.integers(1, 2**40, int(rng.integers(0, 6))))
@@ -950,7 +950,7 @@ def test_the_location_table_built_as_ids_are_given_is_the_table_of_every_id():
     a.ids.setdefault(frames_key([0xABC, 0xDEF]), len(a.ids))   # set directly, before any block
 
     def reference():
-        return LocationTable.from_lists([key_frames(k).tolist() for k in a.ids])
+        return LocationTable.from_lists([np.frombuffer(k, "<u8").tolist() for k in a.ids])
     for step in range(6):
         raw = rng.integers(1, 300 if step < 5 else 401, 500)
         a.number({"loc": a.remap[raw].copy()})

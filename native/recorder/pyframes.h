@@ -96,8 +96,11 @@ _Static_assert(sizeof(struct py_range) == 40, "PyCodeAddressRange");
 static int (*py_check_line)(int, struct py_range *);   /* _PyCode_CheckLineNumber, or NULL */
 /* The calling thread's last walk: of which code object, told by its address, its line table's
  * address, length and first bytes, its first line and its names (a code object freed and another
- * made at its address, as code compiled again and again may be, is not taken for it) */
+ * made at its address, as code compiled again and again may be, is not taken for it). `inside`:
+ * py_line calls under way on the thread; a signal handler's event that interrupts one walks from
+ * the table's start and leaves the walk alone. */
 static TLS struct py_lines {
+    int inside;
     const char *code, *table, *names[2];
     int64_t size;
     uint64_t head;
@@ -237,8 +240,10 @@ static int py_line(const char *f) {
     long off = PY_PTR(f, PL.fr_instr) - (code + PL.co_code);
     int line;
     const char *table = PY_PTR(code, PL.co_linetable);
-    if (py_check_line && off >= 0 && off <= INT32_MAX && table) {
-        struct py_lines *c = &py_lines;
+    struct py_lines *c = &py_lines;
+    c->inside++;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (py_check_line && off >= 0 && off <= INT32_MAX && table && c->inside == 1) {
         int64_t size = *(const int64_t *)(table + PL.bytes_size);
         int first = PY_INT(code, PL.co_firstlineno);
         const char *file = PY_PTR(code, PL.co_filename), *func = PY_PTR(code, PL.co_qualname);
@@ -265,6 +270,8 @@ static int py_line(const char *f) {
     } else {
         line = py_addr2line((void *)code, off < 0 ? -1 : (int)off);
     }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    c->inside--;
     return line > 0 ? line : 0;
 }
 

@@ -473,11 +473,6 @@ def frames_key(frames) -> bytes:
     return np.asarray(frames, "<u8").tobytes()
 
 
-def key_frames(key: bytes) -> np.ndarray:
-    """The frames of a frames_key, uint64."""
-    return np.frombuffer(key, "<u8").astype(np.uint64)
-
-
 def key_rows(keys: list) -> tuple[np.ndarray, np.ndarray]:
     """Each frames_key's length and all their frames in order, as uint64 arrays: the rows of a
     LocationTable (from_lengths)."""
