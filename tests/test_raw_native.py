@@ -947,7 +947,7 @@ def test_the_location_table_built_as_ids_are_given_is_the_table_of_every_id():
             for k in range(1, 400)}
     defs[400] = defs[3]                            # another thread's id for the same frames
     a.add_definitions(defs)
-    a.ids.setdefault(frames_key([0xABC, 0xDEF]), len(a.ids))   # set directly, before any block
+    a.give(frames_key([0xABC, 0xDEF]))   # given directly, before any block
 
     def reference():
         return LocationTable.from_lists([np.frombuffer(k, "<u8").tolist() for k in a.ids])

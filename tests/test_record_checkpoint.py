@@ -66,7 +66,7 @@ def test_numbering_goes_on_from_a_checkpoint_as_unbroken():
     a = LocationAssigner()
     a.add_definitions({1: K(0x10), 2: K(0x20), 3: K(0x30), 7: K(0x20), 9: K(0x90)})
     a.number(_block(a, [3, 3, 0, 2]))
-    ck = checkpoint.Checkpoint(frames=dict(a.frames), ids=list(a.ids)[1:])
+    ck = checkpoint.Checkpoint(frames=dict(a.frames), ids=a.keys[1:], id_raw=a.first_raw[1:])
     b = ck.assigner()
     a.add_definitions({12: K(0x120)})
     b.add_definitions({12: K(0x120), 1: K(0x10)})     # a definition read again is harmless

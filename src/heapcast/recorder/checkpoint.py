@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import itertools
 import json
 import os
 import struct
@@ -64,14 +63,15 @@ class Checkpoint:
     prev_seq: int = -1
     last_ts: int = 0
     frames: dict = field(default_factory=dict)
-    ids: list = field(default_factory=list)
+    ids: list = field(default_factory=list)       # location id - 1 -> its frames_key
+    id_raw: list = field(default_factory=list)    # location id - 1 -> a raw id of them
 
     def assigner(self) -> LocationAssigner:
         """A LocationAssigner that numbers the events from next_lo on as the converter would."""
         a = LocationAssigner()
         a.add_definitions(self.frames)
-        for frames in self.ids:
-            a.ids.setdefault(frames, len(a.ids))
+        for frames, raw in zip(self.ids, self.id_raw, strict=True):
+            a.give(frames, raw)
         for k, frames in self.frames.items():   # a raw id whose frames have an id maps to it
             got = a.ids.get(frames)
             a.remap[k] = got if got is not None else LOC_UNASSIGNED | k
@@ -88,24 +88,24 @@ class CheckpointLog:
     def __init__(self, trace: Path):
         self.path = path_for(trace)
         self.fd = -1
-        self.frames_written: set = set()   # raw ids whose definitions are in the log
-        self.raw_of: dict = {}             # frames -> a raw id defined with them, in the log
+        self.defs_written = 0              # the assigner's definitions in the log
         self.ids_written = 1               # location ids in the log (0 is no location)
         self.last: Checkpoint | None = None
 
     def append(self, next_lo: int, emitted: int, hct_bytes: int, prev_seq: int, last_ts: int,
                assigner: LocationAssigner, n_ids: int) -> None:
         """Appends the checkpoint at next_lo: the ids below n_ids were given by then (the
-        assigner may have given more since, to windows that are not certain)."""
+        assigner may have given more since, to windows that are not certain). Only what came
+        since the last one is written, and only that is looked at (pydoc -k defines 2.7M)."""
         if self.fd < 0:
             self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
                               | os.O_CLOEXEC, 0o600)
             os.fchmod(self.fd, 0o600)
-        new = [k for k in assigner.frames if k not in self.frames_written]
+        new = assigner.defined[self.defs_written:]
         frames = [assigner.frames[k] for k in new]
-        for k, f in zip(new, frames):
-            self.raw_of.setdefault(f, k)
-        ids = [self.raw_of[f] for f in itertools.islice(assigner.ids, self.ids_written, n_ids)]
+        # each id as a raw id defined with its frames: one the log holds (its first user's, or
+        # for an unused definition its own; every definition the assigner knows is written)
+        ids = assigner.first_raw[self.ids_written:n_ids]
         lens = [len(f) >> 3 for f in frames]   # (frames_keys: their uint64 bytes)
         head = json.dumps({
             "next_lo": next_lo, "emitted": emitted, "hct_bytes": hct_bytes,
@@ -117,7 +117,7 @@ class CheckpointLog:
         record = RECORD.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
         if os.write(self.fd, record) != len(record):
             raise OSError(errno.ENOSPC, f"{self.path}: short write")
-        self.frames_written.update(new)
+        self.defs_written += len(new)
         self.ids_written = max(self.ids_written, n_ids)
         self.last = Checkpoint(next_lo, emitted, hct_bytes, prev_seq, last_ts)
 
@@ -135,7 +135,7 @@ def load(trace: Path) -> Checkpoint | None:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    ck, off, frames, ids = None, 0, {}, []
+    ck, off, frames, ids, id_raw = None, 0, {}, [], []
     while off + RECORD.size <= len(data):
         magic, n, crc = RECORD.unpack_from(data, off)
         payload = data[off + RECORD.size:off + RECORD.size + n]
@@ -156,6 +156,7 @@ def load(trace: Path) -> Checkpoint | None:
             frames.update((k, flat[8 * (e - m):8 * e])
                           for k, m, e in zip(raw, lens.tolist(), ends))
             ids.extend(frames[k] for k in by)
+            id_raw.extend(by)
             ck = Checkpoint(int(r["next_lo"]), int(r["emitted"]), int(r["hct_bytes"]),
                             int(r["prev_seq"]), int(r["last_ts"]))
         except (ValueError, KeyError, TypeError, struct.error) as e:
@@ -163,7 +164,7 @@ def load(trace: Path) -> Checkpoint | None:
             raise ValueError(f"{path}, offset {off}: checkpoint record unreadable ({e})") from None
         off += RECORD.size + n
     if ck is not None:
-        ck.frames, ck.ids = frames, ids
+        ck.frames, ck.ids, ck.id_raw = frames, ids, id_raw
     return ck
 
 

@@ -611,8 +611,10 @@ def _convert(raw: Path, rp, sampler, bar, live=None, problems: list | None = Non
                 bar.update(len(block["seq"]))
                 writer.add(block)
                 del block   # (encoded: its memory is free for the next window)
-            proc.locations = rp.canonical_python_frames(assigner.table())
-            writer.finish(proc)
+            # (the table's rows as they were built: pydoc -k's are 350 MB, never joined)
+            offsets, flats = assigner.table_parts()
+            rp.canonical_python_ids(flats)
+            writer.finish(proc, (offsets, flats))
         except BaseException:
             # a checkpoint needs the part it points into
             writer.abort(remove=ck is None and (live is None or live.log.last is None))

@@ -13,7 +13,6 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
@@ -338,13 +337,27 @@ class RawProcess:
     def canonical_python_frames(self, table: LocationTable) -> LocationTable:
         """`table` with each Python frame id replaced by the first id defined with the same
         (file, function, line): threads, forks and a cleared location cache define their own,
-        and process() keeps the first ids only."""
-        canon = self._moving_python_ids()
-        if not canon or not len(table.flat):
+        and process() keeps the first ids only. In place where its frames are a writable uint64
+        array, else on a copy."""
+        if not self._moving_python_ids():
             return table
-        flat = table.flat.astype(np.uint64)
-        _canonical_python_ids(flat, canon)
+        flat = table.flat
+        if flat.dtype != np.uint64 or not flat.flags.writeable:
+            flat = flat.astype(np.uint64)
+        self.canonical_python_ids([flat])
         return LocationTable(offsets=table.offsets, flat=flat)
+
+    def canonical_python_ids(self, flats: list) -> bool:
+        """canonical_python_frames on frames given as writable uint64 arrays, in place, a part
+        of each at a time (its temporaries stay small); whether an id moves at all."""
+        canon = self._moving_python_ids()
+        if not canon:
+            return False
+        lut = _canonical_lut(canon)
+        for flat in flats:
+            for at in range(0, len(flat), CANON_PART):
+                _canonical_python_ids(flat[at:at + CANON_PART], canon, lut)
+        return True
 
     def _moving_python_ids(self) -> dict:
         """_python_ids' ids that move: none where one thread of one process defined every
@@ -377,10 +390,16 @@ class LocationAssigner:
 
     def __init__(self):
         self.frames: dict[int, bytes] = {}            # raw id -> frames_key
+        self.defined: list = []                       # raw ids, in the order they came
         self.ids: dict[bytes, int] = {b"": 0}         # frames_key -> location id
+        self.keys: list = [b""]                       # location id -> frames_key
+        self.first_raw: list = [0]                    # location id -> a raw id of its frames
         self.remap = np.zeros(1, np.uint32)           # raw id -> id, or LOC_UNASSIGNED | raw id
-        self._rows: list = []                         # (lengths, flat) of the table's first
-        self._built = 0                               # _built ids, built by _extend
+        # the table's rows of its first _built ids, built by _extend: their frame counts and
+        # their frames, each a list of uint64 arrays
+        self._lengths: list = [np.zeros(1, np.uint64)]
+        self._flats: list = [np.zeros(0, np.uint64)]
+        self._built = 1
 
     def add_definitions(self, defs: dict) -> None:
         """Learns location definitions (raw id -> frames_key)."""
@@ -388,6 +407,7 @@ class LocationAssigner:
         if not new:
             return
         self.frames.update(new)
+        self.defined.extend(new)
         top = max(new) + 1
         if top > len(self.remap):
             grown = np.zeros(max(top, 2 * len(self.remap)), np.uint32)
@@ -395,6 +415,15 @@ class LocationAssigner:
             self.remap = grown
         for k in new:
             self.remap[k] = LOC_UNASSIGNED | k
+
+    def give(self, frames: bytes, raw: int = 0) -> int:
+        """The id of these frames (a frames_key): the next one if they have none yet, `raw`
+        being a raw id defined with them."""
+        got = self.ids.setdefault(frames, len(self.ids))
+        if got == len(self.keys):
+            self.keys.append(frames)
+            self.first_raw.append(raw)
+        return got
 
     def number(self, block: dict) -> None:
         """Replaces, in place, the raw ids of the block's `loc` column (decoded with `remap`)."""
@@ -407,30 +436,45 @@ class LocationAssigner:
         first = np.full(len(self.remap), len(raw), np.intp)
         np.minimum.at(first, raw, np.arange(len(raw)))
         ids = np.flatnonzero(first < len(raw))
-        for k in ids[np.argsort(first[ids], kind="stable")]:
-            self.remap[k] = self.ids.setdefault(self.frames[int(k)], len(self.ids))
+        for k in ids[np.argsort(first[ids], kind="stable")].tolist():
+            self.remap[k] = self.give(self.frames[k], k)
         loc[pending] = self.remap[raw]
         self._extend()
 
     def _extend(self) -> None:
         """Builds the table's rows of the ids given since the last call: while the program runs,
         so that table() has little left to do after its exit (py_dicts' 25,000 locations of
-        368,000 frames took 13.5-15.7 ms there, now 1.3-1.4 ms)."""
-        if len(self.ids) == self._built:
+        368,000 frames took 13.5-15.7 ms there, now 1.3-1.4 ms). (From the list of keys: an
+        islice of the dict from the start each time was quadratic, 2.7M ids of pydoc -k.)"""
+        if len(self.keys) == self._built:
             return
-        self._rows.append(key_rows(list(islice(self.ids, self._built, None))))
-        self._built = len(self.ids)
+        lengths, flat = key_rows(self.keys[self._built:])
+        self._lengths.append(lengths)
+        self._flats.append(flat)
+        self._built = len(self.keys)
 
     def table(self) -> LocationTable:
         """The location table: the ids given so far, then the definitions no event used."""
+        offsets, flats = self.table_parts()
+        if len(flats) > 1:
+            self._flats = [np.concatenate(flats)]
+        return LocationTable(offsets, self._flats[0])
+
+    def table_parts(self) -> tuple[np.ndarray, list]:
+        """table()'s offsets, and its frames as a list of writable uint64 arrays, in order, as
+        they were built (a conversion writes them without joining them: pydoc -k's 2.7M Python
+        stacks are 350 MB of frames, and a copy of them took 0.8 s after the program's exit)."""
         # only the raw ids not numbered yet: a Python program's thousands of others are
         raw = np.fromiter(self.frames, np.int64, len(self.frames))
         unused = raw[self.remap[raw] >= LOC_UNASSIGNED]
         for k in np.sort(unused).tolist():
-            self.ids.setdefault(self.frames[k], len(self.ids))
+            self.give(self.frames[k], k)
         self._extend()
-        return LocationTable.from_lengths(np.concatenate([r[0] for r in self._rows]),
-                                          np.concatenate([r[1] for r in self._rows]))
+        if len(self._lengths) > 1:
+            self._lengths = [np.concatenate(self._lengths)]
+        offsets = np.zeros(len(self._lengths[0]) + 1, np.uint64)
+        np.cumsum(self._lengths[0], out=offsets[1:])
+        return offsets, list(self._flats)
 
 
 def fit_clock(pairs, start_tsc: int, start_mono: int) -> tuple[float, int, int]:
@@ -445,22 +489,37 @@ def fit_clock(pairs, start_tsc: int, start_mono: int) -> tuple[float, int, int]:
     return 1.0 / _tsc_ghz(), t0, n0
 
 
-def _canonical_python_ids(flat: np.ndarray, canon: dict) -> bool:
+#: Frames canonical_python_frames takes at a time (8 MB of them, and of each temporary).
+CANON_PART = 1 << 20
+
+
+def _canonical_lut(canon: dict):
+    """canon (Python frame id -> canonical id) as an array indexed by id, or None where its ids
+    are too sparse for one (the recorder numbers the frames it defines from 0)."""
+    top = max(canon) + 1
+    if top > 4 * len(canon) + (1 << 22):
+        return None
+    lut = np.arange(top, dtype=np.uint64)
+    lut[np.fromiter(canon.keys(), np.int64, len(canon))] = \
+        np.fromiter(canon.values(), np.uint64, len(canon))
+    return lut
+
+
+def _canonical_python_ids(flat: np.ndarray, canon: dict, lut=None) -> bool:
     """Replaces, in place, the id of each Python frame among `flat` (uint64 frames) by canon's
-    (an id it lacks stays itself); whether there was one."""
+    (an id it lacks stays itself), looked up in `lut` (_canonical_lut) where given; whether
+    there was one."""
     py = np.flatnonzero(flat & np.uint64(PY_FRAME_TAG))
     if not len(py):
         return False
-    ids = flat[py] & np.uint64(0xFFFFFFFF)
-    # id -> canonical id as an array: the recorder numbers the frames it defines from 0 (an
-    # id it did not define stays itself); a dict lookup per frame where ids are sparse
-    top = max(max(canon), int(ids.max(initial=0))) + 1
-    if top <= 4 * (len(canon) + len(ids)) + 4096:
-        lut = np.arange(top, dtype=np.uint64)
-        lut[np.fromiter(canon.keys(), np.int64, len(canon))] = \
-            np.fromiter(canon.values(), np.uint64, len(canon))
-        new = lut[ids.astype(np.int64)]
-    else:
+    ids = (flat[py] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    if lut is None:
+        lut = _canonical_lut(canon)
+    if lut is not None:   # (ids beyond it are not in canon: themselves)
+        inside = ids < len(lut)
+        new = ids.astype(np.uint64)
+        new[inside] = lut[ids[inside]]
+    else:   # a dict lookup per frame where ids are sparse
         new = np.array([canon.get(i, i) for i in ids.tolist()], np.uint64)
     flat[py] = np.uint64(PY_FRAME_TAG) | new
     return True

@@ -54,13 +54,24 @@ class _SectionWriter:
         self.events_written = 0                  # events of the EVENTS sections in the file
         self.ends: deque = deque()               # (events_written, file offset) after each
 
-    def _section(self, kind: int, raw: bytes, count: int, compress: bool, zstd) -> bytes:
-        stored = zstd.compress(raw) if compress and raw else raw
-        codec_id = CODEC_ZSTD if stored is not raw else CODEC_STORED
-        return SECTION.pack(kind, codec_id, len(stored), len(raw),
+    def _section(self, kind: int, raw, count: int, compress: bool, zstd) -> bytes:
+        """A section's bytes: `raw` is a bytes-like object, or a list of them that are its
+        payload in order (compressed as one stream, never joined: a large table's parts)."""
+        parts = raw if isinstance(raw, list) else [raw]
+        size = sum(memoryview(p).nbytes for p in parts)
+        if compress and size and len(parts) == 1:
+            stored, codec_id = zstd.compress(parts[0]), CODEC_ZSTD
+        elif compress and size:
+            z = zstd.compressobj(size=size)
+            stored = b"".join([z.compress(p) for p in parts] + [z.flush()])
+            codec_id = CODEC_ZSTD
+        else:
+            stored = b"".join(parts) if isinstance(raw, list) else raw
+            codec_id = CODEC_STORED
+        return SECTION.pack(kind, codec_id, len(stored), size,
                             zlib.crc32(stored) & 0xFFFFFFFF, count) + stored
 
-    def write(self, kind: int, raw: bytes, count: int = 0, compress: bool = True) -> None:
+    def write(self, kind: int, raw, count: int = 0, compress: bool = True) -> None:
         self.drain()
         self.f.write(self._section(kind, raw, count, compress, self.zstd))
 
@@ -208,10 +219,13 @@ def _blocks(events) -> Iterable:
                 yield block[start:start + BLOCK_EVENTS]
 
 
-def encode_locations(table: LocationTable) -> bytes:
-    n = len(table)
-    return (struct.pack("<Q", n) + table.offsets.astype("<u8").tobytes()
-            + table.flat.astype("<u8").tobytes())
+def encode_locations(table: LocationTable, parts: tuple | None = None) -> list:
+    """The LOCATIONS section's payload, as parts (views of the table's arrays where they are
+    little-endian uint64 already: no copy of a large table). `parts`: (offsets, [frames arrays])
+    written in place of the table."""
+    offsets, flats = parts if parts is not None else (table.offsets, [table.flat])
+    return [struct.pack("<Q", len(offsets) - 1), np.ascontiguousarray(offsets, "<u8").data,
+            *(np.ascontiguousarray(f, "<u8").data for f in flats)]
 
 
 class ProcessFileWriter:
@@ -273,12 +287,14 @@ class ProcessFileWriter:
         self._w.ends.clear()
         return ends
 
-    def finish(self, process: Process) -> Path:
+    def finish(self, process: Process, location_parts: tuple | None = None) -> Path:
         """Writes the process's sections and renames the file into place. Sets
-        process.event_count (and end_ns when it is 0: the last event's time)."""
+        process.event_count (and end_ns when it is 0: the last event's time).
+        `location_parts`: (offsets, [frames arrays]), the location table written in place of
+        process.locations, its frames never joined."""
         try:
             w = self._w
-            w.write(LOCATIONS, encode_locations(process.locations))
+            w.write(LOCATIONS, encode_locations(process.locations, location_parts))
             mods = [{"seq": s.seq, "modules": [[m.path, m.base, m.start, m.end] for m in s.modules]}
                     for s in process.modules]
             w.write(MODULES, json.dumps(mods).encode())
