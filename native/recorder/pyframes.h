@@ -213,6 +213,18 @@ static inline uint64_t py_key(const char *f) {
     return (h ^ (h >> 31)) | 1;
 }
 
+/* The interning key of a line of a frame's code object: the code object's address, guarded as
+ * in py_key by its line table's (and by its first line). */
+static inline uint64_t py_line_key(const char *f, int line) {
+    const char *code = PY_PTR(f, PL.fr_code);
+    uint64_t lt = (uint64_t)(uintptr_t)PY_PTR(code, PL.co_linetable);
+    uint64_t h = ((uint64_t)(uintptr_t)code ^ (lt << 23) ^ (lt >> 11)) * 0xD6E8FEB86659FD93ull;
+    h ^= (uint64_t)(uint32_t)line * 0x9E3779B97F4A7C15ull
+         ^ (uint64_t)(uint32_t)PY_INT(code, PL.co_firstlineno) << 40;
+    h *= 0xC2B2AE3D27D4EB4Full;
+    return (h ^ (h >> 29)) | 1;
+}
+
 /* Python frames in a location without --stacks: the innermost is the call site, the ones below
  * say which of the program's own lines called the library code that allocated. */
 #ifndef PY_STACK_MAX
