@@ -68,6 +68,26 @@ def time_command(cmd: list, env: dict | None = None, cwd: Path | None = None) ->
     return seconds
 
 
+def measured(cmd: list, env: dict | None = None) -> dict:
+    """Runs `cmd` (with `env` added to the environment); its wall seconds, CPU seconds (user +
+    system: what it costs on a quiet machine, which wall time on a shared one is not) and peak
+    RSS in MB (wait4's: the largest of it and the processes it waited for). Raises BenchError,
+    with the end of its stderr, if it exits non-zero. Its stdout is discarded."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    # (stderr read before the wait: a program that fills the pipe would never exit)
+    err = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(map(str, cmd))} exited with {proc.returncode}:\n{err[-2000:]}")
+    return {"seconds": seconds, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "peak_rss_mb": usage.ru_maxrss / 1024}
+
+
 def interleaved(trials: dict[str, Callable[[], dict]], repeats: int,
                 label: str = "") -> dict[str, list[dict]]:
     """Runs every trial `repeats` times, round-robin: each round runs each trial once, starting one

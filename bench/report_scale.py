@@ -11,34 +11,16 @@ of the 80M-event trace under 1 GB peak RSS and under 40 s on 2 cores; the 10M-ev
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _common import (RESULTS_DIR, BenchError, compile_c, format_table, interleaved, machine_info,
-                     median, workload, write_json)
+from _common import (RESULTS_DIR, compile_c, format_table, interleaved, machine_info,
+                     measured, median, workload, write_json)
 
 READ_ONLY = ("import sys, heapcast\n"
              "n = sum(len(b) for b in heapcast.load(sys.argv[1]).chunks(1 << 20))\n")
-
-
-def measured(cmd: list) -> dict:
-    """Runs `cmd`; its wall seconds, CPU seconds (user + system: what it costs on a quiet machine,
-    which wall time on a shared one is not) and peak RSS in MB."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    err = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise BenchError(f"{' '.join(map(str, cmd))} exited with {proc.returncode}:\n{err[-2000:]}")
-    return {"seconds": seconds, "cpu_seconds": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
 def record_ring(exe: Path, iterations: int, out: Path) -> Path:

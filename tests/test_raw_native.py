@@ -934,6 +934,38 @@ def test_locations_are_numbered_by_first_use_across_blocks():
     assert list(a.table().flat) == [0x30, 0x20, 0x90, 0x10, 0x120]   # unused 12 last
 
 
+@pytest.mark.parametrize("collide", [False, True])
+def test_ids_are_found_by_their_frames_whatever_their_hash(monkeypatch, collide):
+    """LocationAssigner keeps a definition's frames only until an event uses it, and finds ids
+    by the hash of their frames, checked against the table's rows: with every hash the same
+    (stacks of one hash kept by their frames), ids are still one per distinct stack, raw ids of
+    the same frames share one (before and after the rows are built), and the checkpoint's view
+    of every definition (raw_frames) is its frames."""
+    from heapcast.trace import raw as R
+    if collide:
+        monkeypatch.setattr(R, "_frames_hash", lambda b: 7)
+    rng = np.random.default_rng(9)
+    stacks = [frames_key(rng.integers(1, 2**40, int(rng.integers(1, 5)))) for _ in range(60)]
+    a = R.LocationAssigner()
+    defs = {k + 1: s for k, s in enumerate(stacks)}
+    defs.update({100 + k: stacks[k] for k in range(0, 60, 3)})   # other threads' ids, same frames
+    a.add_definitions(defs)
+    a.number({"loc": a.remap[np.arange(1, 31)].copy()})
+    assert len(a.frames) == len(defs) - 30                  # used ones: their rows keep them
+    a.add_definitions({200: stacks[4], 201: frames_key([0x77])})   # after the rows were built
+    loc = a.remap[np.array([200, 100, 31, 201, 130, 59], np.int64)].copy()
+    a.number({"loc": loc})
+    assert loc.tolist() == [5, 1, 31, 32, 31, 33]
+    for k in [*defs, 200, 201]:
+        assert a.raw_frames(k) == ({**defs, 200: stacks[4], 201: frames_key([0x77])})[k]
+    table = a.table()
+    assert len(table) == len(a) == 62                       # 60 stacks, 0x77, and id 0
+    ids = [a.lookup(s) for s in stacks]
+    assert None not in ids and len(set(ids)) == 60 and a.lookup(frames_key([0x78])) is None
+    for s in stacks:
+        assert table.frames(a.lookup(s)).astype("<u8").tobytes() == s
+
+
 def test_the_location_table_built_as_ids_are_given_is_the_table_of_every_id():
     """LocationAssigner builds its table's rows as number() gives ids (while the program runs):
     with ids given in several blocks, ids set directly (as a checkpoint's assigner does),
@@ -950,7 +982,8 @@ def test_the_location_table_built_as_ids_are_given_is_the_table_of_every_id():
     a.give(frames_key([0xABC, 0xDEF]))   # given directly, before any block
 
     def reference():
-        return LocationTable.from_lists([np.frombuffer(k, "<u8").tolist() for k in a.ids])
+        return LocationTable.from_lists([np.frombuffer(a.frames_of(i), "<u8").tolist()
+                                         for i in range(len(a))])
     for step in range(6):
         raw = rng.integers(1, 300 if step < 5 else 401, 500)
         a.number({"loc": a.remap[raw].copy()})
@@ -961,7 +994,7 @@ def test_the_location_table_built_as_ids_are_given_is_the_table_of_every_id():
             assert mid.flat.tolist() == ref.flat.tolist()
     a.add_definitions({500: frames_key([0x500])})
     table = a.table()
-    assert len(a.ids) > len(defs) // 2 and frames_key([0x500]) in a.ids
+    assert len(a) > len(defs) // 2 and a.lookup(frames_key([0x500])) is not None
     ref = reference()
     assert table.offsets.dtype == ref.offsets.dtype and table.flat.dtype == ref.flat.dtype
     assert table.offsets.tolist() == ref.offsets.tolist() and table.flat.tolist() == ref.flat.tolist()

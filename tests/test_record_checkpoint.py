@@ -33,10 +33,10 @@ def test_the_log_gives_the_last_complete_checkpoint(tmp_path):
     a.add_definitions({1: K(0x10), 2: K(0x20, 0x21)})
     a.number(_block(a, [2, 1]))
     log = checkpoint.CheckpointLog(trace)
-    log.append(4096, 4000, 1234, 4095, 77, a, len(a.ids))
+    log.append(4096, 4000, 1234, 4095, 77, a, len(a))
     a.add_definitions({5: K(1 << 63 | 3)})          # a Python frame: bit 63 set
     a.number(_block(a, [5]))
-    log.append(8192, 8000, 2345, 8191, 99, a, len(a.ids) - 1)   # id 3 given past the window
+    log.append(8192, 8000, 2345, 8191, 99, a, len(a) - 1)   # id 3 given past the window
     log.close()
     good = checkpoint.path_for(trace).read_bytes()
     with open(checkpoint.path_for(trace), "ab") as f:   # a third record, cut short by a kill
@@ -66,7 +66,9 @@ def test_numbering_goes_on_from_a_checkpoint_as_unbroken():
     a = LocationAssigner()
     a.add_definitions({1: K(0x10), 2: K(0x20), 3: K(0x30), 7: K(0x20), 9: K(0x90)})
     a.number(_block(a, [3, 3, 0, 2]))
-    ck = checkpoint.Checkpoint(frames=dict(a.frames), ids=a.keys[1:], id_raw=a.first_raw[1:])
+    ck = checkpoint.Checkpoint(frames={k: a.raw_frames(k) for k in a.defined},
+                               ids=[a.frames_of(i) for i in range(1, len(a))],
+                               id_raw=list(a.first_raw[1:]))
     b = ck.assigner()
     a.add_definitions({12: K(0x120)})
     b.add_definitions({12: K(0x120), 1: K(0x10)})     # a definition read again is harmless

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..trace.raw import LOC_UNASSIGNED, LocationAssigner
+from ..trace.raw import LocationAssigner
 
 SUFFIX = ".ckpt"                     # <pid>.hct.ckpt beside <pid>.hct.tmp
 RECORD = struct.Struct("<4sII")      # magic, payload length, crc32 of the payload
@@ -73,8 +73,10 @@ class Checkpoint:
         for frames, raw in zip(self.ids, self.id_raw, strict=True):
             a.give(frames, raw)
         for k, frames in self.frames.items():   # a raw id whose frames have an id maps to it
-            got = a.ids.get(frames)
-            a.remap[k] = got if got is not None else LOC_UNASSIGNED | k
+            got = a.lookup(frames)
+            if got is not None:
+                a.remap[k] = got
+                del a.frames[k]
         return a
 
     def resume(self) -> tuple:
@@ -102,7 +104,7 @@ class CheckpointLog:
                               | os.O_CLOEXEC, 0o600)
             os.fchmod(self.fd, 0o600)
         new = assigner.defined[self.defs_written:]
-        frames = [assigner.frames[k] for k in new]
+        frames = [assigner.raw_frames(k) for k in new]
         # each id as a raw id defined with its frames: one the log holds (its first user's, or
         # for an unused definition its own; every definition the assigner knows is written)
         ids = assigner.first_raw[self.ids_written:n_ids]

@@ -430,7 +430,7 @@ class LiveProcess:
             del block
             self.next_lo = hi
             if self.writer is not None:
-                self.marks.append((hi, self.emitted, len(self.assigner.ids),
+                self.marks.append((hi, self.emitted, len(self.assigner),
                                    self.writer.prev_seq, self.writer.last_ts))
             if between is not None:
                 between()

@@ -12,6 +12,8 @@ import functools
 import mmap
 import os
 import struct
+from array import array
+from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -380,50 +382,101 @@ class RawProcess:
                            for fid, first in self._python_ids().items() if first == fid})
 
 
+#: The hash by which LocationAssigner finds a location's id (Python's own of the frames' bytes;
+#: the tests replace it by one that collides).
+_frames_hash = hash
+
+
 class LocationAssigner:
     """Numbers the locations of a process's events as they are converted, in seq order: a
     location's id is the order of its first use (different raw ids with the same frames, which
     different threads defined, share one); definitions no event used come last, in raw id
     order. The conversion while the program runs (heapcast.recorder.live) and the one after it
     number the same events the same way, although the first knows only the definitions written
-    so far."""
+    so far.
+
+    Its memory is the table's rows and about 100 bytes an id: a definition's frames are kept as
+    bytes only until an event uses it, and ids are found by the hash of their frames, checked
+    against the rows (pydoc -k: 2.45M locations; frames kept whole as dict keys, and the rows
+    beside them, took 1.5 GB)."""
 
     def __init__(self):
-        self.frames: dict[int, bytes] = {}            # raw id -> frames_key
-        self.defined: list = []                       # raw ids, in the order they came
-        self.ids: dict[bytes, int] = {b"": 0}         # frames_key -> location id
-        self.keys: list = [b""]                       # location id -> frames_key
-        self.first_raw: list = [0]                    # location id -> a raw id of its frames
-        self.remap = np.zeros(1, np.uint32)           # raw id -> id, or LOC_UNASSIGNED | raw id
-        # the table's rows of its first _built ids, built by _extend: their frame counts and
-        # their frames, each a list of uint64 arrays
-        self._lengths: list = [np.zeros(1, np.uint64)]
+        self.frames: dict[int, bytes] = {}    # raw id -> frames_key, until an event uses it
+        self.known = np.zeros(1, bool)        # raw id -> defined
+        self.remap = np.zeros(1, np.uint32)   # raw id -> id, or LOC_UNASSIGNED | raw id
+        self.defined = array("I")             # raw ids, in the order they came
+        self.first_raw = array("I", [0])      # location id -> a raw id defined with its frames
+        self._by_hash: dict[int, int] = {_frames_hash(b""): 0}   # hash -> location id
+        self._clash: dict[bytes, int] = {}    # frames_key -> id, where another id has its hash
+        # the table's rows: each id's end among all frames, and the frames, a list of uint64
+        # arrays (the ids from _built on are in _pending, as frames_keys)
         self._flats: list = [np.zeros(0, np.uint64)]
+        self._flat_starts = [0]               # index of each _flats array's first frame
+        self._ends = array("Q", [0])          # location id -> end of its frames
+        self._pending: list = []
         self._built = 1
+
+    def __len__(self) -> int:
+        """The number of ids given (id 0, no location, included)."""
+        return len(self.first_raw)
 
     def add_definitions(self, defs: dict) -> None:
         """Learns location definitions (raw id -> frames_key)."""
-        new = {k: v for k, v in defs.items() if k not in self.frames}
-        if not new:
+        if not defs:
             return
-        self.frames.update(new)
-        self.defined.extend(new)
-        top = max(new) + 1
+        ks = np.fromiter(defs.keys(), np.int64, len(defs))
+        top = int(ks.max()) + 1
         if top > len(self.remap):
-            grown = np.zeros(max(top, 2 * len(self.remap)), np.uint32)
-            grown[:len(self.remap)] = self.remap
-            self.remap = grown
-        for k in new:
-            self.remap[k] = LOC_UNASSIGNED | k
+            size = max(top, 2 * len(self.remap))
+            self.remap = np.concatenate([self.remap, np.zeros(size - len(self.remap), np.uint32)])
+            self.known = np.concatenate([self.known, np.zeros(size - len(self.known), bool)])
+        new = ks[~self.known[ks]]
+        if not len(new):
+            return
+        self.known[new] = True
+        self.remap[new] = LOC_UNASSIGNED | new.astype(np.uint32)
+        self.defined.frombytes(new.astype(np.uint32).tobytes())
+        self.frames.update((k, defs[k]) for k in new.tolist())
+
+    def frames_of(self, loc: int) -> bytes:
+        """The frames_key of location id `loc`."""
+        if loc >= self._built:
+            return self._pending[loc - self._built]
+        lo, hi = self._ends[loc - 1] if loc else 0, self._ends[loc]
+        part = bisect_right(self._flat_starts, lo) - 1
+        at = self._flat_starts[part]
+        return self._flats[part][lo - at:hi - at].tobytes()
+
+    def raw_frames(self, raw: int) -> bytes:
+        """The frames_key of a defined raw id."""
+        got = self.frames.get(raw)
+        return got if got is not None else self.frames_of(int(self.remap[raw]))
+
+    def lookup(self, frames: bytes) -> int | None:
+        """The id of these frames (a frames_key), or None."""
+        got = self._by_hash.get(_frames_hash(frames))
+        if got is not None and self.frames_of(got) == frames:
+            return got
+        return self._clash.get(frames)
 
     def give(self, frames: bytes, raw: int = 0) -> int:
         """The id of these frames (a frames_key): the next one if they have none yet, `raw`
         being a raw id defined with them."""
-        got = self.ids.setdefault(frames, len(self.ids))
-        if got == len(self.keys):
-            self.keys.append(frames)
-            self.first_raw.append(raw)
-        return got
+        h = _frames_hash(frames)
+        got = self._by_hash.get(h)
+        new = len(self.first_raw)
+        if got is None:
+            self._by_hash[h] = new
+        elif self.frames_of(got) == frames:
+            return got
+        else:   # two stacks of one hash: the second and later are kept by their frames
+            got = self._clash.get(frames)
+            if got is not None:
+                return got
+            self._clash[frames] = new
+        self.first_raw.append(raw)
+        self._pending.append(frames)
+        return new
 
     def number(self, block: dict) -> None:
         """Replaces, in place, the raw ids of the block's `loc` column (decoded with `remap`)."""
@@ -437,43 +490,40 @@ class LocationAssigner:
         np.minimum.at(first, raw, np.arange(len(raw)))
         ids = np.flatnonzero(first < len(raw))
         for k in ids[np.argsort(first[ids], kind="stable")].tolist():
-            self.remap[k] = self.give(self.frames[k], k)
+            self.remap[k] = self.give(self.frames.pop(k), k)
         loc[pending] = self.remap[raw]
         self._extend()
 
     def _extend(self) -> None:
         """Builds the table's rows of the ids given since the last call: while the program runs,
         so that table() has little left to do after its exit (py_dicts' 25,000 locations of
-        368,000 frames took 13.5-15.7 ms there, now 1.3-1.4 ms). (From the list of keys: an
-        islice of the dict from the start each time was quadratic, 2.7M ids of pydoc -k.)"""
-        if len(self.keys) == self._built:
+        368,000 frames took 13.5-15.7 ms there, now 1.3-1.4 ms)."""
+        if not self._pending:
             return
-        lengths, flat = key_rows(self.keys[self._built:])
-        self._lengths.append(lengths)
+        lengths, flat = key_rows(self._pending)
+        self._pending = []
+        self._flat_starts.append(self._ends[-1])
+        self._ends.frombytes((np.cumsum(lengths) + np.uint64(self._ends[-1])).astype("<u8")
+                             .tobytes())
         self._flats.append(flat)
-        self._built = len(self.keys)
+        self._built = len(self.first_raw)
 
     def table(self) -> LocationTable:
         """The location table: the ids given so far, then the definitions no event used."""
         offsets, flats = self.table_parts()
         if len(flats) > 1:
-            self._flats = [np.concatenate(flats)]
+            self._flats, self._flat_starts = [np.concatenate(flats)], [0]
         return LocationTable(offsets, self._flats[0])
 
     def table_parts(self) -> tuple[np.ndarray, list]:
         """table()'s offsets, and its frames as a list of writable uint64 arrays, in order, as
         they were built (a conversion writes them without joining them: pydoc -k's 2.7M Python
         stacks are 350 MB of frames, and a copy of them took 0.8 s after the program's exit)."""
-        # only the raw ids not numbered yet: a Python program's thousands of others are
-        raw = np.fromiter(self.frames, np.int64, len(self.frames))
-        unused = raw[self.remap[raw] >= LOC_UNASSIGNED]
-        for k in np.sort(unused).tolist():
-            self.give(self.frames[k], k)
+        for k in sorted(self.frames):   # (the definitions no event used)
+            self.remap[k] = self.give(self.frames.pop(k), k)
         self._extend()
-        if len(self._lengths) > 1:
-            self._lengths = [np.concatenate(self._lengths)]
-        offsets = np.zeros(len(self._lengths[0]) + 1, np.uint64)
-        np.cumsum(self._lengths[0], out=offsets[1:])
+        offsets = np.zeros(len(self._ends) + 1, np.uint64)
+        offsets[1:] = np.frombuffer(self._ends, np.uint64)
         return offsets, list(self._flats)
 
 
