@@ -6,7 +6,9 @@ stacks: `python -m pydoc -k zzzqqq`, which imports every module that this interp
 (so its figures depend on what is installed beside it: the table says how many events and
 locations it made). Untraced and `heapcast record` interleaved, medians: the whole wait, the time
 added per event, the locations the trace holds and the peak RSS of the largest process (under
-`record`, `heapcast record` itself where its conversion holds more than the program). (Until
+`record`, `heapcast record` itself where its conversion holds more than the program; its RSS
+counts the pages of the raw file that it maps, page cache that the program wrote: for a small
+program most of it). (Until
 stop 45 a thread's location table had a fixed 16,384 slots and started over when crowded: a
 program with more call sites than about 8,000 defined a location at almost every event.)
 
