@@ -295,6 +295,38 @@ def test_mispredicted_site_is_detected_and_reclassified(frag_trace, frag_policy,
     assert sum(rows[c]["allocations"] for c in (3, 4, 5)) > 48000 + 1000
 
 
+def test_mispredictions_at_sites_beyond_the_watched_table_are_counted(build, cli, tmp_path):
+    """4,096 call sites (tests/programs/many_sites.c) trained where their blocks die at once
+    and run where every block is kept: more mispredicted sites than the allocator's table of
+    watched sites holds (2,048). Their outlived blocks could not reclassify their sites and went
+    uncounted; the log now counts them, and the summary says so. A log written before the
+    count (no such field) merges as 0."""
+    from heapcast.alloc.summary import format_summary, merge_logs
+    prog = build("many_sites")
+    trace, model, policy, log = (tmp_path / x for x in ("t", "m", "p", "run.json"))
+    for step in (["record", "-o", trace, "--", prog, "short"],
+                 ["train", trace, "-o", model, "--task", "lifetime", "--model", "ngram"],
+                 ["compile", model, "--kind", "table", "--placement", "lifetime", "-o", policy]):
+        done = cli(*step)
+        assert done.returncode == 0, done.stderr
+    # 160 rounds: more sampled blocks (one in 64) than the 4,096 watched slots, so that kept
+    # blocks are evicted, and seen to outlive their class
+    done = cli("run", "--policy", policy, "--log", log, "--", prog, "keep", "160")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(log.read_text())
+    short = {r["class"]: r for r in summary["classes"]}[0]
+    assert short["allocations"] == 160 * 4096
+    untracked = short["mispredicted_untracked"]
+    assert 0 < untracked < short["mispredicted"], short
+    said = f"{untracked:,} of the outlived blocks were at sites that the allocator's table"
+    assert said in done.stdout + done.stderr and said in format_summary(summary)
+    old = {"heap_of_class": [0] * 7, "classes": [{"class": 0, "allocations": 5, "bytes": 80,
+                                                  "mispredicted": 1, "reclassified_sites": 0}]}
+    merged = merge_logs([old], "p")
+    assert merged["classes"][0]["mispredicted_untracked"] == 0
+    assert "no room" not in format_summary({**merged, "max_vm_hwm_kb": 100})
+
+
 def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, tmp_path):
     """A lifetime table says how heapcast run should place its program's blocks: the lab finds
     lifetime classes pay on the fragmenting pattern, not on churn (64 long-lived blocks among

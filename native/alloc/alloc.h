@@ -70,6 +70,7 @@ typedef struct {
 ha_thread_stats *ha_stats_claim(void);
 void ha_stats_mispredicted(int cls);
 void ha_stats_reclassified(int cls);
+void ha_stats_untracked(int cls);
 void ha_stats_reset_after_fork(void);
 void ha_stats_write(const char *path_prefix);
 

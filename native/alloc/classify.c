@@ -197,6 +197,9 @@ static void observe(uint32_t site, int cls, uint64_t age) {
         }
         return;
     }
+    /* no room in the table for this site (its SITE_PROBE slots hold others): it cannot be
+     * reclassified; counted, so that the summary says so */
+    ha_stats_untracked(cls);
 }
 
 static inline sample *slot_of(const void *p) {

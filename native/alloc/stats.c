@@ -15,7 +15,7 @@
 
 static ha_thread_stats slots[SLOTS];
 static _Atomic int used;
-static _Atomic uint64_t mispredicted[HA_SLOTS], reclassified[HA_SLOTS];
+static _Atomic uint64_t mispredicted[HA_SLOTS], reclassified[HA_SLOTS], untracked[HA_SLOTS];
 
 ha_thread_stats *ha_stats_claim(void) {
     int i = atomic_fetch_add(&used, 1);
@@ -25,6 +25,7 @@ ha_thread_stats *ha_stats_claim(void) {
 
 void ha_stats_mispredicted(int cls) { atomic_fetch_add_explicit(&mispredicted[cls], 1, memory_order_relaxed); }
 void ha_stats_reclassified(int cls) { atomic_fetch_add_explicit(&reclassified[cls], 1, memory_order_relaxed); }
+void ha_stats_untracked(int cls) { atomic_fetch_add_explicit(&untracked[cls], 1, memory_order_relaxed); }
 
 void ha_stats_reset_after_fork(void) {
     /* the child counts its own allocations; the forking thread keeps its slot */
@@ -32,6 +33,7 @@ void ha_stats_reset_after_fork(void) {
     for (int c = 0; c < HA_SLOTS; c++) {
         atomic_store(&mispredicted[c], 0);
         atomic_store(&reclassified[c], 0);
+        atomic_store(&untracked[c], 0);
     }
 }
 
@@ -84,11 +86,13 @@ void ha_stats_write(const char *prefix) {
     for (int c = 0; c < HA_SLOTS && len < (int)sizeof out; c++)
         len += snprintf(out + len, sizeof out - len,
                         "%s{\"class\": %d, \"allocations\": %llu, \"bytes\": %llu, "
-                        "\"mispredicted\": %llu, \"reclassified_sites\": %llu}",
+                        "\"mispredicted\": %llu, \"reclassified_sites\": %llu, "
+                        "\"mispredicted_untracked\": %llu}",
                         c ? ", " : "", c == HA_DEFAULT ? -1 : c, (unsigned long long)allocs[c],
                         (unsigned long long)bytes[c],
                         (unsigned long long)atomic_load(&mispredicted[c]),
-                        (unsigned long long)atomic_load(&reclassified[c]));
+                        (unsigned long long)atomic_load(&reclassified[c]),
+                        (unsigned long long)atomic_load(&untracked[c]));
     if (len < (int)sizeof out)
         len += snprintf(out + len, sizeof out - len, "]}\n");
     if (len >= (int)sizeof out)

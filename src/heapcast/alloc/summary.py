@@ -9,6 +9,11 @@ from pathlib import Path
 CLASS_NAMES = {0: "1-15 events", 1: "16-255", 2: "256-4095", 3: "4096-65535", 4: ">=65536",
                5: "never freed", -1: "default (none/unknown/large)"}
 FIELDS = ("allocations", "bytes", "mispredicted", "reclassified_sites")
+# blocks that outlived their class at a site the allocator's table of watched sites
+# (native/alloc/classify.c: 2,048) had no room for, so that it could not be reclassified
+# (logs of stop 45 and before lack it: 0)
+UNTRACKED = "mispredicted_untracked"
+WATCHED_SITES = 2048
 
 
 def merge_logs(processes: list, policy: str) -> dict:
@@ -16,9 +21,10 @@ def merge_logs(processes: list, policy: str) -> dict:
     classes = {}
     for proc in processes:
         for row in proc["classes"]:
-            acc = classes.setdefault(row["class"], {f: 0 for f in FIELDS})
+            acc = classes.setdefault(row["class"], {f: 0 for f in (*FIELDS, UNTRACKED)})
             for f in FIELDS:
                 acc[f] += row[f]
+            acc[UNTRACKED] += row.get(UNTRACKED, 0)
     rows = [{"class": c, "name": CLASS_NAMES.get(c, str(c)), **classes[c]}
             for c in sorted(classes, key=lambda c: (c < 0, c))]
     returned = None   # pages given back per heap: the packer counts them, mimalloc does not
@@ -48,6 +54,11 @@ def format_summary(summary: dict) -> str:
         if r["allocations"] or r["mispredicted"]:
             lines.append(f"{r['name']:<30} {r['allocations']:>12,} {r['bytes']:>14,} "
                          f"{r['mispredicted']:>9,} {r['reclassified_sites']:>12,}")
+    untracked = sum(r.get(UNTRACKED, 0) for r in summary["classes"])
+    if untracked:
+        lines.append(f"{untracked:,} of the outlived blocks were at sites that the allocator's "
+                     f"table of watched sites ({WATCHED_SITES:,}) had no room for: those sites "
+                     f"kept their predicted class")
     returned, heap_of = summary.get("pages_returned_by_heap"), summary.get("heap_of_class")
     if returned is not None and heap_of:
         # spans belong to a heap (a lifetime group), not to a class: one line per heap in use.
