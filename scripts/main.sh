@@ -10,9 +10,9 @@
 #   simulate replay it through every allocation policy of the lab (table and footprint plot)
 #   report   one self-contained interactive HTML page of it all: results/report.html
 # Results go to results/ (HEAPCAST_OUT to change). py_dicts runs with PYTHONHASHSEED=0 each time: the
-# interpreter's string hashes, and with them its dicts' allocations, are then the same in every
-# run, and so are the recorded events but for a few (another seed moves the held-out figures:
-# README).
+# interpreter's string hashes are then the same in every run; its recorded events still differ
+# from run to run (dicts and sets of objects hashed by address follow the address space), and so
+# do the held-out figures (README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
