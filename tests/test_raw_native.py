@@ -362,6 +362,33 @@ def random_raw(rng, path, threads=4, events=3000, tsc=True, disorder=False, gaps
     return b.write(path)
 
 
+def _mapped_rss_kb(path) -> int:
+    """The resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    rss, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+            inside = line.rstrip("\n").endswith(" " + str(path))
+        elif inside and line.startswith("Rss:"):
+            rss += int(line.split()[1])
+    return rss
+
+
+def test_a_raw_file_read_through_leaves_none_of_its_pages_mapped(tmp_path):
+    """RawProcess lets go of the pages it has read (MADV_DONTNEED): they are page cache that the
+    program wrote, but mapped in the converting process they counted in `heapcast record`'s
+    RSS, up to the whole raw file's size; read again, they come back from the cache."""
+    path = random_raw(np.random.default_rng(3), tmp_path / "1.raw", events=60_000)
+    rp = RawProcess(path)
+    try:
+        assert path.stat().st_size > 1 << 20 and _mapped_rss_kb(path) <= 64
+        n = sum(len(b["seq"]) for b in rp.iter_events(window=4096))
+        assert n > 50_000 and _mapped_rss_kb(path) <= 64, _mapped_rss_kb(path)
+        again = sum(len(b["seq"]) for b in rp.iter_events(window=1 << 20))
+        assert again == n
+    finally:
+        rp.close()
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_random_raw_files_decode_as_the_reference(tmp_path, seed):
     rng = np.random.default_rng(seed)

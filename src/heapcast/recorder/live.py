@@ -436,6 +436,8 @@ class LiveProcess:
                 between()
         self._retire()
         self._checkpoint()
+        # the pages read count in `record`'s RSS (RawProcess.release_pages): let go of them
+        self.mm.madvise(mmap.MADV_DONTNEED)
 
     def _retire(self) -> None:
         """Retires the copies, and the small chunks that no longer change, whose events are all

@@ -93,7 +93,16 @@ class RawProcess:
         self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self._parse_header(size)
         self._scan()
+        self.release_pages()
         self._read_mods(mods)
+
+    def release_pages(self) -> None:
+        """Lets go of the mapping's pages read so far. They are the page cache that the program
+        wrote, but mapped here they count in the converting process's RSS, up to the whole raw
+        file (`heapcast record` of a small Python program: 290-345 MB of RSS for 80 MB of its
+        own); what is read again comes back from the cache."""
+        if not self._mm.closed:
+            self._mm.madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
         if not self._mm.closed:
@@ -293,6 +302,7 @@ class RawProcess:
             except native_raw.ExtError as e:
                 raise self._ext_error(self.chunks[int(ks[e.chunk])], e.slot) from None
             table[ks] = rows
+            self.release_pages()
             if len(block["seq"]):
                 if assigner is not None:
                     assigner.number(block)
