@@ -419,3 +419,46 @@ def test_more_call_sites_than_a_first_location_table_holds(py, tmp_path):
             if frames and frames[0].function == "work":
                 lines.add(frames[0].offset)
     assert lines == set(range(4, n + 4)) | {3}, sorted(lines - set(range(3, n + 4)))[:5]
+
+
+def test_code_compiled_again_and_again_is_named_by_its_own_lines(py, tmp_path):
+    """2,000 functions compiled one after another (exec of each one's source, its def on a line
+    of its own), each called once and then freed: new code objects take the memory of freed
+    ones, and the recorder's line keys (code object and line, guarded by the line table's
+    address, the first line and the name objects) must not take a new one for an old one.
+    Every block is at its own function's line."""
+    script = tmp_path / "again.py"
+    script.write_text(
+        "def helper(n):\n"
+        "    return bytearray(n)\n"
+        "for i in range(2000):\n"
+        "    ns = {'helper': helper}\n"
+        "    exec(compile('\\n' * (i % 97) + f'def f_{i}(n):\\n    return bytearray(n)\\n'"
+        " + f'def g_{i}(n):\\n    return helper(n)\\n', f'gen_{i % 3}.py', 'exec'), ns)\n"
+        "    keep = ns[f'f_{i}'](100_000 + 8 * i), ns[f'g_{i}'](200_000 + 8 * i)\n"
+        "    del ns, keep\n")
+    r = heapcast.record([py.exe, script], output=tmp_path / "t", progress=False)
+    assert r.exit_code == 0
+    trace = heapcast.load(r.path)
+    (p,) = trace.processes
+    ev = p.events
+    alloc = ev[np.isin(ev["op"], ALLOC_OPS) & (ev["size"] >= 100_000) & (ev["size"] < 116_008)]
+    seen = []
+    for e in alloc:   # (the interpreter's own blocks of such sizes are not in gen_*.py)
+        i, s = (int(e["size"]) - 100_000) // 8, site(p, e["loc"])
+        if Path(s.module).name.startswith("gen_"):
+            assert (s.function, s.offset, Path(s.module).name) == (f"f_{i}", i % 97 + 2,
+                                                                   f"gen_{i % 3}.py"), (i, s)
+            seen.append(i)
+    assert sorted(seen) == list(range(2000))
+    # a helper that lives on, called from functions compiled again and again: the location (a
+    # Python stack) of each call is its own caller's
+    called = ev[np.isin(ev["op"], ALLOC_OPS) & (ev["size"] >= 200_000) & (ev["size"] < 216_008)]
+    seen = []
+    for e in called:
+        frames = frames_of(p, e["loc"])
+        if frames[0].function == "helper":
+            i = (int(e["size"]) - 200_000) // 8
+            assert (frames[1].function, frames[1].offset) == (f"g_{i}", i % 97 + 4), (i, frames)
+            seen.append(i)
+    assert sorted(seen) == list(range(2000))

@@ -203,24 +203,35 @@ static inline const char *py_frame(uintptr_t self) {
     return cf ? py_innermost(PY_PTR(cf, PL.cf_current)) : NULL;
 }
 
+/* What tells a code object from another that took a freed one's memory, beyond its address and
+ * its line table's: its first line and its file and function name objects (loaded from the
+ * code object's header, beside its line table). Code compiled again and again (exec of
+ * generated functions, each freed after use) put new functions at old addresses: their blocks
+ * were recorded at the old functions' lines. */
+static inline uint64_t py_code_guard(const char *code) {
+    return ((uint64_t)(uintptr_t)PY_PTR(code, PL.co_filename) * 0x94D049BB133111EBull) ^
+           (uint64_t)(uintptr_t)PY_PTR(code, PL.co_qualname) ^
+           (uint64_t)(uint32_t)PY_INT(code, PL.co_firstlineno) << 40;
+}
+
 /* The interning key of a frame's current instruction: the instruction's address names the code
- * object and the offset in it; the line table's address guards against a freed code object
- * whose memory another one took. */
+ * object and the offset in it; the line table's address and py_code_guard guard against a freed
+ * code object whose memory another one took. */
 static inline uint64_t py_key(const char *f) {
+    const char *code = PY_PTR(f, PL.fr_code);
     uint64_t pc = (uint64_t)(uintptr_t)PY_PTR(f, PL.fr_instr);
-    uint64_t lt = (uint64_t)(uintptr_t)PY_PTR(PY_PTR(f, PL.fr_code), PL.co_linetable);
-    uint64_t h = (pc ^ (lt << 17) ^ (lt >> 13)) * 0xC2B2AE3D27D4EB4Full;
+    uint64_t lt = (uint64_t)(uintptr_t)PY_PTR(code, PL.co_linetable);
+    uint64_t h = (pc ^ (lt << 17) ^ (lt >> 13) ^ py_code_guard(code)) * 0xC2B2AE3D27D4EB4Full;
     return (h ^ (h >> 31)) | 1;
 }
 
 /* The interning key of a line of a frame's code object: the code object's address, guarded as
- * in py_key by its line table's (and by its first line). */
+ * in py_key. */
 static inline uint64_t py_line_key(const char *f, int line) {
     const char *code = PY_PTR(f, PL.fr_code);
     uint64_t lt = (uint64_t)(uintptr_t)PY_PTR(code, PL.co_linetable);
     uint64_t h = ((uint64_t)(uintptr_t)code ^ (lt << 23) ^ (lt >> 11)) * 0xD6E8FEB86659FD93ull;
-    h ^= (uint64_t)(uint32_t)line * 0x9E3779B97F4A7C15ull
-         ^ (uint64_t)(uint32_t)PY_INT(code, PL.co_firstlineno) << 40;
+    h ^= (uint64_t)(uint32_t)line * 0x9E3779B97F4A7C15ull ^ py_code_guard(code);
     h *= 0xC2B2AE3D27D4EB4Full;
     return (h ^ (h >> 29)) | 1;
 }
@@ -232,13 +243,15 @@ static inline uint64_t py_line_key(const char *f, int line) {
 #endif
 
 /* The interning key of the Python stack from f down (at most PY_STACK_MAX frames): the frames
- * below the innermost add the addresses of their current instructions (their code objects are
- * alive: the frames hold them). Two loads per frame. */
+ * below the innermost add the addresses of their current instructions and their code objects'
+ * py_code_guard (alive now, those code objects may have taken the memory of others that an
+ * earlier stack of the table ran: a helper called from functions compiled again and again was
+ * recorded under its first callers' lines). */
 static inline uint64_t py_stack_key(const char *f) {
     uint64_t h = py_key(f);
     const char *p = py_previous(f);
     for (int d = 1; p && d < PY_STACK_MAX; d++, p = py_previous(p)) {
-        h ^= (uint64_t)(uintptr_t)PY_PTR(p, PL.fr_instr);
+        h ^= (uint64_t)(uintptr_t)PY_PTR(p, PL.fr_instr) ^ py_code_guard(PY_PTR(p, PL.fr_code));
         h *= 0x9E3779B97F4A7C15ull;
         h ^= h >> 29;
     }
