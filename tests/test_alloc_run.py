@@ -327,6 +327,32 @@ def test_mispredictions_at_sites_beyond_the_watched_table_are_counted(build, cli
     assert "no room" not in format_summary({**merged, "max_vm_hwm_kb": 100})
 
 
+def test_a_library_in_an_unloaded_ones_place_is_classified_as_itself(build, cli, tmp_path):
+    """The allocator's per-thread cache of classes (by return address, size and op) is dropped
+    after a dlclose: a library loaded where an unloaded one was has code at the old one's
+    return addresses. Trained where LIB's site keeps its block about 6,000 events (class
+    4096-65535, which nothing else of the program reaches) and the program's own blocks of that
+    size die at once, run where LIB's block, then BETA's from LIB's place (the same return
+    address and size), are allocated: BETA's site is not the policy's, so its block is classed
+    by its size (at once), where the cache gave it LIB's class."""
+    alpha = build("dl_loader", "-DLIB", "-shared", "-fPIC")
+    beta = build("dl_loader", "-DLIB", "-DBETA", "-shared", "-fPIC")
+    prog = build("dl_loader")
+    trace, model, policy, log = (tmp_path / x for x in ("t", "m", "p", "run.json"))
+    for step in (["record", "-o", trace, "--", prog, "hold", alpha],
+                 ["train", trace, "-o", model, "--task", "lifetime", "--model", "ngram"],
+                 ["compile", model, "--kind", "table", "--placement", "lifetime", "-o", policy]):
+        done = cli(*step)
+        assert done.returncode == 0, done.stderr
+    done = cli("run", "--policy", policy, "--log", log, "--", prog, "swap_same", alpha, beta)
+    assert done.returncode == 0, done.stderr
+    if "swap_same moved" in done.stdout:
+        pytest.skip("the loader put BETA elsewhere than LIB: nothing to test")
+    assert "swap_same same" in done.stdout, done.stdout
+    rows = {r["class"]: r for r in json.loads(log.read_text())["classes"]}
+    assert rows[3]["allocations"] == 1 and rows[3]["bytes"] == 1111, rows[3]
+
+
 def test_policy_carries_the_labs_placement(build, frag_trace, frag_policy, cli, tmp_path):
     """A lifetime table says how heapcast run should place its program's blocks: the lab finds
     lifetime classes pay on the fragmenting pattern, not on churn (64 long-lived blocks among

@@ -32,6 +32,7 @@ __thread uint32_t ha_clock_pending __attribute__((tls_model("initial-exec")));
 
 #ifdef HC_HAVE_POLICY_RUNTIME
 static hc_policy *policy;
+extern uint32_t hc_modules_gen;   /* native/policy/modmap.c: dlcloses so far */
 #endif
 
 #ifdef HC_HAVE_POLICY_RUNTIME
@@ -44,6 +45,7 @@ typedef struct {
 
 static __thread centry cache[CACHE] __attribute__((tls_model("initial-exec")));
 static __thread uint32_t cache_epoch __attribute__((tls_model("initial-exec")));
+static __thread uint32_t cache_gen __attribute__((tls_model("initial-exec")));
 #endif
 static __thread uint32_t countdown __attribute__((tls_model("initial-exec")));
 static _Atomic uint32_t epoch = 1;
@@ -129,10 +131,15 @@ int ha_reclassified(uint32_t site) {
 
 int ha_classify(uintptr_t ra, size_t size, int op, uint32_t *site_out) {
 #ifdef HC_HAVE_POLICY_RUNTIME
+    /* dropped when a site is reclassified (epoch) and after a dlclose (hc_modules_gen): a
+     * library loaded in an unloaded one's place has code at its return addresses, and the
+     * cache would place their blocks by the old one's sites */
     uint32_t e = atomic_load_explicit(&epoch, memory_order_relaxed);
-    if (HA_UNLIKELY(e != cache_epoch)) {
+    uint32_t g = __atomic_load_n(&hc_modules_gen, __ATOMIC_ACQUIRE);
+    if (HA_UNLIKELY(e != cache_epoch || g != cache_gen)) {
         memset(cache, 0, sizeof cache);
         cache_epoch = e;
+        cache_gen = g;
     }
     uint32_t key = size_key(size, op);
     centry *c = &cache[((ra ^ ((uint64_t)key << 40)) * 0x9E3779B97F4A7C15ULL) >> 56];   /* CACHE = 256 */

@@ -19,7 +19,15 @@
  *                          same offset) and calls beta_alloc (malloc 2222); prints "swap same"
  *                          if BETA was loaded at LIB's address, else "swap moved".
  *   dl_loader churn LIB N  N times: dlopens LIB, calls alpha_alloc (malloc 1111), mallocs
- *                          from its own code (malloc 3333) and dlcloses LIB; prints "churn 0". */
+ *                          from its own code (malloc 3333) and dlcloses LIB; prints "churn 0".
+ *   dl_loader hold LIB     dlopens LIB, calls alpha_alloc (malloc 1111) and frees that block
+ *                          after 3,000 malloc/free pairs of its own of about that size (1100
+ *                          bytes): LIB's site keeps its block about 6,000 events, other sites
+ *                          of that size free theirs at once; prints "hold 0".
+ *   dl_loader swap_same LIB BETA
+ *                          swap with blocks of one size: alpha_alloc's and beta_alloc's
+ *                          (malloc 1111 each) have the same return address and size if BETA
+ *                          takes LIB's place; prints "swap_same same" or "swap_same moved". */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #if defined(LIB) && defined(BETA)
@@ -86,6 +94,29 @@ int main(int argc, char **argv) {
         if (!g) return 2;
         free(g(2222));
         printf("swap %s\n", base_of((void *)g) == at ? "same" : "moved");
+        return 0;
+    }
+    if (argc == 4 && strcmp(argv[1], "swap_same") == 0) {
+        void *a, *b;
+        alloc_fn f = load(argv[2], "alpha_alloc", &a);
+        if (!f) return 2;
+        void *at = base_of((void *)f);
+        free(f(1111));
+        dlclose(a);
+        alloc_fn g = load(argv[3], "beta_alloc", &b);
+        if (!g) return 2;
+        free(g(1111));
+        printf("swap_same %s\n", base_of((void *)g) == at ? "same" : "moved");
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "hold") == 0) {
+        void *lib;
+        alloc_fn f = load(argv[2], "alpha_alloc", &lib);
+        if (!f) return 2;
+        void *kept = f(1111);
+        for (int i = 0; i < 3000; i++) free(malloc(1100));
+        free(kept);
+        printf("hold 0\n");
         return 0;
     }
     if (argc == 4 && strcmp(argv[1], "churn") == 0) {
