@@ -36,6 +36,10 @@ int main(int argc, char **argv) {
     }
     if (stopped) {
         long n = atol(argv[2]);
+        /* a child that runs before its parent's kill waits for the parent to be gone (stopped
+         * meanwhile): on a busy machine it had made all its pairs and exited before the
+         * SIGSTOP, and nothing was left running */
+        while (getppid() == parent) usleep(1000);
         for (long i = 0; i < n; i++) free(malloc(16 + i % 64));
         return 0;
     }
