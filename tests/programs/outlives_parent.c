@@ -9,7 +9,8 @@
  *   outlives_parent stopped N
  *                            the parent stops the child (SIGSTOP) as soon as fork returns, most
  *                            often before the child has run at all, and exits at once; the
- *                            child, once continued, makes N malloc/free pairs
+ *                            child, once continued and its parent gone, makes N malloc/free
+ *                            pairs
  * Each prints the child's pid first, on a line of its own. But for `stopped`, the parent exits
  * only once the child runs its own code (the recorder's fork handler, which opens the child's
  * trace file, has run then). */
