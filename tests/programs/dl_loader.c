@@ -83,7 +83,8 @@ int main(int argc, char **argv) {
         printf("dlopen %d\n", call(argv[2], 4321));
         return 0;
     }
-    if (argc == 4 && strcmp(argv[1], "swap") == 0) {
+    int same = argc == 4 && strcmp(argv[1], "swap_same") == 0;
+    if (same || (argc == 4 && strcmp(argv[1], "swap") == 0)) {
         void *a, *b;
         alloc_fn f = load(argv[2], "alpha_alloc", &a);
         if (!f) return 2;
@@ -92,21 +93,8 @@ int main(int argc, char **argv) {
         dlclose(a);
         alloc_fn g = load(argv[3], "beta_alloc", &b);
         if (!g) return 2;
-        free(g(2222));
-        printf("swap %s\n", base_of((void *)g) == at ? "same" : "moved");
-        return 0;
-    }
-    if (argc == 4 && strcmp(argv[1], "swap_same") == 0) {
-        void *a, *b;
-        alloc_fn f = load(argv[2], "alpha_alloc", &a);
-        if (!f) return 2;
-        void *at = base_of((void *)f);
-        free(f(1111));
-        dlclose(a);
-        alloc_fn g = load(argv[3], "beta_alloc", &b);
-        if (!g) return 2;
-        free(g(1111));
-        printf("swap_same %s\n", base_of((void *)g) == at ? "same" : "moved");
+        free(g(same ? 1111 : 2222));
+        printf("%s %s\n", argv[1], base_of((void *)g) == at ? "same" : "moved");
         return 0;
     }
     if (argc == 3 && strcmp(argv[1], "hold") == 0) {
