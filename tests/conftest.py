@@ -41,6 +41,14 @@ def build(tmp_path_factory):
     return _build
 
 
+def assigner_table(assigner):
+    """A LocationAssigner's location table, its rows joined (a conversion writes them in the
+    parts it built them in: LocationAssigner.table_parts)."""
+    from heapcast.trace.model import LocationTable
+    offsets, flats = assigner.table_parts()
+    return LocationTable(offsets, np.concatenate(flats))
+
+
 def record_inputs(exe, out_dir: Path, inputs) -> dict:
     """Records `exe` once per (name, N, SEED) of `inputs` (`exe N SEED`) into out_dir/name;
     returns name -> trace directory."""

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from conftest import assigner_table
 
 from heapcast.recorder.session import recorder_library
 from heapcast.trace import format as F
@@ -910,17 +911,18 @@ def test_location_definitions_read_at_once_and_stop_at_one_cut_short(few, monkey
 
 def test_python_frames_that_no_thread_defined_twice_leave_the_table_as_it_is():
     """One thread of one process defined each (file, function, line) once: no id moves, and the
-    table is returned untouched (no pass over its frames after the program's exit)."""
+    frames are left as they are (no pass over them after the program's exit)."""
     from heapcast.trace.model import PY_FRAME_TAG as TAG, LocationTable, PyFrame
     rp = RawProcess.__new__(RawProcess)
     rp._canon = None
     rp.python_frames = {0: PyFrame("x.py", "f", 3), 1: PyFrame("x.py", "g", 9),
                         2: PyFrame("y.py", "f", 3)}
     table = LocationTable.from_lists([[], [TAG | 2, 0x401000, TAG | 1], [TAG | 0]])
-    assert rp.canonical_python_frames(table) is table
+    flat = table.flat.copy()
+    assert rp.canonical_python_ids([flat]) is False and flat.tolist() == table.flat.tolist()
     rp._canon, rp.python_frames[7] = None, PyFrame("x.py", "g", 9)   # a second thread's id
-    out = rp.canonical_python_frames(LocationTable.from_lists([[], [TAG | 7, 0x10]]))
-    assert out.flat.tolist() == [TAG | 1, 0x10]
+    flat = LocationTable.from_lists([[], [TAG | 7, 0x10]]).flat
+    assert rp.canonical_python_ids([flat]) is True and flat.tolist() == [TAG | 1, 0x10]
 
 
 @pytest.mark.parametrize("sparse", [False, True])
@@ -935,9 +937,9 @@ def test_python_frame_ids_become_the_first_id_of_their_line(sparse):
     rp.python_frames = {0: a, 1: b, 2: a, 5: b, far: a}
     table = LocationTable.from_lists([[], [TAG | 2, 0x401000, TAG | 5], [TAG | 7, TAG | far],
                                       [TAG | 1, TAG | 0]])
-    out = rp.canonical_python_frames(table)
-    assert out.flat.tolist() == [TAG | 0, 0x401000, TAG | 1, TAG | 7, TAG | 0, TAG | 1, TAG | 0]
-    assert out.offsets.tolist() == table.offsets.tolist()
+    flat = table.flat   # (in place, in parts: the second holds the last two frames)
+    assert rp.canonical_python_ids([flat[:5], flat[5:]])
+    assert flat.tolist() == [TAG | 0, 0x401000, TAG | 1, TAG | 7, TAG | 0, TAG | 1, TAG | 0]
 
 
 def test_locations_are_numbered_by_first_use_across_blocks():
@@ -958,7 +960,7 @@ def test_locations_are_numbered_by_first_use_across_blocks():
     a.number(b2)
     assert b2["loc"].tolist() == [3, 4, 1, 3]               # new ones continue the numbering
     a.add_definitions({12: frames_key([0x120])})
-    assert list(a.table().flat) == [0x30, 0x20, 0x90, 0x10, 0x120]   # unused 12 last
+    assert list(assigner_table(a).flat) == [0x30, 0x20, 0x90, 0x10, 0x120]   # unused 12 last
 
 
 @pytest.mark.parametrize("collide", [False, True])
@@ -985,7 +987,7 @@ def test_ids_are_found_by_their_frames_whatever_their_hash(monkeypatch, collide)
     assert loc.tolist() == [5, 1, 31, 32, 31, 33]
     for k in [*defs, 200, 201]:
         assert a.raw_frames(k) == ({**defs, 200: stacks[4], 201: frames_key([0x77])})[k]
-    table = a.table()
+    table = assigner_table(a)
     assert len(table) == len(a) == 62                       # 60 stacks, 0x77, and id 0
     ids = [a.lookup(s) for s in stacks]
     assert None not in ids and len(set(ids)) == 60 and a.lookup(frames_key([0x78])) is None
@@ -1015,15 +1017,15 @@ def test_the_location_table_built_as_ids_are_given_is_the_table_of_every_id():
         raw = rng.integers(1, 300 if step < 5 else 401, 500)
         a.number({"loc": a.remap[raw].copy()})
         if step == 2:
-            mid = a.table()
+            mid = assigner_table(a)
             ref = reference()
             assert mid.offsets.tolist() == ref.offsets.tolist()
             assert mid.flat.tolist() == ref.flat.tolist()
     a.add_definitions({500: frames_key([0x500])})
-    table = a.table()
+    table = assigner_table(a)
     assert len(a) > len(defs) // 2 and a.lookup(frames_key([0x500])) is not None
     ref = reference()
     assert table.offsets.dtype == ref.offsets.dtype and table.flat.dtype == ref.flat.dtype
     assert table.offsets.tolist() == ref.offsets.tolist() and table.flat.tolist() == ref.flat.tolist()
-    again = a.table()
+    again = assigner_table(a)
     assert again.flat.tolist() == table.flat.tolist() and len(again) == len(table)

@@ -8,6 +8,7 @@ import zlib
 
 import numpy as np
 import pytest
+from conftest import assigner_table
 
 import heapcast
 from heapcast.recorder import checkpoint
@@ -77,8 +78,8 @@ def test_numbering_goes_on_from_a_checkpoint_as_unbroken():
         a.number(x)
         b.number(y)
         assert x["loc"].tolist() == y["loc"].tolist()
-    assert a.table().flat.tolist() == b.table().flat.tolist()
-    assert a.table().offsets.tolist() == b.table().offsets.tolist()
+    assert assigner_table(a).flat.tolist() == assigner_table(b).flat.tolist()
+    assert assigner_table(a).offsets.tolist() == assigner_table(b).offsets.tolist()
 
 
 def _events(lo: int, n: int) -> np.ndarray:

@@ -346,22 +346,13 @@ class RawProcess:
                            for fid, fr in sorted(self.python_frames.items())}
         return self._canon
 
-    def canonical_python_frames(self, table: LocationTable) -> LocationTable:
-        """`table` with each Python frame id replaced by the first id defined with the same
-        (file, function, line): threads, forks and a cleared location cache define their own,
-        and process() keeps the first ids only. In place where its frames are a writable uint64
-        array, else on a copy."""
-        if not self._moving_python_ids():
-            return table
-        flat = table.flat
-        if flat.dtype != np.uint64 or not flat.flags.writeable:
-            flat = flat.astype(np.uint64)
-        self.canonical_python_ids([flat])
-        return LocationTable(offsets=table.offsets, flat=flat)
-
     def canonical_python_ids(self, flats: list) -> bool:
-        """canonical_python_frames on frames given as writable uint64 arrays, in place, a part
-        of each at a time (its temporaries stay small); whether an id moves at all."""
+        """Replaces, in place, each Python frame id among these frames (writable uint64 arrays:
+        a location table's, in parts) by the first id defined with the same (file, function,
+        line): threads, forks and a cleared location cache define their own, and process()
+        keeps the first ids only. A part of each array at a time (its temporaries stay small);
+        whether an id moves at all (none where one thread of one process defined every
+        frame: no pass over them)."""
         canon = self._moving_python_ids()
         if not canon:
             return False
@@ -506,7 +497,7 @@ class LocationAssigner:
 
     def _extend(self) -> None:
         """Builds the table's rows of the ids given since the last call: while the program runs,
-        so that table() has little left to do after its exit (py_dicts' 25,000 locations of
+        so that table_parts() has little left to do after its exit (py_dicts' 25,000 locations of
         368,000 frames took 13.5-15.7 ms there, now 1.3-1.4 ms)."""
         if not self._pending:
             return
@@ -518,17 +509,11 @@ class LocationAssigner:
         self._flats.append(flat)
         self._built = len(self.first_raw)
 
-    def table(self) -> LocationTable:
-        """The location table: the ids given so far, then the definitions no event used."""
-        offsets, flats = self.table_parts()
-        if len(flats) > 1:
-            self._flats, self._flat_starts = [np.concatenate(flats)], [0]
-        return LocationTable(offsets, self._flats[0])
-
     def table_parts(self) -> tuple[np.ndarray, list]:
-        """table()'s offsets, and its frames as a list of writable uint64 arrays, in order, as
-        they were built (a conversion writes them without joining them: pydoc -k's 2.7M Python
-        stacks are 350 MB of frames, and a copy of them took 0.8 s after the program's exit)."""
+        """The location table (the ids given so far, then the definitions no event used): its
+        offsets, and its frames as a list of writable uint64 arrays, in order, as they were
+        built (a conversion writes them without joining them: pydoc -k's 2.7M Python stacks are
+        350 MB of frames, and a copy of them took 0.8 s after the program's exit)."""
         for k in sorted(self.frames):   # (the definitions no event used)
             self.remap[k] = self.give(self.frames.pop(k), k)
         self._extend()
@@ -549,7 +534,7 @@ def fit_clock(pairs, start_tsc: int, start_mono: int) -> tuple[float, int, int]:
     return 1.0 / _tsc_ghz(), t0, n0
 
 
-#: Frames canonical_python_frames takes at a time (8 MB of them, and of each temporary).
+#: Frames canonical_python_ids takes at a time (8 MB of them, and of each temporary).
 CANON_PART = 1 << 20
 
 

@@ -16,7 +16,7 @@ import zstandard
 
 from . import codec, native_codec
 from .format import EVENT_DTYPE, RSS_DTYPE, SESSION_FILE, TRACE_MAGIC, TRACE_VERSION
-from .model import LocationTable, Process
+from .model import Process
 
 FILE_HEADER = struct.Struct("<8sHHI")
 SECTION = struct.Struct("<IIQQII")  # kind, codec, stored_len, raw_len, crc32, count
@@ -219,11 +219,10 @@ def _blocks(events) -> Iterable:
                 yield block[start:start + BLOCK_EVENTS]
 
 
-def encode_locations(table: LocationTable, parts: tuple | None = None) -> list:
-    """The LOCATIONS section's payload, as parts (views of the table's arrays where they are
-    little-endian uint64 already: no copy of a large table). `parts`: (offsets, [frames arrays])
-    written in place of the table."""
-    offsets, flats = parts if parts is not None else (table.offsets, [table.flat])
+def encode_locations(offsets: np.ndarray, flats: list) -> list:
+    """The LOCATIONS section's payload of a table of these offsets and frames (a list of arrays,
+    in order), as parts: views of the arrays where they are little-endian uint64 already (no
+    copy of a large table)."""
     return [struct.pack("<Q", len(offsets) - 1), np.ascontiguousarray(offsets, "<u8").data,
             *(np.ascontiguousarray(f, "<u8").data for f in flats)]
 
@@ -294,7 +293,8 @@ class ProcessFileWriter:
         process.locations, its frames never joined."""
         try:
             w = self._w
-            w.write(LOCATIONS, encode_locations(process.locations, location_parts))
+            table = process.locations
+            w.write(LOCATIONS, encode_locations(*(location_parts or (table.offsets, [table.flat]))))
             mods = [{"seq": s.seq, "modules": [[m.path, m.base, m.start, m.end] for m in s.modules]}
                     for s in process.modules]
             w.write(MODULES, json.dumps(mods).encode())
