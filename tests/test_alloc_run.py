@@ -318,7 +318,9 @@ def test_mispredictions_at_sites_beyond_the_watched_table_are_counted(build, cli
     assert short["allocations"] == 160 * 4096
     untracked = short["mispredicted_untracked"]
     assert 0 < untracked < short["mispredicted"], short
-    said = f"{untracked:,} of the outlived blocks were at sites that the allocator's table"
+    said = (f"{untracked:,} of the outlived blocks were at sites that the allocator's table of "
+            f"watched sites ({summary['watched_sites']:,}) had no room")
+    assert summary["watched_sites"] == 2048
     assert said in done.stdout + done.stderr and said in format_summary(summary)
     old = {"heap_of_class": [0] * 7, "classes": [{"class": 0, "allocations": 5, "bytes": 80,
                                                   "mispredicted": 1, "reclassified_sites": 0}]}

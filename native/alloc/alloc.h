@@ -71,6 +71,8 @@ ha_thread_stats *ha_stats_claim(void);
 void ha_stats_mispredicted(int cls);
 void ha_stats_reclassified(int cls);
 void ha_stats_untracked(int cls);
+/* Sites whose mispredictions are watched (classify.c's table; stats.c logs it). */
+#define HA_WATCHED_SITES 2048
 void ha_stats_reset_after_fork(void);
 void ha_stats_write(const char *path_prefix);
 

@@ -23,7 +23,7 @@
 #define CACHE 256
 #define SAMPLE_EVERY 64
 #define SAMPLES 4096
-#define SITES 2048
+#define SITES HA_WATCHED_SITES
 #define SITE_PROBE 16
 #define RECLASSIFY_AFTER 4
 

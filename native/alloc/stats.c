@@ -67,9 +67,10 @@ void ha_stats_write(const char *prefix) {
     if (snprintf(path, sizeof path, "%s.%d.json", prefix, (int)getpid()) >= (int)sizeof path)
         return;
     int len = snprintf(out, sizeof out, "{\"pid\": %d, \"mode\": \"%s\", \"threads\": %d, "
-                       "\"lifetime_groups\": %d, \"vm_hwm_kb\": %ld, \"heap_of_class\": [",
+                       "\"lifetime_groups\": %d, \"vm_hwm_kb\": %ld, \"watched_sites\": %d, "
+                       "\"heap_of_class\": [",
                        (int)getpid(), modes[ha_mode], n, ha_mode != 0 && ha_lifetime_groups,
-                       vm_hwm_kb());
+                       vm_hwm_kb(), HA_WATCHED_SITES);
     for (int c = 0; c < HA_SLOTS; c++)
         len += snprintf(out + len, sizeof out - len, "%s%d", c ? ", " : "", ha_heap_of[c]);
     len += snprintf(out + len, sizeof out - len, "], \"backend\": \"%s\"",

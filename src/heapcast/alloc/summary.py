@@ -10,10 +10,9 @@ CLASS_NAMES = {0: "1-15 events", 1: "16-255", 2: "256-4095", 3: "4096-65535", 4:
                5: "never freed", -1: "default (none/unknown/large)"}
 FIELDS = ("allocations", "bytes", "mispredicted", "reclassified_sites")
 # blocks that outlived their class at a site the allocator's table of watched sites
-# (native/alloc/classify.c: 2,048) had no room for, so that it could not be reclassified
-# (logs of stop 45 and before lack it: 0)
+# (native/alloc/classify.c; its size is the log's watched_sites) had no room for, so that it
+# could not be reclassified (logs of stop 45 and before lack it: 0)
 UNTRACKED = "mispredicted_untracked"
-WATCHED_SITES = 2048
 
 
 def merge_logs(processes: list, policy: str) -> dict:
@@ -37,7 +36,8 @@ def merge_logs(processes: list, policy: str) -> dict:
             "max_vm_hwm_kb": peak,
             "backend": processes[0].get("backend", "mimalloc") if processes else None,
             "pages_returned_by_heap": returned,
-            "heap_of_class": processes[0]["heap_of_class"] if processes else None}
+            "heap_of_class": processes[0]["heap_of_class"] if processes else None,
+            "watched_sites": processes[0].get("watched_sites") if processes else None}
 
 
 def format_summary(summary: dict) -> str:
@@ -57,8 +57,8 @@ def format_summary(summary: dict) -> str:
     untracked = sum(r.get(UNTRACKED, 0) for r in summary["classes"])
     if untracked:
         lines.append(f"{untracked:,} of the outlived blocks were at sites that the allocator's "
-                     f"table of watched sites ({WATCHED_SITES:,}) had no room for: those sites "
-                     f"kept their predicted class")
+                     f"table of watched sites ({summary.get('watched_sites') or 0:,}) had no "
+                     f"room for: those sites kept their predicted class")
     returned, heap_of = summary.get("pages_returned_by_heap"), summary.get("heap_of_class")
     if returned is not None and heap_of:
         # spans belong to a heap (a lifetime group), not to a class: one line per heap in use.
