@@ -2,7 +2,8 @@
  * left() or right() by the bits of i, and its leaf mallocs and frees one block of 4242 bytes.
  * Recorded with --stacks (at least BITS + 3 frames), each stack is a location of its own.
  * With "signals", a timer interrupts it every 20 us with a handler that mallocs and
- * frees 77 bytes: events nested in the recorder's, while its location table grows.
+ * frees 77 bytes (from glibc's per-thread cache, warmed before the timer starts): events
+ * nested in the recorder's, while its location table grows.
  * With "fork", a child forked after the rounds runs one more round (its location table, which
  * the parent grew, starts small again) before the parent's last round.
  * usage: many_stacks BITS ROUNDS [signals|fork] */
@@ -51,6 +52,11 @@ int main(int argc, char **argv) {
     }
     int bits = atoi(argv[1]), rounds = atoi(argv[2]);
     if (signals) {
+        /* the handler's size warmed into glibc's per-thread cache first (as signal.c does): its
+         * first malloc had gone to the arena, and interrupting the loop's own malloc of 4242
+         * bytes there (no lock in a single-threaded program) corrupted glibc's heap ("malloc
+         * assertion failure in sysmalloc", once in a full test run) */
+        free(malloc(77));
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_timer;
