@@ -206,14 +206,50 @@ def test_exec_is_traced_only_with_follow_children(build, tmp_path, capfd, follow
     execd = [p for p in trace.processes if p.argv[1:] == ["child"]]
     malloc_4002 = [p.pid for p in trace.processes
                    if ((p.events["op"] == OP["malloc"]) & (p.events["size"] == 4002)).any()]
+    session = json.loads((tmp_path / "t" / "session.json").read_text())
     if follow:
         assert len(execd) == 1 and execd[0].pid == child_pid and execd[0].image >= 1
         assert execd[0].exe == os.path.realpath(prog)
         assert malloc_4002 == [child_pid]
+        assert result.untraced == [] and session["untraced_processes"] == 0
+        assert "untraced" not in result.summary()
     else:
         assert execd == [] and malloc_4002 == []
+        # the child that ran untraced is named, not left for the user to wonder about
+        root_pid = trace.processes[0].pid
+        assert result.untraced == [{"pid": child_pid, "ppid": root_pid,
+                                    "exe": os.path.realpath(prog), "argv": [str(prog), "child"]}]
+        assert session["untraced_processes"] == 1 and session["untraced"] == result.untraced
+        assert (f"heapcast: note: 1 process that the program started ran untraced "
+                f"({os.path.basename(os.path.realpath(prog))}): children that exec another "
+                "program are recorded with --follow-children" in result.summary())
+    assert not (tmp_path / "t" / "untraced.log").exists()
     root = [p for p in trace.processes if p.forked_from == 0 and p.image == 0]
     assert len(root) == 1 and ((root[0].events["size"] == 4001)).any()
+
+
+def test_processes_that_ran_untraced_are_counted_and_the_first_named(tmp_path):
+    """Without --follow-children, every child that exec'd another program is counted (a shell
+    loop of 150), session.json names the first UNTRACED_KEPT, and the note names each program
+    once; a line of the log cut short (a process killed in its write) is passed over."""
+    from heapcast.recorder import session as recording
+    out = tmp_path / "t"
+    result = heapcast.record(["sh", "-c", "i=0; while [ $i -lt 150 ]; do /bin/true; "
+                              "i=$((i+1)); done; exec /bin/true"], output=out, progress=False)
+    assert result.exit_code == 0 and not result.problems
+    assert len(result.untraced) == 150   # (the exec in place is the program itself: traced)
+    assert {os.path.basename(u["exe"]) for u in result.untraced} == {"true"}
+    assert len({u["pid"] for u in result.untraced}) == 150
+    session = json.loads((out / "session.json").read_text())
+    assert session["untraced_processes"] == 150
+    assert session["untraced"] == result.untraced[:recording.UNTRACED_KEPT]
+    assert "note: 150 processes that the program started ran untraced (true):" in \
+        result.summary()
+    log = tmp_path / recording.UNTRACED_LOG
+    log.write_bytes(b"U 1f 1 2f62696e2f6c73 6c7300\nU 20 1 2f62\nU 21 1 zz 00\n")
+    assert recording._untraced(tmp_path) == [{"pid": 31, "ppid": 1, "exe": "/bin/ls",
+                                              "argv": ["ls"]}]
+    assert not log.exists()
 
 
 def test_module_map_from_the_start_written_only_by_images_that_allocate(tmp_path):

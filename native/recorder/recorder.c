@@ -1199,6 +1199,46 @@ static int claim_root(void) {
 static void heapcast_start_marker(void) {}
 static int self_cb(struct dl_phdr_info *info, size_t size, void *arg);
 
+/* Appends "U <pid> <ppid> <exe> <cmdline>\n" (hex, as the .mods text fields) to the trace
+ * directory's untraced.log, in one O_APPEND write: this image runs untraced (without
+ * --follow-children, a child that exec'd another program), and `heapcast record` names it
+ * at the end rather than leave the user to wonder where its heap went. Paths and arguments
+ * are cut at UNTRACED_FIELD bytes, so that the line fits the one write. */
+#define UNTRACED_FIELD 1024
+static void note_untraced(void) {
+    static char line[64 + 4 * UNTRACED_FIELD], field[UNTRACED_FIELD];
+    static const char hex[] = "0123456789abcdef";
+    char path[4200];
+    path_join(path, sizeof path, "untraced.log");
+    if (!path[0]) return;
+    size_t n = 0;
+    line[n++] = 'U';
+    uint64_t ids[2] = {(uint64_t)getpid(), (uint64_t)getppid()};
+    for (int k = 0; k < 2; k++) {
+        char d[16]; int i = 16;
+        uint64_t v = ids[k];
+        do { d[--i] = hex[v & 15]; v >>= 4; } while (v);
+        line[n++] = ' ';
+        memcpy(line + n, d + i, (size_t)(16 - i));
+        n += (size_t)(16 - i);
+    }
+    for (int k = 0; k < 2; k++) {
+        ssize_t got = k == 0 ? readlink("/proc/self/exe", field, sizeof field)
+                             : read_file("/proc/self/cmdline", field, sizeof field);
+        line[n++] = ' ';
+        for (ssize_t i = 0; i < got; i++) {
+            line[n++] = hex[(unsigned char)field[i] >> 4];
+            line[n++] = hex[field[i] & 15];
+        }
+    }
+    line[n++] = '\n';
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    ssize_t w;
+    do w = write(fd, line, n); while (w < 0 && errno == EINTR);
+    close(fd);
+}
+
 static void init_process(void) {
     int expected = ST_UNINIT;
     if (!__atomic_compare_exchange_n(&g_state, &expected, ST_INITING, 0, __ATOMIC_ACQ_REL,
@@ -1224,7 +1264,10 @@ static void init_process(void) {
         if (g_python_want || g_pym_want) python_probe();
         g_use_tsc = tsc_is_reliable();
         int traced = 1;
-        if (!g_follow && !claim_root()) traced = 0;
+        if (!g_follow && !claim_root()) {
+            traced = 0;
+            note_untraced();
+        }
         dl_iterate_phdr(self_cb, (void *)(uintptr_t)&heapcast_start_marker);
         if (traced && open_process_files(0, 0)) {
             snapshot_modules(SNAP_START, H->seq);   /* the module map's only dl_iterate_phdr

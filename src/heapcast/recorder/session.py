@@ -57,6 +57,9 @@ class RecordResult:
         self.wall_s = 0.0
         self.problems: list = []
         self.traced = True        # False: the trace directory could not be used, nothing recorded
+        # processes the program started that ran untraced (without --follow-children, children
+        # that exec'd another program): {"pid", "ppid", "exe", "argv"} each (_untraced)
+        self.untraced: list = []
 
     def __repr__(self) -> str:
         return f"RecordResult({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -74,9 +77,52 @@ class RecordResult:
              f"{'s' if self.threads != 1 else ''} -> {self.path} "
              f"({self.bytes_per_event:.2f} bytes/event, {self.lost_events:,} lost")
         s += ", TRUNCATED)" if self.truncated else ")"
+        if self.untraced:
+            s += f"\nheapcast: note: {untraced_note(self.untraced)}"
         for p in self.problems:
             s += f"\nheapcast: warning: {p}"
         return s
+
+
+#: The trace directory's log of the processes that ran untraced (recorder.c, note_untraced).
+UNTRACED_LOG = "untraced.log"
+#: Of those, session.json names at most this many (a shell loop may start thousands).
+UNTRACED_KEPT = 100
+
+
+def untraced_note(untraced: list) -> str:
+    """The note `heapcast record` prints about the processes that ran untraced."""
+    names = list(dict.fromkeys(os.path.basename(u["exe"]) or "?" for u in untraced))
+    listed = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    n = len(untraced)
+    return (f"{n:,} process{'es' if n != 1 else ''} that the program started ran untraced "
+            f"({listed}): children that exec another program are recorded with "
+            "--follow-children")
+
+
+def _untraced(path: Path) -> list:
+    """The processes of the trace directory's untraced.log, which it removes (its content goes
+    into session.json); lines cut short or not of the recorder's form are passed over."""
+    log = path / UNTRACED_LOG
+    try:
+        text = log.read_bytes()
+        log.unlink()
+    except OSError:
+        return []
+    out = []
+    for line in text.split(b"\n"):
+        f = line.split(b" ")
+        if len(f) != 5 or f[0] != b"U":
+            continue
+        try:
+            exe = bytes.fromhex(f[3].decode()).decode("utf-8", "surrogateescape")
+            argv = bytes.fromhex(f[4].decode()).decode("utf-8", "surrogateescape")
+            out.append({"pid": int(f[1], 16), "ppid": int(f[2], 16), "exe": exe,
+                        "argv": argv.split("\0")[:-1] if argv.endswith("\0") else
+                        argv.split("\0")})
+        except ValueError:
+            continue
+    return out
 
 
 def default_output(cmd: list) -> Path:
@@ -880,6 +926,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     claim = path / "root.claim"
     if claim.exists():
         claim.unlink()
+    result.untraced += _untraced(path)
     result.processes = len(pids)
     result.threads = threads
     if pymalloc and done and not wrapped:
@@ -890,6 +937,8 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
         "processes": result.processes, "lost_events": result.lost_events,
         "truncated": result.truncated, "problems": result.problems,
         "converted_while_running": result.live_events,
+        "untraced_processes": len(result.untraced),
+        "untraced": result.untraced[:UNTRACED_KEPT],
         "wall_s": round(result.wall_s, 6),
     }
     try:
