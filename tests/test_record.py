@@ -383,3 +383,31 @@ def test_numpy_loads_without_blas_threads_and_the_program_keeps_its_environment(
     show = "import os; print(os.environ.get('OPENBLAS_NUM_THREADS'))"
     done = cli("record", "-o", tmp_path / "t", "--", sys.executable, "-c", show, env=env)
     assert done.returncode == 0 and done.stdout.split() == ["None"], done.stderr
+
+
+@pytest.mark.parametrize("how", ["pymalloc", "malloc", "--pymalloc", "--no-python"])
+def test_a_python_program_on_pymalloc_is_told_what_the_trace_leaves_out(tmp_path, how):
+    """On pymalloc (CPython's default) the objects of up to 512 bytes never call malloc: `record`
+    says so at the end (and in session.json), naming the process, unless PYTHONMALLOC=malloc
+    or --pymalloc recorded them; a native program gets no such note."""
+    code = "d = {i: str(i) for i in range(20000)}"
+    out = tmp_path / "t"
+    env = {"PYTHONMALLOC": "malloc" if how == "malloc" else "pymalloc"}
+    result = heapcast.record([sys.executable, "-c", code], output=out, env=env,
+                             pymalloc=how == "--pymalloc", python=how != "--no-python",
+                             progress=False)
+    assert result.exit_code == 0 and not result.problems
+    pid = heapcast.load(out).processes[0].pid
+    session = json.loads((out / "session.json").read_text())
+    assert session["notes"] == result.notes
+    if how in ("pymalloc", "--no-python"):   # (without Python frames: by the executable's name)
+        exe = os.path.basename(os.path.realpath(sys.executable))
+        assert result.notes == [
+            f"{exe} (pid {pid}) ran on pymalloc: CPython's objects of up to 512 bytes are not "
+            "malloc calls, and are not in the trace (`record --pymalloc`, or PYTHONMALLOC=malloc "
+            "in the environment, records them)"]
+        assert f"heapcast: note: {exe} (pid {pid}) ran on pymalloc" in result.summary()
+    else:
+        assert result.notes == [] and result.events > 20000
+    native = heapcast.record(["/bin/ls", "/"], output=tmp_path / "n", env=env, progress=False)
+    assert native.notes == []

@@ -60,6 +60,7 @@ class RecordResult:
         # processes the program started that ran untraced (without --follow-children, children
         # that exec'd another program): {"pid", "ppid", "exe", "argv"} each (_untraced)
         self.untraced: list = []
+        self.notes: list = []     # what the trace leaves out by design, said at the end
 
     def __repr__(self) -> str:
         return f"RecordResult({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -77,8 +78,8 @@ class RecordResult:
              f"{'s' if self.threads != 1 else ''} -> {self.path} "
              f"({self.bytes_per_event:.2f} bytes/event, {self.lost_events:,} lost")
         s += ", TRUNCATED)" if self.truncated else ")"
-        if self.untraced:
-            s += f"\nheapcast: note: {untraced_note(self.untraced)}"
+        for n in self.notes:
+            s += f"\nheapcast: note: {n}"
         for p in self.problems:
             s += f"\nheapcast: warning: {p}"
         return s
@@ -90,14 +91,35 @@ UNTRACED_LOG = "untraced.log"
 UNTRACED_KEPT = 100
 
 
+def _listed(names) -> str:
+    names = list(dict.fromkeys(names))
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
 def untraced_note(untraced: list) -> str:
     """The note `heapcast record` prints about the processes that ran untraced."""
-    names = list(dict.fromkeys(os.path.basename(u["exe"]) or "?" for u in untraced))
-    listed = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
     n = len(untraced)
     return (f"{n:,} process{'es' if n != 1 else ''} that the program started ran untraced "
-            f"({listed}): children that exec another program are recorded with "
-            "--follow-children")
+            f"({_listed(os.path.basename(u['exe']) or '?' for u in untraced)}): children that "
+            "exec another program are recorded with --follow-children")
+
+
+#: PYTHONMALLOC values under which CPython's objects are malloc calls.
+MALLOC_PYTHONMALLOC = ("malloc", "malloc_debug")
+
+
+def pymalloc_note(procs: list) -> str | None:
+    """The note on the Python processes (Process) that ran on pymalloc unrecorded: None if
+    there are none. A process is taken for CPython when it recorded Python frames or its
+    executable is named python*."""
+    python = [p for p in procs if p.pymalloc_seq < 0 and
+              (p.python_frames or os.path.basename(p.exe or "").startswith("python"))]
+    if not python:
+        return None
+    names = _listed(f"{os.path.basename(p.exe or '') or '?'} (pid {p.pid})" for p in python)
+    return (f"{names} ran on pymalloc: CPython's objects of up to 512 bytes are not malloc "
+            "calls, and are not in the trace (`record --pymalloc`, or PYTHONMALLOC=malloc in "
+            "the environment, records them)")
 
 
 def _untraced(path: Path) -> list:
@@ -299,7 +321,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         finalize(path, result, sampler, progress=progress,
                  live=converter.processes() if converter is not None else None,
                  pymalloc=pymalloc, early=converter.early if converter is not None else None,
-                 cut=cut)
+                 cut=cut, python_malloc=env.get("PYTHONMALLOC", ""))
     return result
 
 
@@ -848,7 +870,8 @@ def _gc_paused(f):
 def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | None = None,
              progress: bool | None = None, live: dict | None = None,
              pymalloc: bool = False, early: list | None = None,
-             cut: set | frozenset = frozenset()) -> RecordResult:
+             cut: set | frozenset = frozenset(),
+             python_malloc: str | None = None) -> RecordResult:
     """Converts the raw files of a trace directory into .hct files and writes session.json.
 
     `heapcast record` calls it when the program has ended, with what its converter did while the
@@ -861,6 +884,8 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     recording asked for pymalloc's allocations (record --pymalloc); a warning when no process
     wrapped them. `cut`: the raw files of processes still running when the recording stopped
     (marked truncated, with a warning); by hand, those that a live process still writes.
+    `python_malloc`: PYTHONMALLOC as the program got it ("" unset; None unknown), for the note
+    on Python processes that ran on pymalloc unrecorded.
     """
     from ..trace.format import TraceError
     from ..trace.raw import FLAG_TRUNCATED, raw_files
@@ -927,6 +952,12 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     if claim.exists():
         claim.unlink()
     result.untraced += _untraced(path)
+    if result.untraced:
+        result.notes.append(untraced_note(result.untraced))
+    if python_malloc is not None and not pymalloc and python_malloc not in MALLOC_PYTHONMALLOC:
+        note = pymalloc_note([proc for proc, _ in done])
+        if note:
+            result.notes.append(note)
     result.processes = len(pids)
     result.threads = threads
     if pymalloc and done and not wrapped:
@@ -937,6 +968,7 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
         "processes": result.processes, "lost_events": result.lost_events,
         "truncated": result.truncated, "problems": result.problems,
         "converted_while_running": result.live_events,
+        "notes": result.notes,
         "untraced_processes": len(result.untraced),
         "untraced": result.untraced[:UNTRACED_KEPT],
         "wall_s": round(result.wall_s, 6),
