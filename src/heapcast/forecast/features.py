@@ -357,9 +357,10 @@ def _build(procs: list, order: str, need_ranks, proc0: int) -> Features:
             "lifetime_class": life["cls"], "lifetime_ns_class": life["ns_cls"],
             "seq": ev["seq"],
         }
+        del life, loc
         if groups:
             per.update(_rank_columns(ev, blocks, per["site"], groups))
-        del blocks, life, loc   # (what is left to hold at once: the columns, gathered below)
+        del blocks   # (what is left to hold at once: the columns, gathered below)
         if order == "thread":
             key = _thread_rank(p)[ev["tid"]] if p.pthread_ids else ev["tid"]
             # (rows already in thread order, as a single-threaded program's: no gather of
