@@ -166,6 +166,25 @@ def test_dataset_round_trip(tmp_path):
         build_dataset([src], out)
 
 
+def test_a_process_whose_metadata_counts_more_events_than_it_holds_is_an_error(tmp_path):
+    """Events missing from what a process's metadata counts are an error that names the file,
+    not rows of zeros (featurize, and a dataset, would have taken them as events); the dataset
+    directory is not left behind."""
+    from heapcast.trace.format import TraceError
+    from heapcast.trace.reader import load
+    src = small_trace(tmp_path)
+    for extra in (50, -50):
+        trace = load(src)
+        trace.processes[0].event_count += extra
+        with pytest.raises(TraceError, match=rf"1\.hct: EVENTS blocks hold (more than )?600 "
+                                             rf"events, expected {600 + extra} \(META\)"):
+            trace.processes[0].events
+        trace.processes[0]._events = None
+        with pytest.raises(TraceError, match="expected"):
+            build_dataset([trace], tmp_path / "ds", order="process", parquet=False)
+        assert not (tmp_path / "ds").exists()
+
+
 def test_features_carry_the_rank_columns_asked_for_only(tmp_path):
     """need_ranks False (the next and lifetime tasks) computes no rank column (it computed the
     global ones all the same: a second per million events for nothing); a grouping asks for the

@@ -324,8 +324,15 @@ def read_process_events(p: Process) -> np.ndarray:
         out = np.zeros(p.event_count, EVENT_DTYPE)
         pos = 0
         for block in iter_process_blocks(p, 1 << 62):
+            if pos + len(block) > p.event_count:
+                pos += len(block)
+                break
             out[pos:pos + len(block)] = block
             pos += len(block)
+        if pos != p.event_count:   # (zero rows where events are missing: garbage, silently)
+            more = "more than " if pos > p.event_count else ""
+            raise TraceError(p.source, None, f"EVENTS blocks hold {more}{pos} events, expected "
+                             f"{p.event_count} (META)")
         return out
     path = Path(p.source)
     starts = np.cumsum([0] + [b.count for b in blocks]).tolist()
