@@ -78,7 +78,7 @@ enum hc_op {
 #define HC_FLAG_TSC 2u         /* ts fields are TSC ticks; convert with the chunk headers' clock pairs */
 #define HC_FLAG_CLEAN_EXIT 4u  /* the library destructor ran (exit() or return from main) */
 #define HC_FLAG_TRUNCATED 8u   /* the file could not grow: events after that point are lost */
-#define HC_FLAG_DORMANT 16u    /* an exec'd image that is not followed: no events */
+/* (16: unused; an image not traced writes no raw file at all) */
 #define HC_FLAG_RECYCLE 32u    /* full 1 MiB chunks go through the sealed/free queues */
 
 /* A bounded queue of chunks between the recorder's threads and the drainer, in the shared header.

@@ -62,7 +62,7 @@ from ..trace.base import RAW_HEADER_SIZE, RAW_MAGIC, TRACE_SUFFIX
 from ..trace.format import TraceError
 from ..trace.mods import ModsFile
 from ..trace.raw import (CHUNK_DRAINED, CHUNK_ENDED, CHUNK_KEPT, CHUNK_MAGIC, CHUNK_MAX, CLOCK,
-                         CLOCK_OFFSET, CLOCK_SET, FLAG_DORMANT, FLAG_TSC, SLOT, SLOT_DTYPE, WINDOW,
+                         CLOCK_OFFSET, CLOCK_SET, FLAG_TSC, SLOT, SLOT_DTYPE, WINDOW,
                          Chunk, LocationAssigner,
                          RawProcess, _CHUNK, _COUNTERS, _HEADER, fit_clock, location_definitions)
 from ..trace.writer import ProcessFileWriter, lower_priority
@@ -140,7 +140,6 @@ class LiveProcess:
         self.idle: dict[int, tuple] = {}       # tid -> what its chunks looked like last poll
         self.counter = 0                       # the seq counter at the last poll
         self.failed = None
-        self.dormant = False
         self.threads = 0                       # thread ids its recorder handed out (last poll)
         self.skipped = frozenset()             # set by finalize: done_chunks()
         self.checked = False                   # set by finalize: the check passed
@@ -379,9 +378,6 @@ class LiveProcess:
         seq, = struct.unpack_from("<Q", self.mm, 128)
         file_end, _, _, threads, flags, _ = _COUNTERS.unpack_from(self.mm, 192)
         self.threads = threads
-        if flags & FLAG_DORMANT:
-            self.dormant = True
-            return
         self._walk(file_end)
         bound = self._bound(threads, seq)
         self.counter = seq
@@ -700,7 +696,7 @@ class LiveConverter:
         for lp in self.processes.values():
             if lost:      # a copy we will never hear of: its file waits for the exit
                 lp.failed = lp.failed or "the drainer could not log a copy"
-            if lp.failed or lp.dormant:
+            if lp.failed:
                 continue
             new = self._waiting.pop(lp.ino, [])
             if not new and lp.quiet():
@@ -722,7 +718,7 @@ class LiveConverter:
         for path, lp in list(self.processes.items()):
             if self.stop.is_set():
                 break
-            if lp.pid != self.root and not lp.failed and not lp.dormant and \
+            if lp.pid != self.root and not lp.failed and \
                     lp.gone((lp.ino, lp.pid) in self._released):
                 del self.processes[path]
                 self._released.discard((lp.ino, lp.pid))
