@@ -411,3 +411,34 @@ def test_a_python_program_on_pymalloc_is_told_what_the_trace_leaves_out(tmp_path
         assert result.notes == [] and result.events > 20000
     native = heapcast.record(["/bin/ls", "/"], output=tmp_path / "n", env=env, progress=False)
     assert native.notes == []
+
+
+def test_the_pymalloc_note_follows_each_processs_own_environment(tmp_path):
+    """The note takes PYTHONMALLOC from each process (its .mods file), not from what `record`
+    was given: a child started with PYTHONMALLOC=malloc is not named, its sibling on pymalloc is;
+    and `heapcast finalize` of an interrupted recording says the same."""
+    py, code = sys.executable, "d = {i: str(i) for i in range(20000)}"
+    script = (f"PYTHONMALLOC=malloc {py} -c '{code}'; PYTHONMALLOC=pymalloc {py} -c '{code}'; "
+              f"{py} -c '{code}'")
+    result = heapcast.record(["sh", "-c", script], output=tmp_path / "t", follow_children=True,
+                             env={"PYTHONMALLOC": "malloc"}, progress=False)
+    assert result.exit_code == 0 and not result.problems
+    procs = [p for p in heapcast.load(tmp_path / "t").processes
+             if os.path.basename(p.exe).startswith("python")]
+    assert len(procs) == 3
+    small = sorted(procs, key=lambda p: p.event_count)[0]   # pymalloc's: the fewest events
+    exe = os.path.basename(small.exe)
+    assert result.notes == [f"{exe} (pid {small.pid}) ran on pymalloc: CPython's objects of up "
+                            "to 512 bytes are not malloc calls, and are not in the trace "
+                            "(`record --pymalloc`, or PYTHONMALLOC=malloc in the environment, "
+                            "records them)"]
+    # the recorder alone (as a killed `record` leaves the directory), then finalize by hand
+    from heapcast.recorder.session import finalize, recorder_library
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for malloc in ("pymalloc", "malloc"):
+        subprocess.run([py, "-c", code], check=True, env={
+            **os.environ, "PYTHONMALLOC": malloc, "LD_PRELOAD": str(recorder_library()),
+            "HEAPCAST_DIR": str(raw), "HEAPCAST_FOLLOW": "1"})
+    by_hand = finalize(raw, progress=False)
+    assert len(by_hand.notes) == 1 and " ran on pymalloc: " in by_hand.notes[0]

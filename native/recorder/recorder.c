@@ -779,6 +779,12 @@ static void write_process_meta(void) {
     tb_str(&tb, "\nC ");
     if (getcwd(buf, sizeof buf)) tb_hexbytes(&tb, buf, str_len(buf));
     tb_str(&tb, "\n");
+    const char *pm = getenv("PYTHONMALLOC");   /* (CPython's allocator: `record` notes pymalloc) */
+    if (pm) {
+        tb_str(&tb, "V ");
+        tb_hexbytes(&tb, pm, str_len(pm));
+        tb_str(&tb, "\n");
+    }
     tb_flush(&tb);
 }
 

@@ -109,10 +109,11 @@ MALLOC_PYTHONMALLOC = ("malloc", "malloc_debug")
 
 
 def pymalloc_note(procs: list) -> str | None:
-    """The note on the Python processes (Process) that ran on pymalloc unrecorded: None if
-    there are none. A process is taken for CPython when it recorded Python frames or its
-    executable is named python*."""
-    python = [p for p in procs if p.pymalloc_seq < 0 and
+    """The note on the Python processes (Process) that ran on pymalloc unrecorded (their
+    PYTHONMALLOC, from their raw files, not malloc): None if there are none. A process is taken
+    for CPython when it recorded Python frames or its executable is named python*."""
+    python = [p for p in procs if p.pymalloc_seq < 0 and p.python_malloc is not None and
+              p.python_malloc not in MALLOC_PYTHONMALLOC and
               (p.python_frames or os.path.basename(p.exe or "").startswith("python"))]
     if not python:
         return None
@@ -321,7 +322,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         finalize(path, result, sampler, progress=progress,
                  live=converter.processes() if converter is not None else None,
                  pymalloc=pymalloc, early=converter.early if converter is not None else None,
-                 cut=cut, python_malloc=env.get("PYTHONMALLOC", ""))
+                 cut=cut)
     return result
 
 
@@ -870,8 +871,7 @@ def _gc_paused(f):
 def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | None = None,
              progress: bool | None = None, live: dict | None = None,
              pymalloc: bool = False, early: list | None = None,
-             cut: set | frozenset = frozenset(),
-             python_malloc: str | None = None) -> RecordResult:
+             cut: set | frozenset = frozenset()) -> RecordResult:
     """Converts the raw files of a trace directory into .hct files and writes session.json.
 
     `heapcast record` calls it when the program has ended, with what its converter did while the
@@ -884,8 +884,6 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     recording asked for pymalloc's allocations (record --pymalloc); a warning when no process
     wrapped them. `cut`: the raw files of processes still running when the recording stopped
     (marked truncated, with a warning); by hand, those that a live process still writes.
-    `python_malloc`: PYTHONMALLOC as the program got it ("" unset; None unknown), for the note
-    on Python processes that ran on pymalloc unrecorded.
     """
     from ..trace.format import TraceError
     from ..trace.raw import FLAG_TRUNCATED, raw_files
@@ -954,10 +952,9 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
     result.untraced += _untraced(path)
     if result.untraced:
         result.notes.append(untraced_note(result.untraced))
-    if python_malloc is not None and not pymalloc and python_malloc not in MALLOC_PYTHONMALLOC:
-        note = pymalloc_note([proc for proc, _ in done])
-        if note:
-            result.notes.append(note)
+    note = pymalloc_note([proc for proc, _ in done])
+    if note:
+        result.notes.append(note)
     result.processes = len(pids)
     result.threads = threads
     if pymalloc and done and not wrapped:

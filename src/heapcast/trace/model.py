@@ -127,6 +127,9 @@ class Process:
     unwind: str = "fp"
     mmap_recorded: bool = False
     pymalloc_seq: int = -1      # pymalloc's own allocations are recorded from this seq on (-1: not)
+    # PYTHONMALLOC as the process had it ("" unset), from its raw files (not kept in the .hct:
+    # None when read from one), for `record`'s note on Python processes that ran on pymalloc
+    python_malloc: str | None = None
     event_count: int = 0
     pthread_ids: list = field(default_factory=list)  # imported logs: pthread_self of each tid
     locations: LocationTable = field(default_factory=LocationTable)

@@ -1,5 +1,5 @@
 """The `.mods` companion of a raw file (docs/trace-format.md, "Raw files"): the program's path,
-arguments and directory, its module snapshots, its Python frame definitions and where pymalloc
+arguments and directory (and PYTHONMALLOC where it is set), its module snapshots, its Python frame definitions and where pymalloc
 recording began, one text line each, appended by the recorder in whole lines (a Python frame's
 line in one write(2), a module snapshot in one writev: other threads' lines fall between a
 snapshot's lines, never inside one).
@@ -25,6 +25,7 @@ class ModsFile:
         self.modules: list[ModuleSnapshot] = []
         self.python_frames: dict[int, PyFrame] = {}
         self.pymalloc_seq = -1
+        self.python_malloc = ""   # PYTHONMALLOC as the process had it ("" unset)
         self._offset = 0      # bytes parsed
         self._lineno = 0      # lines parsed
         self._snap = None     # a snapshot whose lines are not all there yet
@@ -69,6 +70,8 @@ class ModsFile:
             self.argv = self._unhex(line[2:]).split("\0")[:-1] if line[2:] else []
         elif line.startswith("C "):
             self.cwd = self._unhex(line[2:])
+        elif line.startswith("V "):
+            self.python_malloc = self._unhex(line[2:])
         elif line.startswith("M "):
             seq, plus = line[2:].partition(" ")[::2]
             if plus not in ("", "+"):

@@ -320,6 +320,7 @@ class RawProcess:
         self.modules: list[ModuleSnapshot] = mods.modules
         self.python_frames: dict[int, PyFrame] = mods.python_frames
         self.pymalloc_seq = mods.pymalloc_seq
+        self.python_malloc = mods.python_malloc
         self._canon = None
 
     def location_table(self) -> tuple[LocationTable, np.ndarray]:
@@ -377,7 +378,7 @@ class RawProcess:
             threads=self.threads, lost_events=self.lost,
             truncated=bool(self.flags & FLAG_TRUNCATED), stack_depth=self.stack_depth,
             unwind=self.unwind, mmap_recorded=bool(self.flags & FLAG_MMAP),
-            pymalloc_seq=self.pymalloc_seq,
+            pymalloc_seq=self.pymalloc_seq, python_malloc=self.python_malloc,
             modules=self.modules,
             python_frames={fid: self.python_frames[fid]
                            for fid, first in self._python_ids().items() if first == fid})
