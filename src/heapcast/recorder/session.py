@@ -126,10 +126,11 @@ def pymalloc_note(procs: list) -> str | None:
 def _untraced(path: Path) -> list:
     """The processes of the trace directory's untraced.log, which it removes (its content goes
     into session.json); lines cut short or not of the recorder's form are passed over."""
-    log = path / UNTRACED_LOG
-    try:
-        text = log.read_bytes()
-        log.unlink()
+    log, taken = path / UNTRACED_LOG, path / (UNTRACED_LOG + ".taken")
+    try:   # (renamed first: a line appended meanwhile goes to a new log, not lost between)
+        os.replace(log, taken)
+        text = taken.read_bytes()
+        taken.unlink()
     except OSError:
         return []
     out = []
