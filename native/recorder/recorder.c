@@ -1209,39 +1209,32 @@ static int self_cb(struct dl_phdr_info *info, size_t size, void *arg);
  * directory's untraced.log, in one O_APPEND write: this image runs untraced (without
  * --follow-children, a child that exec'd another program), and `heapcast record` names it
  * at the end rather than leave the user to wonder where its heap went. Paths and arguments
- * are cut at UNTRACED_FIELD bytes, so that the line fits the one write. */
+ * are cut at UNTRACED_FIELD bytes, so that the line fits the one write (the textbuf is only
+ * the formatter here: the line never fills it, so it never flushes to the .mods file). */
 #define UNTRACED_FIELD 1024
 static void note_untraced(void) {
-    static char line[64 + 4 * UNTRACED_FIELD], field[UNTRACED_FIELD];
-    static const char hex[] = "0123456789abcdef";
+    static struct textbuf tb;   /* (init_process runs once per image) */
+    static char field[UNTRACED_FIELD];
     char path[4200];
     path_join(path, sizeof path, "untraced.log");
     if (!path[0]) return;
-    size_t n = 0;
-    line[n++] = 'U';
-    uint64_t ids[2] = {(uint64_t)getpid(), (uint64_t)getppid()};
-    for (int k = 0; k < 2; k++) {
-        char d[16]; int i = 16;
-        uint64_t v = ids[k];
-        do { d[--i] = hex[v & 15]; v >>= 4; } while (v);
-        line[n++] = ' ';
-        memcpy(line + n, d + i, (size_t)(16 - i));
-        n += (size_t)(16 - i);
-    }
+    tb_init(&tb);
+    tb_str(&tb, "U ");
+    tb_hex(&tb, (uint64_t)getpid());
+    tb_str(&tb, " ");
+    tb_hex(&tb, (uint64_t)getppid());
     for (int k = 0; k < 2; k++) {
         ssize_t got = k == 0 ? readlink("/proc/self/exe", field, sizeof field)
                              : read_file("/proc/self/cmdline", field, sizeof field);
-        line[n++] = ' ';
-        for (ssize_t i = 0; i < got; i++) {
-            line[n++] = hex[(unsigned char)field[i] >> 4];
-            line[n++] = hex[field[i] & 15];
-        }
+        tb_str(&tb, " ");
+        if (got > 0) tb_hexbytes(&tb, field, (size_t)got);
     }
-    line[n++] = '\n';
+    tb_str(&tb, "\n");
+    _Static_assert(64 + 4 * UNTRACED_FIELD < sizeof tb.b, "an untraced line fits the buffer");
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) return;
     ssize_t w;
-    do w = write(fd, line, n); while (w < 0 && errno == EINTR);
+    do w = write(fd, tb.b, tb.n); while (w < 0 && errno == EINTR);
     close(fd);
 }
 
