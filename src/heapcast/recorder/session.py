@@ -126,6 +126,7 @@ def pymalloc_note(procs: list) -> str | None:
 def _untraced(path: Path) -> list:
     """The processes of the trace directory's untraced.log, which it removes (its content goes
     into session.json); lines cut short or not of the recorder's form are passed over."""
+    from ..trace.mods import hex_text
     log, taken = path / UNTRACED_LOG, path / (UNTRACED_LOG + ".taken")
     try:   # (renamed first: a line appended meanwhile goes to a new log, not lost between)
         os.replace(log, taken)
@@ -139,9 +140,9 @@ def _untraced(path: Path) -> list:
         if len(f) != 5 or f[0] != b"U":
             continue
         try:
-            exe = bytes.fromhex(f[3].decode()).decode("utf-8", "surrogateescape")
-            argv = bytes.fromhex(f[4].decode()).decode("utf-8", "surrogateescape")
-            out.append({"pid": int(f[1], 16), "ppid": int(f[2], 16), "exe": exe,
+            argv = hex_text(f[4].decode())   # (NUL-terminated, unless cut short)
+            out.append({"pid": int(f[1], 16), "ppid": int(f[2], 16),
+                        "exe": hex_text(f[3].decode()),
                         "argv": argv.split("\0")[:-1] if argv.endswith("\0") else
                         argv.split("\0")})
         except ValueError:

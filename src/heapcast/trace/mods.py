@@ -16,6 +16,12 @@ from .format import TraceError
 from .model import Module, ModuleSnapshot, PyFrame
 
 
+def hex_text(field: str) -> str:
+    """The text of a hex-encoded field of the recorder's (recorder.c, tb_hexbytes): any byte
+    survives, as surrogate escapes where it is not UTF-8."""
+    return bytes.fromhex(field.strip()).decode("utf-8", "surrogateescape")
+
+
 class ModsFile:
     """A `.mods` file parsed so far: update() parses what was appended since the last call."""
 
@@ -55,7 +61,7 @@ class ModsFile:
     def _unhex(self, s: str) -> str:
         text = self._text.get(s)
         if text is None:
-            text = self._text[s] = bytes.fromhex(s.strip()).decode("utf-8", "surrogateescape")
+            text = self._text[s] = hex_text(s)
         return text
 
     def _line(self, line: str) -> None:
