@@ -54,7 +54,8 @@ def build_dataset(traces, out_dir, order: str = "thread", parquet: bool = True,
     try:
         # Written, not mapped: a mapping's pages written counted in the process's RSS until the
         # end (2.8 GB of pydoc -k's 34M events).
-        files = {c: _column_file(out / f"{c}.npy", dt, total) for c, dt in COLUMNS.items()}
+        for c, dt in COLUMNS.items():   # (one at a time: each opened is closed on failure)
+            files[c] = _column_file(out / f"{c}.npy", dt, total)
         writer = _ParquetSink(out / "events.parquet") if parquet else None
         offsets, sources, row, proc = [0], [], 0, 0
         from tqdm import tqdm

@@ -235,11 +235,10 @@ def _group_ranks(blocks, group: np.ndarray, frees: np.ndarray) -> tuple:
     kind = np.concatenate([np.zeros(len(releases), np.int8), np.ones(len(acquires), np.int8)])
     order = np.argsort(ev.astype(np.int64) * 2 + kind, kind="stable")
     ev, kind = ev[order], kind[order]
-    g = group[blocks.alloc_of[ev[kind == 0]]] if len(releases) else group[:0]
     g_items = np.empty(len(ev), group.dtype)
-    g_items[kind == 0] = g
+    g_items[kind == 0] = group[blocks.alloc_of[ev[kind == 0]]]
     g_items[kind == 1] = group[ev[kind == 1]]
-    del g, order
+    del order
     order = np.argsort(g_items, kind="stable")
     g_items, ev, kind = g_items[order], ev[order], kind[order]
     del order
