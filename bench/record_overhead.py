@@ -5,6 +5,8 @@ interleaved and --repeats times each:
   untraced                  the program alone
   heapcast                  `heapcast record -o DIR -- CMD` (recording and the conversion after it)
   heapcast --stacks 16      the same with 16-frame stacks
+  heapcast --clock-every 16 the same with one clock reading in 16 events of a thread (and one
+                            after each 100 us tick): what reading the clock costs
   heapcast [program]        CMD alone under the recorder library (LD_PRELOAD, HEAPCAST_DIR) with the
                             chunk drainer (heapcast.recorder.drain) and the converter (heapcast.recorder.live)
                             beside it, as `heapcast record` runs them:
@@ -52,13 +54,15 @@ from _common import (RESULTS_DIR, BenchError, compile_c, directory_bytes,  # noq
 
 ARTICLE_SOURCE = Path(__file__).resolve().parent / "article_tracer.c"
 STACKS = 16
+CLOCK_EVERY = 16
+CLOCK_NAME = f"heapcast --clock-every {CLOCK_EVERY}"
 NO_PYTHON = "heapcast --no-python"
 PYTHON_TRACERS = {NO_PYTHON, "memray", "profile hook"}
-TRACERS = {"heapcast", f"heapcast --stacks {STACKS}", "article tracer", "heaptrack",
+TRACERS = {"heapcast", f"heapcast --stacks {STACKS}", CLOCK_NAME, "article tracer", "heaptrack",
            *PYTHON_TRACERS}
 
 # The targets (issue 2 on the program's own run, issue 12 on the whole wait).
-RING_NS_LIMIT = {"heapcast": 10.0, f"heapcast --stacks {STACKS}": 150.0}
+RING_NS_LIMIT = {"heapcast": 10.0, f"heapcast --stacks {STACKS}": 150.0, CLOCK_NAME: 10.0}
 RING_WAIT_NS_LIMIT = 30.0
 PY_SLOWDOWN_LIMIT = 1.2                 # whole wait
 HEAPTRACK_RATIO_MIN = 5.0               # whole wait (issue 12)
@@ -209,15 +213,17 @@ def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
 
 
 def heapcast_program(w: Workload, scratch: Path, library: str, stacks: int,
-                     python: bool = True, pymalloc: bool = False) -> Callable[[], dict]:
+                     python: bool = True, pymalloc: bool = False,
+                     clock_every: int = 1) -> Callable[[], dict]:
     """The program under the recorder library, with the chunk drainer and the converter that
-    `heapcast record` runs beside it: its own run time inside `heapcast record` (`pymalloc`:
-    as with record --pymalloc)."""
+    `heapcast record` runs beside it: its own run time inside `heapcast record` (`pymalloc`,
+    `clock_every`: as with record --pymalloc, --clock-every)."""
     def run():
         with fresh_dir(scratch) as d:
             env = {**w.env, "LD_PRELOAD": library, "HEAPCAST_DIR": str(d),
                    "HEAPCAST_STACKS": str(stacks), "HEAPCAST_PYTHON": "1" if python else "0",
-                   "HEAPCAST_PYMALLOC": "1" if pymalloc else "0", **DRAIN_ENV}
+                   "HEAPCAST_PYMALLOC": "1" if pymalloc else "0",
+                   "HEAPCAST_CLOCK_EVERY": str(clock_every), **DRAIN_ENV}
             with Drainer(d) as drainer:
                 stop = threading.Event()
                 conv = LiveConverter(d, drainer, stop)
@@ -346,6 +352,10 @@ def make_trials(w: Workload, scratch: Path, tools: dict) -> dict[str, Callable[[
             name = heapcast_name(stacks)
             trials[name] = heapcast_record(w, scratch, tools["heapcast_cmd"], stacks)
             trials[f"{name} [program]"] = heapcast_program(w, scratch, tools["library"], stacks)
+        trials[CLOCK_NAME] = heapcast_record(w, scratch, tools["heapcast_cmd"], 0,
+                                             extra=("--clock-every", str(CLOCK_EVERY)))
+        trials[f"{CLOCK_NAME} [program]"] = heapcast_program(w, scratch, tools["library"], 0,
+                                                            clock_every=CLOCK_EVERY)
         if tools["python"] and w.name.startswith("py_"):
             trials[NO_PYTHON] = heapcast_record(w, scratch, tools["heapcast_cmd"], 0, False)
             trials[f"{NO_PYTHON} [program]"] = heapcast_program(w, scratch, tools["library"], 0,
@@ -460,10 +470,11 @@ def targets(workload_name: str, tracers: dict) -> list[dict]:
             continue
         if workload_name == "ring":
             check("ns", name, row["program_added_ns_per_event"], RING_NS_LIMIT[name])
-            if name == heapcast_name(0):
+            if name in (heapcast_name(0), CLOCK_NAME):
                 check("wait ns", name, row["added_ns_per_event"], RING_WAIT_NS_LIMIT)
-        if workload_name == "py_dicts" and name == heapcast_name(0):
+        if workload_name == "py_dicts" and name in (heapcast_name(0), CLOCK_NAME):
             check("slowdown", name, row["slowdown"], PY_SLOWDOWN_LIMIT)
+        if workload_name == "py_dicts" and name == heapcast_name(0):
             check("prog slowdown", name, row["program_slowdown"],
                   PY_PROGRAM_SLOWDOWN_LIMIT)
             # Judged on the program's CPU time: two rows a few ns/event apart are lost in the
@@ -472,9 +483,10 @@ def targets(workload_name: str, tracers: dict) -> list[dict]:
             if native is not None and row["program_cpu_added_ns_per_event"] is not None:
                 check("python", name, row["program_cpu_added_ns_per_event"] - native,
                       PY_FRAMES_NS_LIMIT)
-        if name == heapcast_name(0):
+        if name in (heapcast_name(0), CLOCK_NAME):
             check("heaptrack", name, row.get("heaptrack_ratio"), HEAPTRACK_RATIO_MIN,
                   at_most=False)
+        if name == heapcast_name(0):
             check("heaptrack prog", name, row.get("program_heaptrack_ratio"),
                   HEAPTRACK_PROGRAM_RATIO_MIN, at_most=False)
         check("bytes", name, row["bytes_per_event"], BYTES_PER_EVENT_LIMIT)

@@ -46,6 +46,7 @@
 #define MAP_CACHE (2 * HC_QUEUE)     /* chunk mappings kept per file: those in circulation */
 #define SCAN_NS 10000000ull          /* look for new raw files every 10 ms */
 #define IDLE_MAX_US 2000             /* longest idle sleep: 64 queued chunks outlast it by far */
+#define CLOCK_TICK_US 100            /* the clock tick of files with clock_every > 1 (raw_format.h) */
 
 struct mapping { uint64_t off; char *ptr; };
 
@@ -322,24 +323,37 @@ static unsigned drain(struct drainer *d, struct proc *p) {
 }
 
 /* Polls while there is work; when idle, sleeps from poll_us doubling up to IDLE_MAX_US, so that
- * an idle program does not cost a core thousands of wake-ups per second. */
+ * an idle program does not cost a core thousands of wake-ups per second; up to CLOCK_TICK_US
+ * while a file's recorder reads the clock once in N events, whose tick it bumps (raw_format.h). */
 static void *run(void *arg) {
     struct drainer *d = arg;
-    uint64_t scanned = 0;
+    uint64_t scanned = 0, ticked = 0;
     unsigned idle_us = d->poll_us;
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
         uint64_t now = mono_ns();
         if (now - scanned >= SCAN_NS) { scan_dir(d); scanned = now; }
         unsigned work = 0;
-        for (size_t i = 0; i < d->nprocs; i++)
-            if (d->procs[i].active) work += drain(d, &d->procs[i]);
+        int ticking = 0;   /* a file whose recorder reads the clock once in N events */
+        int tick = now - ticked >= CLOCK_TICK_US * 1000ull;
+        for (size_t i = 0; i < d->nprocs; i++) {
+            struct proc *p = &d->procs[i];
+            if (!p->active) continue;
+            work += drain(d, p);
+            if (p->h && p->h->clock_every > 1) {
+                ticking = 1;
+                if (tick) __atomic_fetch_add(&p->h->clock_tick, 1, __ATOMIC_RELAXED);
+            }
+        }
+        if (tick) ticked = now;
         d->chunks += work;
         if (work) {
             idle_us = d->poll_us;
         } else {
+            unsigned most = ticking ? CLOCK_TICK_US : IDLE_MAX_US;
+            if (idle_us > most) idle_us = most;
             struct timespec ts = {0, (long)idle_us * 1000};
             nanosleep(&ts, NULL);
-            if (idle_us < IDLE_MAX_US) idle_us = idle_us * 2 < IDLE_MAX_US ? idle_us * 2 : IDLE_MAX_US;
+            if (idle_us < most) idle_us = idle_us * 2 < most ? idle_us * 2 : most;
         }
     }
     return NULL;

@@ -49,7 +49,7 @@ static void *pym_malloc(void *ctx, size_t n) {
     t->own++;
     void *p = o->malloc(o->ctx, n);
     t->own--;
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit(t, HC_MALLOC, seq, now, p, n, CALLSITE);
     return p;
 }
@@ -61,7 +61,7 @@ static void *pym_calloc(void *ctx, size_t nelem, size_t elsize) {
     t->own++;
     void *p = o->calloc(o->ctx, nelem, elsize);
     t->own--;
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit_ext(t, HC_CALLOC, seq, now, p, mul_sat(nelem, elsize), NULL, nelem, 0, CALLSITE);
     return p;
 }
@@ -74,7 +74,7 @@ static void *pym_realloc(void *ctx, void *p, size_t n) {
     t->own++;
     void *q = o->realloc(o->ctx, p, n);
     t->own--;
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit_ext(t, HC_REALLOC, seq, now, q, n, p, 0, seq - before, CALLSITE);
     return q;
 }
@@ -83,7 +83,7 @@ static void pym_free(void *ctx, void *p) {
     const pym_allocator *o = ctx;
     struct tstate *t = &T;
     if (UNLIKELY(!thread_ready(t))) { o->free(o->ctx, p); return; }
-    uint64_t now = now_ticks(), seq = next_seq();   /* before the release, as free() takes it */
+    uint64_t now = event_ticks(t), seq = next_seq();   /* before the release, as free() takes it */
     emit(t, HC_FREE, seq, now, p, 0, CALLSITE);
     t->own++;
     o->free(o->ctx, p);

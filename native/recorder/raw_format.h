@@ -105,7 +105,10 @@ struct hc_header {                 /* page 0 of a raw file */
     uint64_t end_mono_ns, end_tsc; /* set by the destructor (clean exit) */
     uint64_t peak_rss_bytes;       /* VmHWM read by the destructor */
     uint32_t unwind;               /* 0 frame pointers, 1 DWARF (backtrace) */
-    uint32_t pad0;                 /* the fields above end before byte 128 */
+    uint32_t clock_every;          /* 1: every event reads the clock; N > 1: one event in N of a
+                                      thread does, or the first after a clock tick (below),
+                                      and the others take that reading (`record --clock-every`);
+                                      the fields above end before byte 128 */
     /* Shared counters, each on its own cache line. */
     _Alignas(64) volatile uint64_t seq;       /* next sequence number */
     _Alignas(64) volatile uint64_t file_end;  /* next free chunk offset */
@@ -124,6 +127,10 @@ struct hc_header {                 /* page 0 of a raw file */
     _Alignas(64) volatile uint64_t clock_set;  /* HC_CLOCK_SET when the three below are valid */
     double clock_slope;
     int64_t clock_t0, clock_n0;
+    /* With clock_every > 1: the clock tick, bumped by the drainer every CLOCK_TICK_US (drain.c)
+     * while the program runs. A thread's event after a tick reads the clock, so that no event
+     * takes a reading from before a pause of the thread longer than a tick. */
+    _Alignas(64) volatile uint64_t clock_tick;
 };
 
 #define HC_CLOCK_SET 0x4b434f4c43434800ull  /* "\0HCCLOCK" */
@@ -162,5 +169,7 @@ _Static_assert(sizeof(struct hc_chunk) == HC_RECORD_SIZE, "chunk header size");
 _Static_assert(sizeof(struct hc_ext) == HC_RECORD_SIZE, "extension size");
 _Static_assert(sizeof(struct hc_header) <= HC_HEADER_SIZE, "header size");
 _Static_assert(__builtin_offsetof(struct hc_header, clock_set) == 2432, "clock offset (raw.py)");
+_Static_assert(__builtin_offsetof(struct hc_header, clock_every) == 100, "clock_every (raw.py)");
+_Static_assert(__builtin_offsetof(struct hc_header, clock_tick) == 2496, "clock_tick (trace-format.md)");
 
 #endif

@@ -21,6 +21,8 @@
  *   HEAPCAST_MMAP    "1" to record mmap/munmap/mremap
  *   HEAPCAST_FOLLOW  "1" to trace exec'd images too (otherwise only the first image and its forks)
  *   HEAPCAST_DRAIN   "1": a drainer recycles full chunks (raw_format.h, "Recycling")
+ *   HEAPCAST_CLOCK_EVERY  N > 1: one event in N of a thread reads the clock (event_ticks), with
+ *                    a drainer only (its clock tick bounds how old a reading may be)
  *   HEAPCAST_POLICY  a compiled POLICY to run online on every event (policy_hook.c)
  *   HEAPCAST_POLICY_EVERY  predict every N-th event only (default 1)
  *   HEAPCAST_POLICY_FEATURES  "1": also log the features of every decision (development mode)
@@ -131,6 +133,8 @@ static volatile uint32_t g_gen = 1;  /* bumped in a fork child: every thread sta
 static struct hc_header *H;          /* mapped header page of this process's raw file */
 static struct hc_file g_raw = {.fd = -1}, g_mods = {.fd = -1};   /* (own_file.h) */
 static int g_stack_depth, g_unwind_dwarf, g_mmap, g_follow, g_use_tsc, g_recycle;
+static uint32_t g_clock_every = 1;   /* HEAPCAST_CLOCK_EVERY, with a drainer (event_ticks) */
+#define CLOCK_EVERY_MAX 1024
 static char g_dir[4096];
 static volatile int g_grow_lock;
 static uintptr_t g_self_lo, g_self_hi;  /* this library's code: its frames are not the program's */
@@ -170,6 +174,9 @@ struct tstate {
     uint32_t spare_size;
     uint32_t skip, fails;            /* claims failed in a row, and events to lose before the
                                         next try (slots_slow) */
+    uint64_t clock_last;             /* with g_clock_every > 1: the thread's latest clock reading, */
+    uint64_t clock_tick;             /* the header's clock tick then, */
+    uint32_t clock_left;             /* and how many more events may take it (event_ticks) */
 };
 static TLS struct tstate T;
 
@@ -186,6 +193,24 @@ static inline uint64_t now_ticks(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The time of an event. Reading the clock is most of what recording an event costs on some
+ * machines (rdtsc: 19 ns a read, 27 ns an event of ring.c on the development VM, where the rest
+ * of the event costs 15), so with `record --clock-every N` one event in N of a thread reads it,
+ * and so does the first event after the drainer's clock tick (raw_format.h): the others take
+ * the thread's latest reading, never older than N - 1 of its events or one tick. A signal
+ * handler's event that interrupts this only makes one of the two take a fresher reading. */
+static inline uint64_t event_ticks(struct tstate *t) {
+    if (LIKELY(g_clock_every == 1)) return now_ticks();
+    uint64_t tick = __atomic_load_n(&H->clock_tick, __ATOMIC_RELAXED);
+    if (LIKELY(t->clock_left != 0 && tick == t->clock_tick)) {
+        t->clock_left--;
+        return t->clock_last;
+    }
+    t->clock_tick = tick;
+    t->clock_left = g_clock_every - 1;
+    return t->clock_last = now_ticks();
 }
 
 static uint64_t mono_ns(void) {
@@ -1139,6 +1164,7 @@ static int open_process_files(int forked_from, uint64_t fork_seq) {
     h->image = image;
     h->fork_seq = fork_seq;
     h->unwind = (uint32_t)g_unwind_dwarf;
+    h->clock_every = g_clock_every;
     /* The process's first clock pair anchors the conversion of ticks to ns (trace/raw.py,
      * fit_clock). The first clock_gettime of a process maps the vDSO's data page (about 7 us
      * in a VM): read once before, or the pair's ns lag its ticks and bias the fitted slope. */
@@ -1258,6 +1284,10 @@ static void init_process(void) {
         g_mmap = env_int("HEAPCAST_MMAP", 0) == 1;
         g_follow = env_int("HEAPCAST_FOLLOW", 0) == 1;
         g_recycle = env_int("HEAPCAST_DRAIN", 0) == 1;
+        if (g_recycle) {   /* without a drainer no tick bounds a reading's age */
+            int every = env_int("HEAPCAST_CLOCK_EVERY", 1);
+            g_clock_every = every > 1 ? (every < CLOCK_EVERY_MAX ? (uint32_t)every : CLOCK_EVERY_MAX) : 1;
+        }
         g_python_want = env_int("HEAPCAST_PYTHON", 1) == 1;
         g_pym_want = env_int("HEAPCAST_PYMALLOC", 0) == 1;
         if (g_python_want || g_pym_want) python_probe();
@@ -1433,6 +1463,7 @@ static int claim_chunk(struct tstate *t, uint32_t slots) {
     c->tsc = now_ticks();
     c->mono_ns = mono_ns();
     t->tbase = c->tsc;
+    t->clock_last = c->tsc;   /* (a fresher reading: the next events' times are not below it) */
     __atomic_store_n(&c->magic, HC_CHUNK_MAGIC, __ATOMIC_RELEASE);
     t->rec = m;
     t->off = off;
@@ -2015,7 +2046,7 @@ EXPORT void *malloc(size_t n) {
     if (UNLIKELY(!thread_ready(t)))
         return real_malloc && !t->boot ? real_malloc(n) : boot_alloc(n, 16);
     void *p = real_malloc(n);
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit(t, HC_MALLOC, seq, now, p, n, CALLSITE);
     return p;
 }
@@ -2026,7 +2057,7 @@ EXPORT void free(void *p) {
     if (UNLIKELY(!thread_ready(t))) { if (real_free) real_free(p); return; }
     /* The sequence number is taken before the block is released, so any later allocation that
      * reuses the address, on any thread, gets a larger one. */
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit(t, HC_FREE, seq, now, p, 0, CALLSITE);
     real_free(p);
 }
@@ -2041,7 +2072,7 @@ EXPORT void *calloc(size_t nmemb, size_t size) {
         return p;
     }
     void *p = real_calloc(nmemb, size);
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit_ext(t, HC_CALLOC, seq, now, p, mul_sat(nmemb, size), NULL, nmemb, 0, CALLSITE);
     return p;
 }
@@ -2066,7 +2097,7 @@ EXPORT void *realloc(void *p, size_t n) {
     }
     uint64_t before = next_seq();
     void *q = real_realloc(p, n);
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit_ext(t, HC_REALLOC, seq, now, q, n, p, 0, seq - before, CALLSITE);
     return q;
 }
@@ -2091,7 +2122,7 @@ EXPORT void *reallocarray(void *p, size_t nmemb, size_t size) {
     } else {
         q = real_realloc(p, (size_t)total);
     }
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit_ext(t, HC_REALLOCARRAY, seq, now, q, total, p, nmemb, seq - before, CALLSITE);
     return q;
 }
@@ -2106,7 +2137,7 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n) {
         return 0;
     }
     int rc = real_posix_memalign(out, align, n);
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit_ext(t, HC_POSIX_MEMALIGN, seq, now, rc == 0 ? *out : NULL, n, NULL, align, 0,
              CALLSITE);
     return rc;
@@ -2118,7 +2149,7 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n) {
         if (UNLIKELY(!thread_ready(t)))                                                 \
             return real_##name ? real_##name call : boot_alloc(sz, al);                 \
         void *p = real_##name call;                                                     \
-        uint64_t now = now_ticks(), seq = next_seq();                                   \
+        uint64_t now = event_ticks(t), seq = next_seq();                                   \
         emit_ext(t, OP, seq, now, p, sz, NULL, al, 0, CALLSITE);                        \
         return p;                                                                       \
     }
@@ -2136,7 +2167,7 @@ EXPORT void *mmap(void *a, size_t n, int prot, int flags, int fd, off_t off) {
     struct tstate *t = &T;
     void *p = real_mmap ? real_mmap(a, n, prot, flags, fd, off) : sys_mmap(a, n, prot, flags, fd, off);
     if (!g_mmap || !thread_ready(t)) return p;
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit_ext(t, HC_MMAP, seq, now, p == MAP_FAILED ? NULL : p, n, a,
              ((uint64_t)(uint32_t)prot << 32) | (uint32_t)flags, 0, CALLSITE);
     return p;
@@ -2149,7 +2180,7 @@ EXPORT int munmap(void *a, size_t n) {
     if (!g_mmap || !thread_ready(t))
         return real_munmap ? real_munmap(a, n) : (int)syscall(SYS_munmap, a, n);
     /* before: the range may be mapped again by another thread */
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     int rc = real_munmap(a, n);
     emit_ext(t, HC_MUNMAP, seq, now, a, n, NULL, (uint64_t)(rc != 0), 0, CALLSITE);
     return rc;
@@ -2170,7 +2201,7 @@ EXPORT void *mremap(void *old, size_t old_n, size_t n, int flags, ...) {
     }
     uint64_t before = next_seq();
     void *p = real_mremap(old, old_n, n, flags, target);
-    uint64_t now = now_ticks(), seq = next_seq();
+    uint64_t now = event_ticks(t), seq = next_seq();
     emit_ext(t, HC_MREMAP, seq, now, p == MAP_FAILED ? NULL : p, n, old, old_n, seq - before,
              CALLSITE);
     return p;

@@ -28,7 +28,7 @@ def _cmd_record(a) -> int:
                    follow_children=a.follow_children, mmap=a.mmap, unwind=a.unwind,
                    python=a.python, policy=a.policy, policy_every=a.policy_every,
                    log_features=a.log_features, live=not a.convert_at_exit,
-                   pymalloc=a.pymalloc)
+                   pymalloc=a.pymalloc, clock_every=a.clock_every)
     except RecordError as e:
         print(f"heapcast record: {'error: ' if e.exit_code == 2 else ''}{e}", file=sys.stderr)
         return e.exit_code
@@ -92,7 +92,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 
     r = sub.add_parser("record", help="run a program and record every heap call",
                        usage="heapcast record [-o PATH] [--stacks N] [--rss-interval MS] "
-                             "[--follow-children] [--mmap] [--no-python] [--pymalloc] "
+                             "[--follow-children] [--mmap] [--no-python] [--pymalloc] [--clock-every N] "
                              "[--policy POLICY [--policy-every N] [--log-features]] "
                              "-- CMD ARGS...")
     r.add_argument("-o", "--output", type=Path, help="trace directory to create (default: "
@@ -116,6 +116,11 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
                         "(objects and PyMem_Malloc requests up to 512 bytes, served from "
                         "pymalloc's arenas without calling malloc), from the first Python code "
                         "on; without it, set PYTHONMALLOC=malloc to see them as mallocs")
+    r.add_argument("--clock-every", type=int, default=1, metavar="N",
+                   help="read the clock for one event in N of each thread (and for the first "
+                        "after each 100 us tick), the others taking their thread's latest "
+                        "reading: cheaper recording where reading the clock is slow, event times "
+                        "up to N-1 events or a tick late (default 1: every event; at most 1024)")
     r.add_argument("--policy", type=Path, metavar="POLICY",
                    help="run a compiled policy online on the program's events and log its "
                         "predictions in the trace (heapcast evaluate --online)")

@@ -85,6 +85,8 @@ class RecordResult:
         return s
 
 
+#: The most events that may share one clock reading (recorder.c, CLOCK_EVERY_MAX).
+CLOCK_EVERY_MAX = 1024
 #: The trace directory's log of the processes that ran untraced (recorder.c, note_untraced).
 UNTRACED_LOG = "untraced.log"
 #: Of those, session.json names at most this many (a shell loop may start thousands).
@@ -238,7 +240,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
            mmap: bool = False, unwind: str = "fp", progress: bool | None = None,
            env: dict | None = None, python: bool = True, policy=None,
            policy_every: int = 1, log_features: bool = False, live: bool = True,
-           pymalloc: bool = False) -> RecordResult:
+           pymalloc: bool = False, clock_every: int = 1) -> RecordResult:
     """Runs `cmd` with the recorder preloaded and returns how it went (see RecordResult).
 
     The trace is written at exactly `output` (a directory; default: a new name in the current
@@ -250,6 +252,10 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
     `pymalloc`: in CPython 3.11-3.13 programs, record pymalloc's own allocations (objects and
     PyMem_Malloc requests of up to 512 bytes, which never reach malloc) as well, from the first
     Python code run on (Process.pymalloc_seq).
+    `clock_every`: 1 (default) gives every event its own clock reading; N (2-1024) has one
+    event in N of a thread read the clock, and the first after each 100 us tick of `record`,
+    the others taking their thread's latest reading (Process.clock_every): reading the clock is
+    up to half of what recording an event costs the program on machines where rdtsc is slow.
     `policy`: a compiled POLICY that the recorder runs online on the program's events,
     predicting every `policy_every`-th one and logging its predictions in the trace
     (heapcast.policy.online); a broken or unusable POLICY raises RecordError before the program
@@ -264,6 +270,9 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         raise ValueError(f"unwind must be 'fp' or 'dwarf', not {unwind!r}")
     if not 0 <= stacks <= 64:
         raise ValueError(f"stacks must be between 0 and 64 frames, not {stacks}")
+    if not 1 <= clock_every <= CLOCK_EVERY_MAX:
+        raise ValueError(f"clock_every must be between 1 and {CLOCK_EVERY_MAX} events, "
+                         f"not {clock_every}")
     if not rss_interval_ms >= 1:
         raise ValueError(f"rss_interval_ms must be at least 1 (ms), not {rss_interval_ms}")
     if policy is not None:
@@ -281,7 +290,8 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
                    HEAPCAST_UNWIND=unwind, HEAPCAST_MMAP="1" if mmap else "0",
                    HEAPCAST_FOLLOW="1" if follow_children else "0",
                    HEAPCAST_PYTHON="1" if python else "0",
-                   HEAPCAST_PYMALLOC="1" if pymalloc else "0")
+                   HEAPCAST_PYMALLOC="1" if pymalloc else "0",
+                   HEAPCAST_CLOCK_EVERY=str(clock_every))
         if policy is not None:
             env.update(HEAPCAST_POLICY=str(Path(policy).resolve()),
                        HEAPCAST_POLICY_EVERY=str(policy_every),

@@ -125,6 +125,9 @@ class Process:
     truncated: bool = False
     stack_depth: int = 0
     unwind: str = "fp"
+    # 1: every event's time is its own clock reading; N > 1 (`record --clock-every N`): one event
+    # in N of a thread read the clock, the others carry their thread's latest reading
+    clock_every: int = 1
     mmap_recorded: bool = False
     pymalloc_seq: int = -1      # pymalloc's own allocations are recorded from this seq on (-1: not)
     # PYTHONMALLOC as the process had it ("" unset), from its raw files (not kept in the .hct:
@@ -165,8 +168,8 @@ class Process:
         """Metadata as a plain dict (what the META section stores)."""
         keys = ("pid", "ppid", "forked_from", "fork_seq", "image", "exe", "argv", "cwd", "start_ns",
                 "end_ns", "start_unix_ns", "clean_exit", "peak_rss_bytes", "threads", "lost_events",
-                "truncated", "stack_depth", "unwind", "mmap_recorded", "pymalloc_seq", "event_count",
-                "pthread_ids")
+                "truncated", "stack_depth", "unwind", "clock_every", "mmap_recorded", "pymalloc_seq",
+                "event_count", "pthread_ids")
         return {k: getattr(self, k) for k in keys}
 
 

@@ -37,7 +37,7 @@ CHUNK_ENDED = 0x40000000       # os_tid bit, with CHUNK_KEPT: its thread's last 
 OP_LOCX, OP_TIME, OP_LOC, OP_EXT = 0xFC, 0xFD, 0xFE, 0xFF
 FLAG_MMAP, FLAG_TSC, FLAG_CLEAN_EXIT, FLAG_TRUNCATED = 1, 2, 4, 8
 SLOT_DTYPE = np.dtype([("head", "<u8"), ("ts", "<u4"), ("loc", "<u4"), ("a", "<u8"), ("b", "<u8")])
-_HEADER = struct.Struct("<8sIIIIiiiIQQQQQQQI")  # up to `unwind`, see raw_format.h
+_HEADER = struct.Struct("<8sIIIIiiiIQQQQQQQII")  # up to `clock_every`, see raw_format.h
 _COUNTERS = struct.Struct("<QQQIIQ")            # at offset 192: file_end .. locs (seq is at 128)
 _CHUNK = struct.Struct("<IIIIQQ")
 CLOCK_OFFSET = 2432                           # clock_set, clock_slope, clock_t0, clock_n0
@@ -115,7 +115,7 @@ class RawProcess:
         h = _HEADER.unpack_from(self._mm, 0)
         (magic, version, header_size, record_size, self.stack_depth, self.pid, self.ppid,
          self.forked_from, self.image, self.fork_seq, self.start_mono, self.start_real,
-         self.start_tsc, self.end_mono, self.end_tsc, self.peak_rss, unwind) = h
+         self.start_tsc, self.end_mono, self.end_tsc, self.peak_rss, unwind, clock_every) = h
         if magic != RAW_MAGIC:
             raise TraceError(self.path, 0, f"expected raw magic {RAW_MAGIC!r}, found {magic!r} "
                              "(the process may have died before its header was written)")
@@ -123,6 +123,7 @@ class RawProcess:
             raise TraceError(self.path, 8, f"raw version {version} (header {header_size}, slot "
                              f"{record_size}) is not the version {RAW_VERSION} this heapcast reads")
         self.unwind = "dwarf" if unwind == 1 else "fp"
+        self.clock_every = max(clock_every, 1)   # (0 in files of recorders before it)
         self.next_seq = struct.unpack_from("<Q", self._mm, 128)[0]
         (self.file_end, _reserved, self.lost, self.threads, self.flags,
          self.loc_count) = _COUNTERS.unpack_from(self._mm, 192)
@@ -377,7 +378,8 @@ class RawProcess:
             clean_exit=bool(self.flags & FLAG_CLEAN_EXIT), peak_rss_bytes=self.peak_rss,
             threads=self.threads, lost_events=self.lost,
             truncated=bool(self.flags & FLAG_TRUNCATED), stack_depth=self.stack_depth,
-            unwind=self.unwind, mmap_recorded=bool(self.flags & FLAG_MMAP),
+            unwind=self.unwind, clock_every=self.clock_every,
+            mmap_recorded=bool(self.flags & FLAG_MMAP),
             pymalloc_seq=self.pymalloc_seq, python_malloc=self.python_malloc,
             modules=self.modules,
             python_frames={fid: self.python_frames[fid]

@@ -1,0 +1,84 @@
+"""`record --clock-every N` (recorder.c, event_ticks; drain.c's clock tick): one event in N of a
+thread reads the clock, and so does the first event after each of the drainer's ticks; the others
+carry their thread's latest reading."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import heapcast
+from heapcast.recorder.session import finalize, recorder_library
+from heapcast.trace.format import OP
+
+# phases.c: THREADS threads x PHASES phases of PAIRS malloc/free pairs, PAUSE_US asleep between
+# (phases of 40,006 events: their first events fall anywhere in a thread's runs of EVERY events).
+THREADS, PHASES, PAIRS, PAUSE_US = 2, 5, 20_003, 20_000
+EVERY = 16
+
+
+def _own_events(trace) -> list:
+    """The events of phases.c's worker threads, one array per thread, in seq order."""
+    ev = trace.events
+    return [ev[ev["tid"] == tid] for tid in np.unique(ev["tid"])
+            if (ev["tid"] == tid).sum() >= 2 * PHASES * PAIRS]
+
+
+def test_one_clock_reading_in_n_events_and_a_fresh_one_after_every_pause(build, tmp_path):
+    out = tmp_path / "t"
+    r = heapcast.record([build("phases"), str(THREADS), str(PHASES), str(PAIRS), str(PAUSE_US)],
+                        output=out, clock_every=EVERY, progress=False)
+    assert r.exit_code == 0 and r.lost_events == 0
+    trace = heapcast.load(out)
+    assert [p.clock_every for p in trace.processes] == [EVERY]
+    threads = _own_events(trace)
+    assert len(threads) == THREADS
+    for ev in threads:
+        ts = ev["ts"].astype(np.int64)
+        assert (np.diff(ts) >= 0).all()   # a thread's times never go back
+        # readings: one in EVERY events, a few more after ticks and new chunks; never all
+        readings = len(np.unique(ts))
+        assert len(ev) / EVERY <= readings * 1.05 and readings < len(ev) / 4
+        # Each pause shows where it was, at the first event after it: that event read the clock
+        # afresh (the tick moved while the thread slept), not up to EVERY - 1 events later.
+        gaps = np.flatnonzero(np.diff(ts) >= PAUSE_US * 1000 * 3 // 4) + 1
+        assert len(gaps) >= PHASES - 1
+        for g in gaps[:PHASES - 1]:
+            assert ev["op"][g - 1] == OP["free"] and ev["op"][g] == OP["malloc"]
+            assert ev["size"][g] == 16   # phases.c's first malloc of a phase
+
+
+def test_times_are_those_of_every_event_by_default_and_without_a_drainer(build, tmp_path):
+    """Without `record`'s drainer no tick bounds how old a reading may be: the recorder then
+    reads the clock for every event, whatever HEAPCAST_CLOCK_EVERY says."""
+    prog = [str(build("phases")), "1", "2", "5000", "1000"]
+    out = tmp_path / "raw"
+    out.mkdir()
+    env = {**os.environ, "LD_PRELOAD": str(recorder_library()), "HEAPCAST_DIR": str(out),
+           "HEAPCAST_CLOCK_EVERY": str(EVERY)}
+    subprocess.run(prog, env=env, check=True, capture_output=True, timeout=60)
+    finalize(out, progress=False)
+    default = tmp_path / "default"
+    heapcast.record(prog, output=default, progress=False)
+    for path in (out, default):
+        trace = heapcast.load(path)
+        assert [p.clock_every for p in trace.processes] == [1]
+        (ev,) = [e for e in [trace.events[trace.events["tid"] == t]
+                             for t in np.unique(trace.events["tid"])] if len(e) >= 20_000]
+        assert len(np.unique(ev["ts"])) >= 0.99 * len(ev)
+
+
+@pytest.mark.parametrize("every", [0, -1, 1025])
+def test_clock_every_out_of_range_is_an_error_before_the_program_runs(tmp_path, every):
+    marker = tmp_path / "ran"
+    with pytest.raises(ValueError, match="clock_every must be between 1 and 1024"):
+        heapcast.record(["touch", str(marker)], output=tmp_path / "t", clock_every=every)
+    assert not marker.exists() and not (tmp_path / "t").exists()
+    done = subprocess.run([sys.executable, "-m", "heapcast", "record", "--clock-every",
+                           str(every), "-o", str(tmp_path / "c"), "--", "touch", str(marker)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "clock_every must be between 1 and 1024" in done.stderr
+    assert not marker.exists()
