@@ -240,6 +240,7 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
         "leaked_bytes": totals["leaked_bytes"],
         "unknown_frees": totals["unknown_frees"],
         "pymalloc_recorded": any(p.pymalloc_seq >= 0 for p in trace.processes),
+        "clock_every": max((int(p.clock_every) for p in trace.processes), default=1),
         "double_acquires": totals["double_acquires"],
         "lost_events": int(trace.lost_events),
         "truncated": bool(trace.truncated),

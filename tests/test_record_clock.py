@@ -12,6 +12,7 @@ import pytest
 
 import heapcast
 from heapcast.recorder.session import finalize, recorder_library
+from heapcast.stats.text import format_stats
 from heapcast.trace.format import OP
 
 # phases.c: THREADS threads x PHASES phases of PAIRS malloc/free pairs, PAUSE_US asleep between
@@ -34,6 +35,9 @@ def test_one_clock_reading_in_n_events_and_a_fresh_one_after_every_pause(build, 
     assert r.exit_code == 0 and r.lost_events == 0
     trace = heapcast.load(out)
     assert [p.clock_every for p in trace.processes] == [EVERY]
+    summary = heapcast.stats(trace)
+    assert summary["clock_every"] == EVERY
+    assert f"clock       read once in {EVERY} events" in format_stats(summary)
     threads = _own_events(trace)
     assert len(threads) == THREADS
     for ev in threads:
@@ -66,6 +70,7 @@ def test_times_are_those_of_every_event_by_default_and_without_a_drainer(build, 
     for path in (out, default):
         trace = heapcast.load(path)
         assert [p.clock_every for p in trace.processes] == [1]
+        assert heapcast.stats(trace)["clock_every"] == 1
         (ev,) = [e for e in [trace.events[trace.events["tid"] == t]
                              for t in np.unique(trace.events["tid"])] if len(e) >= 20_000]
         assert len(np.unique(ev["ts"])) >= 0.99 * len(ev)

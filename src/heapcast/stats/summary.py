@@ -179,6 +179,7 @@ def summarize(trace, aggs, shared, top: int = 10, sites: CallSites | None = None
         "leaked_bytes": totals["leaked_bytes"],
         "unknown_frees": totals["unknown_frees"],
         "pymalloc_recorded": any(p.pymalloc_seq >= 0 for p in trace.processes),
+        "clock_every": max((int(p.clock_every) for p in trace.processes), default=1),
         "double_acquires": totals["double_acquires"],
         "lost_events": int(trace.lost_events),
         "truncated": bool(trace.truncated),
@@ -197,6 +198,8 @@ def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool =
     Keys: events, ops (every heap op, zeros included, plus mmap/munmap/mremap when recorded),
     processes, threads, duration_ns, peak_live_bytes and peak_live (when), peak_rss_bytes and
     peak_rss (when), size_classes, lifetimes, leaked_blocks/leaked_bytes, unknown_frees,
+    clock_every (record --clock-every's N, the largest of the processes': above 1, one event in N
+    of a thread read the clock, so times and lifetimes in ns are steps within bursts),
     pymalloc_recorded (record --pymalloc: its frees of objects pymalloc served before the
     recording of it began are among unknown_frees; per process: pymalloc_seq),
     double_acquires, lost_events, truncated, top_callsites_by_bytes/by_count (a Python call site:

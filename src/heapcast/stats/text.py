@@ -64,6 +64,9 @@ def format_stats(d: dict) -> str:
         f"truncated {'yes' if d['truncated'] else 'no'}",
         *(["pymalloc    recorded from the first Python code on (its earlier objects' frees "
            "are among the unknown frees)"] if d.get("pymalloc_recorded") else []),
+        *([f"clock       read once in {d['clock_every']} events of a thread (record "
+           "--clock-every): times, and lifetimes in ns, are steps within bursts"]
+          if d.get("clock_every", 1) > 1 else []),
         "",
         "events by op",
         *_table(["op", "count"], [[k, v] for k, v in d["ops"].items()]),
