@@ -14,6 +14,7 @@ import heapcast
 from heapcast.recorder.session import finalize, recorder_library
 from heapcast.stats.text import format_stats
 from heapcast.trace.format import OP
+from test_report import open_page
 
 # phases.c: THREADS threads x PHASES phases of PAIRS malloc/free pairs, PAUSE_US asleep between
 # (phases of 40,006 events: their first events fall anywhere in a thread's runs of EVERY events).
@@ -38,6 +39,10 @@ def test_one_clock_reading_in_n_events_and_a_fresh_one_after_every_pause(build, 
     summary = heapcast.stats(trace)
     assert summary["clock_every"] == EVERY
     assert f"clock       read once in {EVERY} events" in format_stats(summary)
+    # the report's card of lifetimes says so too
+    page = heapcast.report(trace, output=tmp_path / "page.html")
+    dom, console, _ = open_page(page, tmp_path)
+    assert console == [] and f"clock read once in {EVERY} events: times are steps" in dom
     threads = _own_events(trace)
     assert len(threads) == THREADS
     for ev in threads:
