@@ -92,3 +92,18 @@ def test_clock_every_out_of_range_is_an_error_before_the_program_runs(tmp_path, 
                           capture_output=True, text=True)
     assert done.returncode == 2 and "clock_every must be between 1 and 1024" in done.stderr
     assert not marker.exists()
+
+
+def test_without_the_drainer_record_says_that_every_event_read_the_clock(build, tmp_path,
+                                                                         monkeypatch):
+    from heapcast.recorder import session
+
+    def fails(self):
+        raise OSError(24, "Too many open files")
+    monkeypatch.setattr(session.Drainer, "start", fails)
+    r = heapcast.record([build("phases"), "1", "1", "1000", "0"], output=tmp_path / "t",
+                        clock_every=EVERY, progress=False)
+    assert r.exit_code == 0 and r.events >= 2000
+    assert any(f"--clock-every {EVERY}: the chunk drainer" in p and "every event read the clock"
+               in p for p in r.problems)
+    assert [p.clock_every for p in heapcast.load(tmp_path / "t").processes] == [1]

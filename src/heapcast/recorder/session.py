@@ -331,6 +331,10 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         if converter is not None:
             result.problems.extend(converter.problems)
             result.truncated |= converter.truncated
+        if clock_every > 1 and drainer is None:
+            result.problems.append(f"--clock-every {clock_every}: the chunk drainer, whose tick "
+                                   "bounds how old a clock reading may be, could not start: "
+                                   "every event read the clock")
         finalize(path, result, sampler, progress=progress,
                  live=converter.processes() if converter is not None else None,
                  pymalloc=pymalloc, early=converter.early if converter is not None else None,
