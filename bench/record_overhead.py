@@ -20,8 +20,9 @@ script) also run (heapcast records Python call sites in CPython by default):
   profile hook [program]    the program with a C profile function that does nothing
                             (PyEval_SetProfile): what a shadow stack kept by a profile hook
                             costs before it does any work, the design heapcast did not take
-and prints medians: seconds, ns added per event (against untraced), slowdown, bytes per event on
-disk, and pass/fail of the issue's targets. Events are counted in the heapcast trace and the same
+and prints medians: seconds (and, for `heapcast record`, the seconds from the program's end until
+the trace was complete: session.json's after_exit_s), ns added per event (against untraced),
+slowdown, bytes per event on disk, and pass/fail of the issue's targets. Events are counted in the heapcast trace and the same
 count is used for every tracer of that workload. Results go to bench/results/record_overhead.json
 (--out).
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import resource
 import shutil
@@ -206,7 +208,9 @@ def heapcast_record(w: Workload, scratch: Path, heapcast_cmd: list,
                 trace = heapcast.load(trace_dir)
             except (heapcast.TraceError, OSError) as e:
                 raise BenchError(f"heapcast could not read its own trace: {e}") from None
+            session = json.loads((trace_dir / "session.json").read_text())
             return {"seconds": seconds, "events": trace.event_count,
+                    "after_exit_s": session.get("after_exit_s"),
                     "bytes": directory_bytes(trace_dir, ".hct"),
                     "lost_events": trace.lost_events, "truncated": trace.truncated}
     return run
@@ -399,9 +403,13 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> dict:
         size = median(r.get("bytes") for r in samples)
         cpu_runs = program_runs or samples   # tracers that run inside the program: their runs
         cpu = median(r["cpu_s"] for r in cpu_runs) if "cpu_s" in cpu_runs[0] else None
+        after = [r["after_exit_s"] for r in samples if r.get("after_exit_s") is not None]
         tracers[name] = {
             "wall_s": [r["seconds"] for r in samples],
             "wall_median_s": wall,
+            # heapcast record: from the program's end until the trace was complete (its
+            # session.json), in the same runs as wall_s
+            "after_exit_median_s": median(after) if after else None,
             "program_s": [r["seconds"] for r in program_runs] if program_runs else None,
             "program_median_s": program,
             "added_ns_per_event": per_event(wall - base, events) if name != "untraced" else 0.0,
@@ -506,7 +514,7 @@ TARGET_COLUMNS = [("ns", "ns target"), ("wait ns", f"wait<={RING_WAIT_NS_LIMIT:g
 
 def table(results: dict) -> str:
     """The summary table of all workloads."""
-    headers = ["workload", "tracer", "wall s", "prog s", "+ns/ev", "+ns/ev prog", "+ns/ev cpu",
+    headers = ["workload", "tracer", "wall s", "prog s", "after exit s", "+ns/ev", "+ns/ev prog", "+ns/ev cpu",
                "slowdown", "cpu slowdown",
                "prog slowdown", "heaptrack/x", "heaptrack/x prog", "B/ev", "events",
                *(title for _, title in TARGET_COLUMNS)]
@@ -516,6 +524,7 @@ def table(results: dict) -> str:
             verdicts = {c["target"]: c for c in wres["targets"] if c["tracer"] == tname}
             rows.append([
                 wname, tname, fmt(t["wall_median_s"], ".3f"), fmt(t["program_median_s"], ".3f"),
+                fmt(t.get("after_exit_median_s"), ".3f"),
                 fmt(t["added_ns_per_event"], ".1f"), fmt(t["program_added_ns_per_event"], ".1f"),
                 fmt(t.get("program_cpu_added_ns_per_event"), ".1f"),
                 fmt(t["slowdown"], ".2f", "x"), fmt(t.get("program_cpu_slowdown"), ".2f", "x"),

@@ -228,6 +228,28 @@ def test_exec_is_traced_only_with_follow_children(build, tmp_path, capfd, follow
     assert len(root) == 1 and ((root[0].events["size"] == 4001)).any()
 
 
+def test_session_says_how_long_the_program_ran_and_what_came_after(build, tmp_path):
+    """session.json's wall_s is the program's own run (a pause of 0.3 s at its end included),
+    after_exit_s the wait from its end until the trace was complete; together they are the
+    record call's whole wait, less only its start. Converted at exit, the wait after it is the
+    whole conversion of 800,000 events, which takes time."""
+    prog = build("phases", "-pthread")
+    for live, args in ((True, ["1", "2", "10", "300000"]), (False, ["2", "2", "100000", "0"])):
+        out = tmp_path / f"t{int(live)}"
+        t0 = time.monotonic()
+        r = heapcast.record([str(prog), *args], output=out, live=live, progress=False)
+        whole = time.monotonic() - t0
+        session = json.loads((out / "session.json").read_text())
+        assert r.exit_code == 0 and session["after_exit_s"] == round(r.after_exit_s, 6)
+        assert session["wall_s"] == round(r.wall_s, 6)
+        assert r.after_exit_s > 0 and r.wall_s + r.after_exit_s <= whole
+        if live:   # two pauses of 0.3 s: the program's run, not the wait after it
+            assert r.wall_s >= 0.6 > r.after_exit_s
+        else:
+            assert r.events >= 800_000 and r.live_events == 0
+            assert r.after_exit_s > 0.02, r.after_exit_s
+
+
 def test_processes_that_ran_untraced_are_counted_and_the_first_named(tmp_path):
     """Without --follow-children, every child that exec'd another program is counted (a shell
     loop of 150), session.json names the first UNTRACED_KEPT, and the note names each program

@@ -107,3 +107,36 @@ def test_without_the_drainer_record_says_that_every_event_read_the_clock(build, 
     assert any(f"--clock-every {EVERY}: the chunk drainer" in p and "every event read the clock"
                in p for p in r.problems)
     assert [p.clock_every for p in heapcast.load(tmp_path / "t").processes] == [1]
+
+
+def test_record_suggests_clock_every_where_reading_the_clock_is_much_of_the_run(build, tmp_path,
+                                                                            monkeypatch):
+    """A recording of a million events or more whose clock readings (one an event, at what one
+    takes on this machine) are a fifth of the program's run or more ends with a hint naming
+    --clock-every; not with --clock-every itself, nor where the clock is fast or the recording
+    short. The reading's cost is measured (drain.c): a plausible number of ns."""
+    from heapcast.recorder import drain
+    from heapcast.recorder.session import RecordResult, clock_hint
+    assert 0.1 < drain.clock_read_ns() < 10_000
+
+    def run(every, pairs):
+        r = heapcast.record([build("phases"), "1", "1", str(pairs), "0"], output=tmp_path / "t",
+                            clock_every=every, progress=False)
+        assert r.exit_code == 0
+        return r
+
+    monkeypatch.setattr(drain, "clock_read_ns", lambda: 1e4)   # 10 us a reading: always much
+    r = run(1, 600_000)
+    assert r.events >= 1_200_000 and len(r.hints) == 1 and "--clock-every 16" in r.hints[0]
+    assert "heapcast: hint: reading the clock takes 10000 ns" in r.summary()
+    assert run(EVERY, 600_000).hints == []
+    assert run(1, 100_000).hints == []   # 200,000 events
+    monkeypatch.setattr(drain, "clock_read_ns", lambda: 1.0)
+    assert run(1, 600_000).hints == []
+
+    r = RecordResult(0, tmp_path, ["x"])
+    r.events, r.wall_s = 20_000_000, 1.0
+    assert "about 40% of the program's 1.0 s run" in clock_hint(r, read_ns=20.0)[0]
+    assert clock_hint(r, read_ns=9.0) == []   # a clock under CLOCK_HINT_NS a reading
+    r.wall_s = 2.5
+    assert clock_hint(r, read_ns=20.0) == []   # 16% of a slower program's run

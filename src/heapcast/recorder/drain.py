@@ -44,7 +44,24 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.hc_drain_copies.restype = ctypes.c_size_t
     lib.hc_drain_copies.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
                                     ctypes.POINTER(ctypes.c_uint64)]
+    lib.hc_clock_read_ns.restype = ctypes.c_double
+    lib.hc_clock_read_ns.argtypes = [ctypes.c_int]
     return lib
+
+
+#: Where the kernel names its clock source: the recorder reads the TSC where it is "tsc".
+CLOCKSOURCE = Path("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+
+
+def clock_read_ns() -> float:
+    """Nanoseconds that one reading of the recorder's clock takes on this machine (the TSC
+    where the kernel's clock source is the TSC on x86-64, as recorder.c's tsc_is_reliable
+    decides; else clock_gettime)."""
+    try:
+        tsc = os.uname().machine == "x86_64" and CLOCKSOURCE.read_text().startswith("tsc")
+    except OSError:
+        tsc = False
+    return float(library().hc_clock_read_ns(int(tsc)))
 
 
 library = LoadedOnce(load, LIBRARY)

@@ -54,13 +54,16 @@ class RecordResult:
         self.live_events = 0      # events converted while the program ran (heapcast.recorder.live)
         self.truncated = False
         self.trace_bytes = 0
-        self.wall_s = 0.0
+        self.wall_s = 0.0         # the program's run (until its last traced process ended)
+        self.ended_at = None      # time.monotonic() then: finalize measures what came after
+        self.after_exit_s = None  # from then until the trace was complete (session.json)
         self.problems: list = []
         self.traced = True        # False: the trace directory could not be used, nothing recorded
         # processes the program started that ran untraced (without --follow-children, children
         # that exec'd another program): {"pid", "ppid", "exe", "argv"} each (_untraced)
         self.untraced: list = []
         self.notes: list = []     # what the trace leaves out by design, said at the end
+        self.hints: list = []     # how to record faster here, said at the end (clock_hint)
 
     def __repr__(self) -> str:
         return f"RecordResult({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -80,6 +83,8 @@ class RecordResult:
         s += ", TRUNCATED)" if self.truncated else ")"
         for n in self.notes:
             s += f"\nheapcast: note: {n}"
+        for h in self.hints:
+            s += f"\nheapcast: hint: {h}"
         for p in self.problems:
             s += f"\nheapcast: warning: {p}"
         return s
@@ -87,6 +92,11 @@ class RecordResult:
 
 #: The most events that may share one clock reading (recorder.c, CLOCK_EVERY_MAX).
 CLOCK_EVERY_MAX = 1024
+#: record suggests --clock-every where a clock reading takes at least CLOCK_HINT_NS and the
+#: program's readings (one an event) about CLOCK_HINT_SHARE of its run or more, in a recording
+#: of CLOCK_HINT_EVENTS events or more: 20 ns a reading on the Xeon VM of stop 48, 40% of ring.c's
+#: run under record, against 1-3 ns on the earlier EPYC VMs.
+CLOCK_HINT_NS, CLOCK_HINT_SHARE, CLOCK_HINT_EVENTS = 10.0, 0.2, 1_000_000
 #: The trace directory's log of the processes that ran untraced (recorder.c, note_untraced).
 UNTRACED_LOG = "untraced.log"
 #: Of those, session.json names at most this many (a shell loop may start thousands).
@@ -310,6 +320,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
                                               rss_interval_ms,
                                               (lambda s, pid: converter.begin(drainer, s, pid))
                                               if converter is not None else None)
+        ended = time.monotonic()
     except RecordError:
         if problem is None and not existed:
             import shutil
@@ -323,7 +334,7 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
         if drainer is not None:
             drainer.stop()
     result = RecordResult(exit_code, path, cmd)
-    result.wall_s = time.monotonic() - start
+    result.wall_s, result.ended_at = ended - start, ended
     if problem is not None:
         result.truncated, result.traced = True, False
         result.problems.append(problem + "; the program ran untraced")
@@ -339,7 +350,26 @@ def record(cmd, output=None, stacks: int = 0, rss_interval_ms: float = 10, follo
                  live=converter.processes() if converter is not None else None,
                  pymalloc=pymalloc, early=converter.early if converter is not None else None,
                  cut=cut)
+        if clock_every == 1 and drainer is not None:
+            result.hints.extend(clock_hint(result))
     return result
+
+
+def clock_hint(result: RecordResult, read_ns=None) -> list:
+    """The hint to try --clock-every when reading the clock took much of the program's run:
+    every event reads it once (`read_ns`: what a reading takes, measured here by default)."""
+    if result.events < CLOCK_HINT_EVENTS or result.wall_s <= 0:
+        return []
+    if read_ns is None:
+        from .drain import clock_read_ns
+        read_ns = clock_read_ns()
+    share = read_ns * 1e-9 * result.events / result.wall_s
+    if read_ns < CLOCK_HINT_NS or share < CLOCK_HINT_SHARE:
+        return []
+    return [f"reading the clock takes {read_ns:.0f} ns on this machine, about {share:.0%} of "
+            f"the program's {result.wall_s:.1f} s run at one reading an event; --clock-every 16 "
+            "reads it once in 16 events of a thread (event times then step, up to 15 events or "
+            "100 us late)"]
 
 
 class _Converter:
@@ -986,6 +1016,9 @@ def finalize(path, result: RecordResult | None = None, sampler: _RssSampler | No
         "untraced": result.untraced[:UNTRACED_KEPT],
         "wall_s": round(result.wall_s, 6),
     }
+    if result.ended_at is not None:   # what the user waited for after the program's end
+        result.after_exit_s = time.monotonic() - result.ended_at
+        session["after_exit_s"] = round(result.after_exit_s, 6)
     try:
         write_session(path, session)
     except OSError as e:
