@@ -69,6 +69,14 @@ static const struct py_layout py_layouts[3] = {
 #undef PY_V13
 };
 static struct py_layout PL;      /* the running interpreter's, set by py_probe */
+static int py_minor;             /* its minor version (11-13), set by py_probe */
+
+/* The per-event reads (py_site) take the layout as a compile-time constant, one copy of them per
+ * version: GCC folds a field of py_layouts[k] into the instruction's offset, where a field of PL
+ * is a load of its own, and the registers that held them spilled to the stack (py_stack_key 195
+ * instructions an event, py_frame 41, on a Python program with 2-5 frames a stack). The other
+ * readers pass &PL. */
+#define PY_HOT static inline __attribute__((always_inline))
 
 /* A Python frame in a location's frames: a tag bit (user-space code addresses never have it)
  * and the id of a Python frame definition (a "P" line in the .mods file). */
@@ -141,6 +149,7 @@ static int py_probe(void) {
         py_eval_hi = (uintptr_t)eval + sym->st_size;
     }
     PL = py_layouts[minor - 11];
+    py_minor = (int)minor;
     py_finalizing = (void *const *)(runtime + PL.rt_finalizing);
     py_tstate_this_thread = (void *(*)(void))mine;
     py_tstate_attached = (void *(*)(void))attached;
@@ -155,24 +164,26 @@ static int py_probe(void) {
 /* A frame that has run its first traceable instruction (the prelude that copies free variables
  * and makes cells is not yet the function's code: CPython's own _PyFrame_IsIncomplete), and is
  * not a 3.12+ shim frame (whose "code" may not be a code object at all). */
-static inline int py_complete(const char *f) {
-    char owner = f[PL.fr_owner];
+PY_HOT int py_complete_in(const struct py_layout *L, const char *f) {
+    char owner = f[L->fr_owner];
     if (owner == PY_OWNED_BY_CSTACK) return 0;
-    const char *code = PY_PTR(f, PL.fr_code);
+    const char *code = PY_PTR(f, L->fr_code);
     return owner == PY_OWNED_BY_GENERATOR ||
-           PY_PTR(f, PL.fr_instr) >= code + PL.co_code + 2 * PY_INT(code, PL.co_firsttraceable);
+           PY_PTR(f, L->fr_instr) >= code + L->co_code + 2 * PY_INT(code, L->co_firsttraceable);
 }
+static inline int py_complete(const char *f) { return py_complete_in(&PL, f); }
 
 /* The frame below f, skipping 3.12+ shim frames. */
-static inline const char *py_previous(const char *f) {
-    do f = PY_PTR(f, PL.fr_previous);
-    while (f && f[PL.fr_owner] == PY_OWNED_BY_CSTACK);
+PY_HOT const char *py_previous_in(const struct py_layout *L, const char *f) {
+    do f = PY_PTR(f, L->fr_previous);
+    while (f && f[L->fr_owner] == PY_OWNED_BY_CSTACK);
     return f;
 }
+static inline const char *py_previous(const char *f) { return py_previous_in(&PL, f); }
 
 /* The innermost frame of `f`'s chain that is complete, or NULL. */
-static inline const char *py_innermost(const char *f) {
-    while (f && !py_complete(f)) f = PY_PTR(f, PL.fr_previous);
+PY_HOT const char *py_innermost_in(const struct py_layout *L, const char *f) {
+    while (f && !py_complete_in(L, f)) f = PY_PTR(f, L->fr_previous);
     return f;
 }
 
@@ -180,14 +191,14 @@ static inline const char *py_innermost(const char *f) {
  * (which covers subinterpreters); 3.12+: the one attached to this thread (a thread-local).
  * Else this thread's own (it released the GIL, in C code), but not once Py_Finalize has begun:
  * it frees the states of threads that still run (daemon threads). */
-static inline const char *py_thread_state(uintptr_t self) {
+PY_HOT const char *py_thread_state_in(const struct py_layout *L, int minor, uintptr_t self) {
     const char *ts;
-    if (py_tstate_attached) {
+    if (minor > 11) {
         ts = py_tstate_attached();
         if (LIKELY(ts != NULL)) return ts;
     } else {
         ts = __atomic_load_n(py_tstate_current, __ATOMIC_RELAXED);
-        if (LIKELY(ts && *(const uintptr_t *)(ts + PL.ts_thread_id) == self)) return ts;
+        if (LIKELY(ts && *(const uintptr_t *)(ts + L->ts_thread_id) == self)) return ts;
     }
     if (__atomic_load_n(py_finalizing, __ATOMIC_ACQUIRE)) return NULL;
     return py_tstate_this_thread();
@@ -195,23 +206,24 @@ static inline const char *py_thread_state(uintptr_t self) {
 
 /* The innermost complete Python frame of the calling thread, or NULL (no Python on this thread,
  * or the interpreter not running). */
-static inline const char *py_frame(uintptr_t self) {
-    const char *ts = py_thread_state(self);
+PY_HOT const char *py_frame_in(const struct py_layout *L, int minor, uintptr_t self) {
+    const char *ts = py_thread_state_in(L, minor, self);
     if (!ts) return NULL;
-    if (PL.ts_current_frame >= 0) return py_innermost(PY_PTR(ts, PL.ts_current_frame));
-    const char *cf = PY_PTR(ts, PL.ts_cframe);
-    return cf ? py_innermost(PY_PTR(cf, PL.cf_current)) : NULL;
+    if (L->ts_current_frame >= 0) return py_innermost_in(L, PY_PTR(ts, L->ts_current_frame));
+    const char *cf = PY_PTR(ts, L->ts_cframe);
+    return cf ? py_innermost_in(L, PY_PTR(cf, L->cf_current)) : NULL;
 }
+static inline const char *py_frame(uintptr_t self) { return py_frame_in(&PL, py_minor, self); }
 
 /* A str object's length and, where it is compact ASCII (the names of nearly all code), its last
  * 8 characters (all of a shorter one). One load of the 8 bytes that end the string: no byte
  * past the string's own is read; a shorter string's 8 start in its object's header, whose bytes
  * are shifted out. */
-static inline uint64_t py_str_tail(const char *o) {
-    uint64_t len = *(const uint64_t *)(o + PL.str_length), v = 0;
-    uint32_t state = *(const uint32_t *)(o + PL.str_state);
+PY_HOT uint64_t py_str_tail(const struct py_layout *L, const char *o) {
+    uint64_t len = *(const uint64_t *)(o + L->str_length), v = 0;
+    uint32_t state = *(const uint32_t *)(o + L->str_state);
     if (LIKELY((state & 0x60u) == 0x60u && len != 0)) {   /* compact (bit 5) and ASCII (bit 6) */
-        memcpy(&v, o + PL.str_ascii_data + len - 8, 8);
+        memcpy(&v, o + L->str_ascii_data + len - 8, 8);
         v >>= len < 8 ? 8 * (8 - len) : 0;
     }
     return v ^ len << 56;
@@ -224,26 +236,28 @@ static inline uint64_t py_str_tail(const char *o) {
  * functions compiled one after another on 3.13). Code compiled again and again (exec of
  * generated functions, each freed after use) put new functions at old addresses: their blocks
  * were recorded at the old functions' lines. */
-static inline uint64_t py_code_guard(const char *code) {
-    const char *file = PY_PTR(code, PL.co_filename), *name = PY_PTR(code, PL.co_qualname);
+PY_HOT uint64_t py_code_guard_in(const struct py_layout *L, const char *code) {
+    const char *file = PY_PTR(code, L->co_filename), *name = PY_PTR(code, L->co_qualname);
     uint64_t g = ((uint64_t)(uintptr_t)file * 0x94D049BB133111EBull) ^ (uint64_t)(uintptr_t)name ^
-                 (uint64_t)(uint32_t)PY_INT(code, PL.co_firstlineno) << 40;
+                 (uint64_t)(uint32_t)PY_INT(code, L->co_firstlineno) << 40;
     if (LIKELY(file && name))   /* (never NULL in a code object) */
-        g ^= (py_str_tail(name) ^ *(const uint64_t *)(file + PL.str_length)) *
+        g ^= (py_str_tail(L, name) ^ *(const uint64_t *)(file + L->str_length)) *
              0xD6E8FEB86659FD93ull;
     return g;
 }
+static inline uint64_t py_code_guard(const char *code) { return py_code_guard_in(&PL, code); }
 
 /* The interning key of a frame's current instruction: the instruction's address names the code
  * object and the offset in it; the line table's address and py_code_guard guard against a freed
  * code object whose memory another one took. */
-static inline uint64_t py_key(const char *f) {
-    const char *code = PY_PTR(f, PL.fr_code);
-    uint64_t pc = (uint64_t)(uintptr_t)PY_PTR(f, PL.fr_instr);
-    uint64_t lt = (uint64_t)(uintptr_t)PY_PTR(code, PL.co_linetable);
-    uint64_t h = (pc ^ (lt << 17) ^ (lt >> 13) ^ py_code_guard(code)) * 0xC2B2AE3D27D4EB4Full;
+PY_HOT uint64_t py_key_in(const struct py_layout *L, const char *f) {
+    const char *code = PY_PTR(f, L->fr_code);
+    uint64_t pc = (uint64_t)(uintptr_t)PY_PTR(f, L->fr_instr);
+    uint64_t lt = (uint64_t)(uintptr_t)PY_PTR(code, L->co_linetable);
+    uint64_t h = (pc ^ (lt << 17) ^ (lt >> 13) ^ py_code_guard_in(L, code)) * 0xC2B2AE3D27D4EB4Full;
     return (h ^ (h >> 31)) | 1;
 }
+static inline uint64_t py_key(const char *f) { return py_key_in(&PL, f); }
 
 /* The interning key of a line of a frame's code object: the code object's address, guarded as
  * in py_key. */
@@ -267,15 +281,35 @@ static inline uint64_t py_line_key(const char *f, int line) {
  * py_code_guard (alive now, those code objects may have taken the memory of others that an
  * earlier stack of the table ran: a helper called from functions compiled again and again was
  * recorded under its first callers' lines). */
-static inline uint64_t py_stack_key(const char *f) {
-    uint64_t h = py_key(f);
-    const char *p = py_previous(f);
-    for (int d = 1; p && d < PY_STACK_MAX; d++, p = py_previous(p)) {
-        h ^= (uint64_t)(uintptr_t)PY_PTR(p, PL.fr_instr) ^ py_code_guard(PY_PTR(p, PL.fr_code));
+PY_HOT uint64_t py_stack_key_in(const struct py_layout *L, const char *f) {
+    uint64_t h = py_key_in(L, f);
+    const char *p = py_previous_in(L, f);
+    for (int d = 1; p && d < PY_STACK_MAX; d++, p = py_previous_in(L, p)) {
+        h ^= (uint64_t)(uintptr_t)PY_PTR(p, L->fr_instr) ^ py_code_guard_in(L, PY_PTR(p, L->fr_code));
         h *= 0x9E3779B97F4A7C15ull;
         h ^= h >> 29;
     }
     return h | 1;
+}
+static inline uint64_t py_stack_key(const char *f) { return py_stack_key_in(&PL, f); }
+
+/* The calling thread's innermost complete Python frame (*pf; NULL: none) and its stack's key
+ * (py_stack_key; 0 without a frame), read with version V's layout as constants. */
+#define PY_SITE(V)                                                                                \
+    static __attribute__((noinline)) uint64_t py_site##V(uintptr_t self, const char **pf) {    \
+        const struct py_layout *L = &py_layouts[V - 11];                                        \
+        const char *f = py_frame_in(L, V, self);                                                \
+        *pf = f;                                                                                \
+        return f ? py_stack_key_in(L, f) : 0;                                                   \
+    }
+PY_SITE(11)
+PY_SITE(12)
+PY_SITE(13)
+#undef PY_SITE
+
+static inline uint64_t py_site(uintptr_t self, const char **pf) {
+    return py_minor == 11 ? py_site11(self, pf) : py_minor == 12 ? py_site12(self, pf)
+                                                                 : py_site13(self, pf);
 }
 
 /* The source line of a frame's current instruction (0 if it has none). Successive lines of one

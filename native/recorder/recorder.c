@@ -1915,11 +1915,8 @@ static inline __attribute__((always_inline)) uint32_t location(struct tstate *t,
                                                                uint64_t seq) {
     const char *pf = NULL;
     if (LIKELY(!g_stack_depth && t->loc_table)) {
-        uint64_t h;
-        if (g_python && (pf = py_frame(t->self)) != NULL)
-            h = py_stack_key(pf);
-        else
-            h = site_key(callsite);
+        uint64_t h = g_python ? py_site(t->self, &pf) : 0;
+        if (!h) h = site_key(callsite);
         uint64_t *e = t->loc_table + 2 * ((uint32_t)(h >> 40) & t->loc_mask);
         if (LIKELY(e[0] == h) && (pf || LIKELY((uint32_t)(e[1] >> 32) == modules_gen())))
             return (uint32_t)e[1];
