@@ -136,7 +136,8 @@ def test_record_suggests_clock_every_where_reading_the_clock_is_much_of_the_run(
 
     r = RecordResult(0, tmp_path, ["x"])
     r.events, r.wall_s = 20_000_000, 1.0
-    assert "about 40% of the program's 1.0 s run" in clock_hint(r, read_ns=20.0)[0]
+    assert "20 ns on this machine: 0.40 s at one reading an event, in a program's run of " \
+           "1.00 s" in clock_hint(r, read_ns=20.0)[0]
     assert clock_hint(r, read_ns=9.0) == []   # a clock under CLOCK_HINT_NS a reading
     r.wall_s = 2.5
     assert clock_hint(r, read_ns=20.0) == []   # 16% of a slower program's run
