@@ -241,6 +241,9 @@ def stats(trace, top: int = 10, plot: str | Path | None = None) -> dict:
         "unknown_frees": totals["unknown_frees"],
         "pymalloc_recorded": any(p.pymalloc_seq >= 0 for p in trace.processes),
         "clock_every": max((int(p.clock_every) for p in trace.processes), default=1),
+        "recording": {k: trace.session[k] for k in ("wall_s", "after_exit_s",
+                                                    "converted_while_running")
+                      if k in trace.session},
         "double_acquires": totals["double_acquires"],
         "lost_events": int(trace.lost_events),
         "truncated": bool(trace.truncated),

@@ -180,6 +180,7 @@ def summarize(trace, aggs, shared, top: int = 10, sites: CallSites | None = None
         "unknown_frees": totals["unknown_frees"],
         "pymalloc_recorded": any(p.pymalloc_seq >= 0 for p in trace.processes),
         "clock_every": max((int(p.clock_every) for p in trace.processes), default=1),
+        "recording": {k: trace.session[k] for k in RECORDING_KEYS if k in trace.session},
         "double_acquires": totals["double_acquires"],
         "lost_events": int(trace.lost_events),
         "truncated": bool(trace.truncated),
@@ -191,6 +192,12 @@ def summarize(trace, aggs, shared, top: int = 10, sites: CallSites | None = None
     }
 
 
+#: What `heapcast record` says of its own run in session.json: the program's run (wall_s), the
+#: wait after its end until the trace was complete (after_exit_s) and the events converted
+#: while it ran.
+RECORDING_KEYS = ("wall_s", "after_exit_s", "converted_while_running")
+
+
 def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool = False,
           chunk: int = CHUNK) -> dict:
     """Statistics of a trace (a Trace, or a path heapcast.load accepts) as a JSON-ready dict.
@@ -200,6 +207,7 @@ def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool =
     peak_rss (when), size_classes, lifetimes, leaked_blocks/leaked_bytes, unknown_frees,
     clock_every (record --clock-every's N, the largest of the processes': above 1, one event in N
     of a thread read the clock, so times and lifetimes in ns are steps within bursts),
+    recording (from a recorded trace's session.json: RECORDING_KEYS, those it has; else empty),
     pymalloc_recorded (record --pymalloc: its frees of objects pymalloc served before the
     recording of it began are among unknown_frees; per process: pymalloc_seq),
     double_acquires, lost_events, truncated, top_callsites_by_bytes/by_count (a Python call site:

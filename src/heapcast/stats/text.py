@@ -46,6 +46,18 @@ def _site_rows(sites: list) -> list:
             for s in sites]
 
 
+def _recording(r: dict, events: int) -> list:
+    """The line on how `heapcast record` went (session.json), where the trace says it."""
+    if "wall_s" not in r or "after_exit_s" not in r:
+        return []
+    line = (f"recording   the program ran {r['wall_s']:.2f} s; the trace was complete "
+            f"{r['after_exit_s']:.2f} s after its end")
+    if "converted_while_running" in r:
+        line += (f", {r['converted_while_running']:,} of its {events:,} events converted while "
+                 "it ran")
+    return [line]
+
+
 def format_stats(d: dict) -> str:
     """A readable text report of `stats()`'s dict."""
     pl, pr = d["peak_live"], d["peak_rss"]
@@ -67,6 +79,7 @@ def format_stats(d: dict) -> str:
         *([f"clock       read once in {d['clock_every']} events of a thread (record "
            "--clock-every): times, and lifetimes in ns, are steps within bursts"]
           if d.get("clock_every", 1) > 1 else []),
+        *_recording(d.get("recording") or {}, d["events"]),
         "",
         "events by op",
         *_table(["op", "count"], [[k, v] for k, v in d["ops"].items()]),
