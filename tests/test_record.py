@@ -17,6 +17,7 @@ import heapcast
 from heapcast.stats.text import format_stats
 from heapcast.trace.blocks import INHERITED, match, match_trace
 from heapcast.trace.format import OP
+from test_report import open_page
 
 U64_MAX = 2**64 - 1
 SIZE_MAX = U64_MAX
@@ -255,6 +256,11 @@ def test_session_says_how_long_the_program_ran_and_what_came_after(build, tmp_pa
         assert (f"recording   the program ran {r.wall_s:.2f} s; the trace was complete "
                 f"{r.after_exit_s:.2f} s after its end, {r.live_events:,} of its "
                 f"{d['events']:,} events converted while it ran") in format_stats(d)
+        if live:   # and the report's cards
+            dom, console, _ = open_page(heapcast.report(out, output=tmp_path / "page.html"),
+                                        tmp_path)
+            assert console == [] and (f"{r.wall_s:.2f} s + {r.after_exit_s:.2f} s" in dom and
+                                      "the program's run, then the wait after its end" in dom)
     # a trace file alone has no session.json: no line
     d = heapcast.stats(next((tmp_path / "t0").glob("*.hct")))
     assert d["recording"] == {} and "recording" not in format_stats(d)

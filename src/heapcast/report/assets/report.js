@@ -53,6 +53,11 @@ function drawSummary() {
     card("lost events", num(S.lost_events), S.truncated ? "trace TRUNCATED" : "trace complete", S.lost_events > 0 || S.truncated),
     card("unknown frees", num(S.unknown_frees), `double acquires ${num(S.double_acquires)}`, S.unknown_frees > 0 || S.double_acquires > 0),
   );
+  const R = S.recording || {};
+  if (R.wall_s !== undefined && R.after_exit_s !== undefined)   // session.json of `heapcast record`
+    cards.append(card("recording", `${R.wall_s.toFixed(2)} s + ${R.after_exit_s.toFixed(2)} s`,
+      "the program's run, then the wait after its end" +
+      (R.converted_while_running !== undefined ? ` (${num(R.converted_while_running)} events converted while it ran)` : "")));
   const ops = document.getElementById("ops");
   const tr = el("tr"), tv = el("tr");
   for (const [k, v] of Object.entries(S.ops)) { tr.append(el("th", {}, k)); tv.append(el("td", {}, num(v))); }
