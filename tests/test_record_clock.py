@@ -42,10 +42,12 @@ def test_one_clock_reading_in_n_events_and_a_fresh_one_after_every_pause(build, 
     # the report's card of lifetimes says so too
     page = heapcast.report(trace, output=tmp_path / "page.html")
     dom, console, _ = open_page(page, tmp_path)
-    assert console == [] and f"clock read once in {EVERY} events: times are steps" in dom
-    threads = _own_events(trace)
-    assert len(threads) == THREADS
-    for ev in threads:
+    assert console == [] and (f"clock read once in {EVERY} events: times between readings "
+                              "estimated") in dom
+    steps = _own_events(heapcast.load(out, clock_steps=True))   # the times as recorded
+    spread = _own_events(trace)                                # as read: spread between readings
+    assert len(steps) == len(spread) == THREADS
+    for ev, sp in zip(steps, spread):
         ts = ev["ts"].astype(np.int64)
         assert (np.diff(ts) >= 0).all()   # a thread's times never go back
         # readings: one in EVERY events, a few more after ticks and new chunks; never all
@@ -58,6 +60,18 @@ def test_one_clock_reading_in_n_events_and_a_fresh_one_after_every_pause(build, 
         for g in gaps[:PHASES - 1]:
             assert ev["op"][g - 1] == OP["free"] and ev["op"][g] == OP["malloc"]
             assert ev["size"][g] == 16   # phases.c's first malloc of a phase
+        # Spread: the same events, most with a time of their own, none before its reading nor
+        # at or after the next one, never back; the pauses where they were (no run is spread
+        # over more than the 100 us tick).
+        assert (sp["seq"] == ev["seq"]).all()
+        t = sp["ts"].astype(np.int64)
+        assert (np.diff(t) >= 0).all() and len(np.unique(t)) > 0.9 * len(t)
+        assert (t >= ts).all() and (t - ts).max() < 100_000
+        nxt = np.searchsorted(np.unique(ts), ts, side="right")   # the next reading's index
+        later = nxt < readings
+        assert (t[later] < np.unique(ts)[nxt[later]]).all()
+        assert (np.flatnonzero(np.diff(t) >= PAUSE_US * 1000 * 3 // 4) + 1).tolist() == \
+            gaps.tolist()
 
 
 def test_times_are_those_of_every_event_by_default_and_without_a_drainer(build, tmp_path):

@@ -119,8 +119,9 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     r.add_argument("--clock-every", type=int, default=1, metavar="N",
                    help="read the clock for one event in N of each thread (and for the first "
                         "after each 100 us tick), the others taking their thread's latest "
-                        "reading: cheaper recording where reading the clock is slow, event times "
-                        "up to N-1 events or a tick late (default 1: every event; at most 1024)")
+                        "reading: cheaper recording where reading the clock is slow; readers "
+                        "estimate the times between two readings (default 1: every event; at "
+                        "most 1024)")
     r.add_argument("--policy", type=Path, metavar="POLICY",
                    help="run a compiled policy online on the program's events and log its "
                         "predictions in the trace (heapcast evaluate --online)")

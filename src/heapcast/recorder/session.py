@@ -368,8 +368,8 @@ def clock_hint(result: RecordResult, read_ns=None) -> list:
         return []
     return [f"reading the clock takes {read_ns:.0f} ns on this machine: {readings:.2f} s at one "
             f"reading an event, in a program's run of {result.wall_s:.2f} s; --clock-every 16 "
-            "reads it once in 16 events of a thread (event times then step, up to 15 events or "
-            "100 us late)"]
+            "reads it once in 16 events of a thread (the times between two readings are then "
+            "estimated)"]
 
 
 class _Converter:

@@ -206,7 +206,8 @@ def stats(trace, top: int = 10, plot: str | Path | None = None, progress: bool =
     processes, threads, duration_ns, peak_live_bytes and peak_live (when), peak_rss_bytes and
     peak_rss (when), size_classes, lifetimes, leaked_blocks/leaked_bytes, unknown_frees,
     clock_every (record --clock-every's N, the largest of the processes': above 1, one event in N
-    of a thread read the clock, so times and lifetimes in ns are steps within bursts),
+    of a thread read the clock, and times and lifetimes in ns between readings are estimates:
+    heapcast.trace.steps),
     recording (from a recorded trace's session.json: RECORDING_KEYS, those it has; else empty),
     pymalloc_recorded (record --pymalloc: its frees of objects pymalloc served before the
     recording of it began are among unknown_frees; per process: pymalloc_seq),

@@ -77,7 +77,8 @@ def format_stats(d: dict) -> str:
         *(["pymalloc    recorded from the first Python code on (its earlier objects' frees "
            "are among the unknown frees)"] if d.get("pymalloc_recorded") else []),
         *([f"clock       read once in {d['clock_every']} events of a thread (record "
-           "--clock-every): times, and lifetimes in ns, are steps within bursts"]
+           "--clock-every): times between two readings up to 100 us apart are spread between "
+           "them (estimates), the others steps"]
           if d.get("clock_every", 1) > 1 else []),
         *_recording(d.get("recording") or {}, d["events"]),
         "",

@@ -126,7 +126,8 @@ class Process:
     stack_depth: int = 0
     unwind: str = "fp"
     # 1: every event's time is its own clock reading; N > 1 (`record --clock-every N`): one event
-    # in N of a thread read the clock, the others carry their thread's latest reading
+    # in N of a thread read the clock, the others carry their thread's latest reading (which
+    # the reader spreads between readings where it can: heapcast.trace.steps)
     clock_every: int = 1
     mmap_recorded: bool = False
     pymalloc_seq: int = -1      # pymalloc's own allocations are recorded from this seq on (-1: not)
@@ -142,6 +143,9 @@ class Process:
     source: str = ""            # the .hct file it was read from
     _events: np.ndarray | None = field(default=None, repr=False)
     _blocks: list = field(default_factory=list, repr=False)     # EVENTS sections in the file
+    # clock_every > 1: read the times as recorded (steps), not spread between readings
+    # (heapcast.trace.steps)
+    _clock_steps: bool = field(default=False, repr=False)
 
     @property
     def events(self) -> np.ndarray:

@@ -21,6 +21,7 @@ from . import codec
 from .format import (EVENT_DTYPE, RSS_DTYPE, SESSION_FILE, TRACE_MAGIC, TRACE_READ_VERSIONS, TRACE_SUFFIX,
                      TraceError)
 from .model import LocationTable, Module, ModuleSnapshot, Process, PyFrame, Trace
+from .steps import interpolate_steps
 from .writer import (BLOCK_EVENTS, COLUMN, END, EVENTS, FILE_HEADER, LOCATIONS, META, MODULES, PYFRAMES, RSS,
                      SECTION, STORED_FIELDS, CODEC_STORED, CODEC_ZSTD)
 
@@ -40,8 +41,10 @@ class _Block:
     version: int       # of the file (1: every byte plane stored)
 
 
-def load(path) -> Trace:
-    """Loads a trace directory (every process in it) or a single .hct file."""
+def load(path, clock_steps: bool = False) -> Trace:
+    """Loads a trace directory (every process in it) or a single .hct file. `clock_steps`: in
+    a recording of `record --clock-every N`, the times as recorded (each event its thread's
+    latest reading) rather than spread between a thread's readings (heapcast.trace.steps)."""
     path = Path(path)
     if not path.exists():
         raise TraceError(path, None, "no such trace (expected a directory made by `heapcast record`"
@@ -62,7 +65,7 @@ def load(path) -> Trace:
             raise TraceError(path, None, f"no {TRACE_SUFFIX} files in this directory")
     else:
         files = [path]
-    procs = [read_process(f) for f in files]
+    procs = [read_process(f, clock_steps) for f in files]
     procs.sort(key=lambda p: (p.start_ns, p.pid, p.image))
     for i, p in enumerate(procs):
         p.index = i
@@ -97,8 +100,10 @@ def _payload(f, path: Path, off: int, stored_len: int, raw_len: int, crc: int, c
     return raw
 
 
-def read_process(path) -> Process:
-    """Reads one .hct file's metadata, locations, modules and RSS, and indexes its event blocks."""
+def read_process(path, clock_steps: bool = False) -> Process:
+    """Reads one .hct file's metadata, locations, modules and RSS, and indexes its event blocks.
+    `clock_steps`: times as recorded where the process read the clock once in N events (record
+    --clock-every), not spread between its readings (heapcast.trace.steps)."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -167,6 +172,7 @@ def read_process(path) -> Process:
         raise TraceError(path, None, f"EVENTS blocks hold {total} events, META says {p.event_count}")
     p.source = str(path)
     p._blocks = blocks
+    p._clock_steps = clock_steps
     return p
 
 
@@ -232,9 +238,11 @@ def _python_frames(path: Path, raw: bytes) -> dict:
                          f"line]: {e}") from None
 
 
-def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = None
-                  ) -> np.ndarray:
-    """An EVENTS block's events, into `out` (b.count zeroed rows) if given."""
+def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = None,
+                  every: int = 1) -> np.ndarray:
+    """An EVENTS block's events, into `out` (b.count zeroed rows) if given; `every` > 1: the
+    process read the clock once in `every` events of a thread, and its times are spread between
+    the readings (heapcast.trace.steps)."""
     raw = _payload(f, path, b.offset, b.stored_len, b.raw_len, b.crc, b.codec, "EVENTS block")
     if out is None:
         out = np.zeros(b.count, EVENT_DTYPE)
@@ -280,7 +288,14 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
             raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
     out["addr"], out["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     out["proc"] = proc
+    if every > 1:
+        interpolate_steps(out["ts"], out["tid"], every)
     return out
+
+
+def _every(p: Process) -> int:
+    """The clock_every that a process's blocks are decoded with: 1 for the times as recorded."""
+    return 1 if p._clock_steps else int(p.clock_every)
 
 
 def iter_process_blocks(p: Process, size: int = 1 << 20) -> Iterator[np.ndarray]:
@@ -295,16 +310,17 @@ def iter_process_blocks(p: Process, size: int = 1 << 20) -> Iterator[np.ndarray]
     with open(path, "rb") as f:
         if len(blocks) < 2:
             for b in blocks:
-                yield from _cut(_decode_block(path, f, b, p.index), size)
+                yield from _cut(_decode_block(path, f, b, p.index, every=_every(p)), size)
             return
         from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(1, thread_name_prefix="heapcast-read") as ahead:
             # (only the worker reads the file; leaving the loop early waits for its block)
-            nxt = ahead.submit(_decode_block, path, f, blocks[0], p.index)
+            nxt = ahead.submit(_decode_block, path, f, blocks[0], p.index, None, _every(p))
             for k in range(len(blocks)):
                 block = nxt.result()
                 if k + 1 < len(blocks):
-                    nxt = ahead.submit(_decode_block, path, f, blocks[k + 1], p.index)
+                    nxt = ahead.submit(_decode_block, path, f, blocks[k + 1], p.index, None,
+                                       _every(p))
                 yield from _cut(block, size)
                 del block
 
@@ -343,7 +359,7 @@ def read_process_events(p: Process) -> np.ndarray:
 
     def decode(k: int) -> None:
         with open(path, "rb") as f:   # (a file object of its own: its own position)
-            _decode_block(path, f, blocks[k], p.index, out[starts[k]:starts[k + 1]])
+            _decode_block(path, f, blocks[k], p.index, out[starts[k]:starts[k + 1]], _every(p))
 
     from concurrent.futures import ThreadPoolExecutor
     workers = min(len(blocks), len(os.sched_getaffinity(0)) or 1)

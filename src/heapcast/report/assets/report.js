@@ -49,7 +49,7 @@ function drawSummary() {
     card("never freed", bytes(S.leaked_bytes), `${num(S.leaked_blocks)} blocks`, S.leaked_blocks > 0),
     card("temporary allocations", num(S.temporary), "freed before the next allocation"),
     card("freed blocks", num(S.lifetimes.freed_blocks), `lifetime p50 ${dur(S.lifetimes.ns.p50)}, p99 ${dur(S.lifetimes.ns.p99)}` +
-         (S.clock_every > 1 ? ` (clock read once in ${S.clock_every} events: times are steps)` : "")),
+         (S.clock_every > 1 ? ` (clock read once in ${S.clock_every} events: times between readings estimated)` : "")),
     card("lost events", num(S.lost_events), S.truncated ? "trace TRUNCATED" : "trace complete", S.lost_events > 0 || S.truncated),
     card("unknown frees", num(S.unknown_frees), `double acquires ${num(S.double_acquires)}`, S.unknown_frees > 0 || S.double_acquires > 0),
   );

@@ -1,0 +1,48 @@
+"""heapcast.trace.steps: the times of `record --clock-every N`'s events between two readings of
+their thread, spread linearly where the recorder's run was complete and the readings close."""
+from __future__ import annotations
+
+import numpy as np
+
+from heapcast.trace.format import EVENT_DTYPE
+from heapcast.trace.steps import MAX_GAP_NS, interpolate_steps
+
+
+def test_a_complete_run_is_spread_up_to_the_next_reading():
+    ts = np.array([1000] * 4 + [1400] * 4 + [1800], np.uint64)
+    tid = np.zeros(len(ts), np.uint32)
+    assert interpolate_steps(ts, tid, 4) == 2
+    assert ts.tolist() == [1000, 1100, 1200, 1300, 1400, 1500, 1600, 1700, 1800]
+
+
+def test_short_runs_the_last_run_and_long_gaps_keep_their_steps():
+    # a run cut short (3 events: a tick), a complete one, a complete one before a pause longer
+    # than the tick, and a complete one that is the last of its thread here (no next reading)
+    ts = np.array([10] * 3 + [40] * 4 + [80] * 4 + [80 + MAX_GAP_NS + 1] * 4, np.uint64)
+    tid = np.zeros(len(ts), np.uint32)
+    before = ts.copy()
+    assert interpolate_steps(ts, tid, 4) == 1   # only [40] * 4, up to 80
+    want = before.copy()
+    want[3:7] = [40, 50, 60, 70]
+    assert ts.tolist() == want.tolist()
+
+
+def test_threads_are_spread_apart_in_a_strided_block():
+    """Two threads interleaved in seq order, in the EVENT_DTYPE rows a reader decodes into
+    (strided views): each thread's runs are its own, whatever the other's times."""
+    rows = np.zeros(18, EVENT_DTYPE)
+    a = [500] * 4 + [900] * 4 + [1300]                   # thread 1: one reading per 4 events
+    b = [510, 510, 510, 510, 910, 910, 910, 910, 5_000_000]   # thread 2: then a long pause
+    rows["tid"][0::2], rows["ts"][0::2] = 1, a
+    rows["tid"][1::2], rows["ts"][1::2] = 2, b
+    assert interpolate_steps(rows["ts"], rows["tid"], 4) == 3
+    assert rows["ts"][0::2].tolist() == [500, 600, 700, 800, 900, 1000, 1100, 1200, 1300]
+    assert rows["ts"][1::2].tolist() == [510, 610, 710, 810] + [910] * 4 + [5_000_000]
+
+
+def test_nothing_to_spread():
+    ts = np.arange(10, dtype=np.uint64) * 7   # every event its own reading
+    tid = np.zeros(10, np.uint32)
+    assert interpolate_steps(ts, tid, 1) == 0 and interpolate_steps(ts, tid, 4) == 0
+    assert ts.tolist() == (np.arange(10) * 7).tolist()
+    assert interpolate_steps(np.zeros(0, np.uint64), np.zeros(0, np.uint32), 16) == 0
