@@ -65,7 +65,7 @@ def test_one_clock_reading_in_n_events_and_a_fresh_one_after_every_pause(build, 
         # over more than the 100 us tick).
         assert (sp["seq"] == ev["seq"]).all()
         t = sp["ts"].astype(np.int64)
-        assert (np.diff(t) >= 0).all() and len(np.unique(t)) > 0.9 * len(t)
+        assert (np.diff(t) >= 0).all() and len(np.unique(t)) > len(t) / 2   # steps: 1 in 16
         assert (t >= ts).all() and (t - ts).max() < 100_000
         nxt = np.searchsorted(np.unique(ts), ts, side="right")   # the next reading's index
         later = nxt < readings
