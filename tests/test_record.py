@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import heapcast
+from heapcast.stats.summary import RECORDING_KEYS
 from heapcast.stats.text import format_stats
 from heapcast.trace.blocks import INHERITED, match, match_trace
 from heapcast.trace.format import OP
@@ -251,8 +252,7 @@ def test_session_says_how_long_the_program_ran_and_what_came_after(build, tmp_pa
             assert r.events >= 800_000 and r.live_events == 0
             assert r.after_exit_s > 0.02, r.after_exit_s
         d = heapcast.stats(out)   # and `heapcast stats` says so
-        assert d["recording"] == {k: session[k] for k in ("wall_s", "after_exit_s",
-                                                          "converted_while_running")}
+        assert d["recording"] == {k: session[k] for k in RECORDING_KEYS}
         assert (f"recording   the program ran {r.wall_s:.2f} s; the trace was complete "
                 f"{r.after_exit_s:.2f} s after its end, {r.live_events:,} of its "
                 f"{d['events']:,} events converted while it ran") in format_stats(d)

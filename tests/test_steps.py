@@ -46,3 +46,25 @@ def test_nothing_to_spread():
     assert interpolate_steps(ts, tid, 1) == 0 and interpolate_steps(ts, tid, 4) == 0
     assert ts.tolist() == (np.arange(10) * 7).tolist()
     assert interpolate_steps(np.zeros(0, np.uint64), np.zeros(0, np.uint32), 16) == 0
+
+
+def test_the_spread_is_the_integer_one_for_any_n():
+    """t0 + (t1 - t0) * k // N exactly, whatever N and the gap (the offsets are computed in
+    float64), against a plain loop over random runs of three threads."""
+    rng = np.random.default_rng(7)
+    for every in (3, 7, 16, 1000, 1024):
+        tid = rng.integers(0, 3, 30 * every).astype(np.uint32)
+        ts = np.zeros(len(tid), np.uint64)
+        for th in range(3):
+            idx = np.flatnonzero(tid == th)
+            readings = np.cumsum(rng.integers(1, MAX_GAP_NS + 2, len(idx) // every + 1))
+            ts[idx] = readings[np.arange(len(idx)) // every].astype(np.uint64)
+        want = ts.copy()
+        for th in range(3):
+            idx = np.flatnonzero(tid == th)
+            for i in range(0, len(idx) - every, every):
+                t0, t1 = int(ts[idx[i]]), int(ts[idx[i + every]])
+                if t1 - t0 <= MAX_GAP_NS:
+                    want[idx[i:i + every]] = [t0 + (t1 - t0) * k // every for k in range(every)]
+        interpolate_steps(ts, tid, every)
+        assert ts.tolist() == want.tolist(), every
