@@ -52,7 +52,8 @@ lab = Extension(
 # shared library loaded with ctypes (heapcast.trace.native_codec, heapcast.trace.native_raw).
 codec = Extension(
     "heapcast.libheapcast_codec",
-    sources=["native/codec/encode.c", "native/codec/raw_decode.c", "native/codec/match.c"],
+    sources=["native/codec/encode.c", "native/codec/raw_decode.c", "native/codec/match.c",
+             "native/codec/steps.c"],
     depends=["native/recorder/raw_format.h"],
     extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
     libraries=["m"],

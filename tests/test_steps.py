@@ -68,3 +68,52 @@ def test_the_spread_is_the_integer_one_for_any_n():
                     want[idx[i:i + every]] = [t0 + (t1 - t0) * k // every for k in range(every)]
         interpolate_steps(ts, tid, every)
         assert ts.tolist() == want.tolist(), every
+
+
+def _reference(ts, tid, every, max_gap_ns=MAX_GAP_NS):
+    """The estimate as numpy computes it (the reader's form until stop 50): each thread's rows
+    in order, its maximal runs of equal times, the complete ones before a close next reading."""
+    ts = ts.copy()
+    order = np.argsort(tid, kind="stable")
+    t, th = ts[order], tid[order]
+    starts = np.flatnonzero(np.concatenate(([True], (t[1:] != t[:-1]) | (th[1:] != th[:-1]))))
+    first, nxt = starts[:-1], starts[1:]
+    spread = first[(nxt - first == every) & (th[nxt] == th[first])
+                   & (t[nxt] - t[first] <= max_gap_ns)]
+    for s in spread:
+        t0, t1 = int(t[s]), int(t[s + every])
+        t[s:s + every] = [t0 + (t1 - t0) * k // every for k in range(every)]
+    ts[order] = t
+    return ts, len(spread)
+
+
+def test_the_native_pass_agrees_with_numpys_over_many_threads_and_odd_runs():
+    """Hundreds of interleaved threads (ids up to 2^32 - 1, the lookup's table growing), runs cut
+    short, runs longer than N (a reading that repeats), pauses past the bound, a strided block."""
+    rng = np.random.default_rng(11)
+    for every, threads in ((4, 1), (16, 3), (16, 300), (5, 40)):
+        ids = rng.choice(2**32 - 1, threads, replace=False).astype(np.uint32)
+        tid = ids[rng.integers(0, threads, 40 * every * threads)]
+        ts = np.zeros(len(tid), np.uint64)
+        for th in ids:
+            idx = np.flatnonzero(tid == th)
+            lengths = rng.choice([every, every, every, every - 1, 2 * every, 1], 2 * len(idx))
+            run_of = np.repeat(np.arange(len(lengths)), lengths)[:len(idx)]
+            steps = rng.choice([1, 500, MAX_GAP_NS, MAX_GAP_NS + 1, 10**7], len(lengths),
+                               p=[0.1, 0.5, 0.1, 0.1, 0.2])
+            ts[idx] = np.cumsum(steps)[run_of].astype(np.uint64)
+        want, runs = _reference(ts, tid, every)
+        rows = np.zeros(len(ts), EVENT_DTYPE)
+        rows["ts"], rows["tid"] = ts, tid
+        assert interpolate_steps(rows["ts"], rows["tid"], every) == runs, (every, threads)
+        assert runs > 0 and (rows["ts"] == want).all(), (every, threads)
+
+
+def test_bad_arguments_are_refused():
+    import pytest
+    with pytest.raises(ValueError, match="thread ids"):
+        interpolate_steps(np.zeros(8, np.uint64), np.zeros(7, np.uint32), 4)
+    with pytest.raises(ValueError, match="uint64"):
+        interpolate_steps(np.zeros(8, np.int64), np.zeros(8, np.uint32), 4)
+    with pytest.raises(ValueError, match="out of range"):
+        interpolate_steps(np.zeros(8, np.uint64), np.zeros(8, np.uint32), 4, max_gap_ns=-1)

@@ -274,6 +274,7 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
     columns.sort(key=lambda c: c[0] != "op")
     masked = b.version >= 4
     pairs = {}
+    held = {"ts": None, "tid": None}
     for name, enc, omitted, sparse, data in columns:
         how = codec.Sparse(masked, None if name == "op" else out["op"]) if sparse else None
         try:
@@ -282,6 +283,8 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
                                if enc == codec.BACKREF else
                                (codec.decode(data, enc, np.dtype(np.uint64), b.count, omitted,
                                              how), np.full(b.count, -1, np.int64)))
+            elif every > 1 and name in held:   # (spread below, while contiguous)
+                held[name] = codec.decode(data, enc, EVENT_DTYPE[name], b.count, omitted, how)
             else:
                 out[name] = codec.decode(data, enc, EVENT_DTYPE[name], b.count, omitted, how)
         except ValueError as e:
@@ -289,7 +292,11 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
     out["addr"], out["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     out["proc"] = proc
     if every > 1:
-        interpolate_steps(out["ts"], out["tid"], every)
+        # the estimates' pass over the two columns before they go into the rows (64-byte
+        # strided rows of a section do not fit in the cache: 9 ns an event against 6)
+        ts = held["ts"] if held["ts"].flags.writeable else held["ts"].copy()
+        interpolate_steps(ts, held["tid"], every)
+        out["ts"], out["tid"] = ts, held["tid"]
     return out
 
 

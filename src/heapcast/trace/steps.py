@@ -15,7 +15,12 @@ clock_steps=True)` reads the times as recorded.
 """
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
+
 import numpy as np
+
+from .native_codec import LIBRARY, LoadedOnce, NativeError
 
 #: The most time between two readings whose run of events is spread between them: the
 #: drainer's clock tick (drain.c, CLOCK_TICK_US), which bounds how old a reading can be while
@@ -23,40 +28,50 @@ import numpy as np
 MAX_GAP_NS = 100_000
 
 
+def load(path: Path = LIBRARY) -> ctypes.CDLL:
+    """Loads the codec library's pass over a section's times (native/codec/steps.c)."""
+    if not Path(path).exists():
+        raise NativeError(f"{path} is missing: build heapcast's native code "
+                          f"(pip install -e . in the repository)")
+    lib = ctypes.CDLL(str(path))
+    p, n = ctypes.c_void_p, ctypes.c_uint64
+    try:
+        lib.hc_spread_steps.restype = ctypes.c_int64
+        lib.hc_spread_steps.argtypes = [p, n, p, n, n, ctypes.c_uint32, n]
+    except AttributeError:
+        raise NativeError(f"{path} has no hc_spread_steps: rebuild it (pip install -e .)") from None
+    return lib
+
+
+library = LoadedOnce(load, LIBRARY)
+
+
 def interpolate_steps(ts: np.ndarray, tid: np.ndarray, every: int,
                       max_gap_ns: int = MAX_GAP_NS) -> int:
     """Spreads, in place, each complete run of `every` equal times of a thread (rows in seq
-    order; `ts` uint64 ns, `tid` the thread of each row) up to the thread's next reading, where
-    that reading is in these rows and at most `max_gap_ns` later. Returns the runs spread."""
+    order; `ts` uint64 ns, `tid` the thread of each row, either strided, as a reader's rows are)
+    up to the thread's next reading, where that reading is in these rows and at most
+    `max_gap_ns` later: event k of the run gets t0 + (t1 - t0) * k // every. Returns the runs
+    spread."""
     n = len(ts)
+    if len(tid) != n:
+        raise ValueError(f"interpolate_steps: {n} times but {len(tid)} thread ids")
     if every <= 1 or n <= every:
         return 0
-    tid = np.ascontiguousarray(tid)   # (a reader's rows are 64-byte strided: copied once)
-    order = None
-    if not (tid == tid[0]).all():
-        # thread ids are small: as 16-bit keys numpy's stable sort is a radix sort (4-5x a
-        # merge sort of the 32-bit ids over a section's 2^18 rows)
-        key = tid.astype(np.uint16) if int(tid.max()) < 1 << 16 else tid
-        order = np.argsort(key, kind="stable")
-    t = np.array(ts) if order is None else ts[order]   # (contiguous: spread here, then stored)
-    th = tid if order is None else tid[order]
-    starts = np.flatnonzero(np.concatenate(([True], (t[1:] != t[:-1]) | (th[1:] != th[:-1]))))
-    if len(starts) < 2:
-        return 0
-    first, nxt = starts[:-1], starts[1:]
-    # (a thread's times never go back: its next run's is later, and a wrapped difference fails
-    # the bound anyway)
-    gap = t[nxt] - t[first]
-    spread = first[(nxt - first == every) & (th[nxt] == th[first]) & (gap <= max_gap_ns)]
-    if not len(spread):
-        return 0
-    t0 = t[spread]
-    k = np.arange(every, dtype=np.uint64)
-    offsets = (t[spread + every] - t0)[:, None] * k // np.uint64(every)   # (< 2^27 * 2^10)
-    rows = (spread[:, None] + np.arange(every)).ravel()
-    t[rows] = (t0[:, None] + offsets).ravel()
-    if order is None:
-        ts[:] = t
-    else:
-        ts[order] = t
-    return len(spread)
+    if not 1 < every < 2**32 or not 0 <= max_gap_ns < 2**64:
+        raise ValueError(f"interpolate_steps: every {every}, max_gap_ns {max_gap_ns} out of range")
+    if ts.dtype != np.uint64 or ts.ndim != 1 or not ts.flags.writeable:
+        raise ValueError("interpolate_steps: ts must be a writable 1-D uint64 array")
+    tid = np.asarray(tid)
+    if tid.dtype != np.uint32 or tid.ndim != 1 or tid.strides[0] <= 0:
+        tid = np.ascontiguousarray(tid, np.uint32)
+    target = ts if ts.strides[0] > 0 else np.ascontiguousarray(ts)
+    got = library().hc_spread_steps(target.ctypes.data, target.strides[0], tid.ctypes.data,
+                                    tid.strides[0], n, every, int(max_gap_ns))
+    if got < 0:
+        if got == -3:
+            raise MemoryError("interpolate_steps: no memory for the threads' runs")
+        raise ValueError(f"interpolate_steps: {n} rows or every {every} out of range")
+    if target is not ts:
+        ts[:] = target
+    return int(got)
