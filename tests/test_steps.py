@@ -117,3 +117,14 @@ def test_bad_arguments_are_refused():
         interpolate_steps(np.zeros(8, np.int64), np.zeros(8, np.uint32), 4)
     with pytest.raises(ValueError, match="out of range"):
         interpolate_steps(np.zeros(8, np.uint64), np.zeros(8, np.uint32), 4, max_gap_ns=-1)
+
+
+def test_a_library_without_the_pass_is_named_not_a_traceback(tmp_path):
+    import pytest
+    from heapcast.trace import steps
+    from heapcast.trace.base import NativeError
+    other = steps.LIBRARY.with_name("libheapcast_drain.so")   # a library of heapcast's without it
+    with pytest.raises(NativeError, match="has no --clock-every estimates.*rebuild"):
+        steps.load(other)
+    with pytest.raises(NativeError, match="is missing: build"):
+        steps.load(tmp_path / "libheapcast_codec.so")

@@ -44,3 +44,20 @@ class LoadedOnce:
             if self._lib is None:
                 self._lib = self._load(self._path)
             return self._lib
+
+
+def bind(path: Path, functions: dict, what: str) -> ctypes.CDLL:
+    """Opens the library at `path` and declares `functions` ({name: (restype, [argtypes])});
+    NativeError where the library is missing or lacks one of them (`what` names the part: for
+    the message)."""
+    if not Path(path).exists():
+        raise NativeError(f"{path} is missing: build heapcast's native code "
+                          f"(pip install -e . in the repository)")
+    lib = ctypes.CDLL(str(path))
+    try:
+        for name, (restype, argtypes) in functions.items():
+            f = getattr(lib, name)
+            f.restype, f.argtypes = restype, argtypes
+    except AttributeError:
+        raise NativeError(f"{path} has no {what}: rebuild it (pip install -e .)") from None
+    return lib

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from .format import ALLOC_OPS, EVENT_DTYPE, FREE, REALLOC, REALLOCARRAY
-from .native_codec import LIBRARY, LoadedOnce, NativeError
+from .base import LoadedOnce, NativeError, bind
+from .native_codec import LIBRARY
 
 # match.c reads these fields at these byte offsets of a row
 assert {f: EVENT_DTYPE.fields[f][1] for f in ("seq", "addr", "old_addr", "size", "free_lag", "op")} \
@@ -24,19 +25,11 @@ OP_KINDS[FREE] |= 4
 
 def load(path: Path = LIBRARY) -> ctypes.CDLL:
     """Loads the codec library's matching passes."""
-    if not Path(path).exists():
-        raise NativeError(f"{path} is missing: build heapcast's native code "
-                          f"(pip install -e . in the repository)")
-    lib = ctypes.CDLL(str(path))
     p, n = ctypes.c_void_p, ctypes.c_uint64
-    try:
-        lib.hc_match_rows.restype = n
-        lib.hc_match_rows.argtypes = [p, n, n, p, n, p, p, p, p, p, p, p]
-        lib.hc_match_pass.restype = ctypes.c_int
-        lib.hc_match_pass.argtypes = [p, p, p, p, n, p, n, n, n, p, p, p, p, p, p]
-    except AttributeError:
-        raise NativeError(f"{path} has no block matching: rebuild it (pip install -e .)") from None
-    return lib
+    return bind(path, {"hc_match_rows": (n, [p, n, n, p, n, p, p, p, p, p, p, p]),
+                       "hc_match_pass": (ctypes.c_int,
+                                         [p, p, p, p, n, p, n, n, n, p, p, p, p, p, p])},
+                "block matching")
 
 
 library = LoadedOnce(load, LIBRARY)

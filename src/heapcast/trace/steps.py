@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .native_codec import LIBRARY, LoadedOnce, NativeError
+from .base import LoadedOnce, bind
+from .native_codec import LIBRARY
 
 #: The most time between two readings whose run of events is spread between them: the
 #: drainer's clock tick (drain.c, CLOCK_TICK_US), which bounds how old a reading can be while
@@ -30,17 +31,9 @@ MAX_GAP_NS = 100_000
 
 def load(path: Path = LIBRARY) -> ctypes.CDLL:
     """Loads the codec library's pass over a section's times (native/codec/steps.c)."""
-    if not Path(path).exists():
-        raise NativeError(f"{path} is missing: build heapcast's native code "
-                          f"(pip install -e . in the repository)")
-    lib = ctypes.CDLL(str(path))
     p, n = ctypes.c_void_p, ctypes.c_uint64
-    try:
-        lib.hc_spread_steps.restype = ctypes.c_int64
-        lib.hc_spread_steps.argtypes = [p, n, p, n, n, ctypes.c_uint32, n]
-    except AttributeError:
-        raise NativeError(f"{path} has no hc_spread_steps: rebuild it (pip install -e .)") from None
-    return lib
+    return bind(path, {"hc_spread_steps": (ctypes.c_int64, [p, n, p, n, n, ctypes.c_uint32, n])},
+                "--clock-every estimates (hc_spread_steps)")
 
 
 library = LoadedOnce(load, LIBRARY)
