@@ -20,7 +20,9 @@ enum { ERR_NOMEM = -3, ERR_ARGS = -1 };
 typedef struct {
     uint32_t tid, count;   /* count: rows of the current run (more than N: not spread) */
     uint64_t t0;           /* the run's reading */
-    uint32_t *rows;        /* the run's first N rows */
+    uint32_t *rows;        /* the run's first N rows, room for `room` (grown as runs need: a
+                              section of many threads' short runs must not take N rows each) */
+    uint32_t room;
 } run;
 
 typedef struct {
@@ -57,7 +59,8 @@ static run *find(runs *r, uint32_t tid) {
     uint32_t j = hash(tid) & (r->cap - 1);
     while (r->slot[j].rows) j = (j + 1) & (r->cap - 1);
     run *s = &r->slot[j];
-    if (!(s->rows = malloc(sizeof *s->rows * r->every))) return NULL;
+    s->room = r->every < 16 ? r->every : 16;
+    if (!(s->rows = malloc(sizeof *s->rows * s->room))) return NULL;
     s->tid = tid;
     s->count = 0;
     r->used++;
@@ -75,7 +78,7 @@ HC_API int64_t hc_spread_steps(uint8_t *ts, uint64_t ts_stride, const uint8_t *t
     /* The current thread's run is kept in locals (the rows of a section are mostly one thread's
      * in a row), and stored back in its slot when another thread's row comes. */
     run *s = NULL;
-    uint32_t cur = 0, count = 0, *rows = NULL;
+    uint32_t cur = 0, count = 0, room = 0, *rows = NULL;
     uint64_t t0 = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint32_t th;
@@ -86,15 +89,28 @@ HC_API int64_t hc_spread_steps(uint8_t *ts, uint64_t ts_stride, const uint8_t *t
             if (s) {
                 s->t0 = t0;
                 s->count = count;
+                s->rows = rows;
+                s->room = room;
             }
             if (!(s = find(&r, th))) {
                 spread = ERR_NOMEM;
                 break;
             }
-            cur = th, t0 = s->t0, count = s->count, rows = s->rows;
+            cur = th, t0 = s->t0, count = s->count, rows = s->rows, room = s->room;
         }
         if (count && t == t0) {
-            if (count < every) rows[count] = (uint32_t)i;
+            if (count < every) {
+                if (count == room) {   /* (room < every here) */
+                    room = room * 2 < every ? room * 2 : every;
+                    uint32_t *more = realloc(rows, sizeof *rows * room);
+                    if (!more) {
+                        spread = ERR_NOMEM;
+                        break;
+                    }
+                    s->rows = rows = more;   /* (freed from its slot at the end) */
+                }
+                rows[count] = (uint32_t)i;
+            }
             count += count <= every;   /* (every + 1: longer than a run, never spread) */
             continue;
         }
