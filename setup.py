@@ -53,7 +53,7 @@ lab = Extension(
 codec = Extension(
     "heapcast.libheapcast_codec",
     sources=["native/codec/encode.c", "native/codec/raw_decode.c", "native/codec/match.c",
-             "native/codec/steps.c"],
+             "native/codec/steps.c", "native/codec/decode.c"],
     depends=["native/recorder/raw_format.h"],
     extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
     libraries=["m"],

@@ -7,14 +7,19 @@ column header's mask names them; files of format version 1 store every plane): t
 them back as zeros. A column whose stored values are mostly zero (version 3) stores a presence
 bit per row and the planes of its non-zero rows only: zstd is slow on such planes and mostly
 stores them worse (bench/sparse_columns.py). Encoding is native code (native/codec/encode.c,
-bound in native_codec.py: the writer encodes every event it writes); decoding is here, a few
-vectorized numpy passes per column, except the one sequential pass that follows address
-back-references (native, resolve_pair).
+bound in native_codec.py: the writer encodes every event it writes); decoding is here: the byte
+planes of each column put together and its encoding undone in one native pass
+(native/codec/decode.c, which can write straight into a reader's rows), the presence bits of
+sparse columns and the back-references' codes in numpy, and the one sequential pass that follows
+address back-references native too (resolve_pair).
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
+from .base import LoadedOnce, bind
 from .format import EVENT_DTYPE
 
 PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA, BACKREF = 0, 1, 2, 3, 4
@@ -85,6 +90,78 @@ class Sparse:
         return present, nbytes
 
 
+class PlaneColumn(ctypes.Structure):
+    """hc_plane_column in native/codec/decode.c."""
+    _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_uint64), ("out", ctypes.c_void_p),
+                ("stride", ctypes.c_uint64), ("encoding", ctypes.c_int32),
+                ("width", ctypes.c_uint32), ("omitted", ctypes.c_uint32),
+                ("out_size", ctypes.c_uint32)]
+
+
+def _load(path=None) -> ctypes.CDLL:
+    """Loads the codec library's column decoder (native/codec/decode.c)."""
+    from .native_codec import LIBRARY   # (it imports this module)
+    return bind(path or LIBRARY,
+                {"hc_decode_columns": (ctypes.c_int, [ctypes.POINTER(PlaneColumn), ctypes.c_uint32,
+                                                      ctypes.c_uint64, ctypes.c_void_p])},
+                "column decoder (hc_decode_columns)")
+
+
+_library = LoadedOnce(_load, None)
+
+
+def decode_dense_into(columns: list, count: int) -> None:
+    """Decodes dense (not sparse, not BACKREF) columns of `count` rows in one native pass, a tile
+    of rows at a time through them all (native/codec/decode.c): each (data, encoding, dtype,
+    omitted, out), `out` count writable rows of any positive stride (fields of a reader's rows).
+    Raises ColumnError (a ValueError that says which column) on a column whose bytes do not
+    fit."""
+    if not columns:
+        return
+    cols = (PlaneColumn * len(columns))()
+    keep = []   # (the buffers, referenced during the call)
+    for c, (data, encoding, dtype, omitted, out) in enumerate(columns):
+        try:
+            _check_dense(data, encoding, dtype, count, omitted, out)
+        except ValueError as e:
+            raise ColumnError(c, str(e)) from None
+        width = dtype.itemsize if encoding == PLAIN else 8
+        src = np.frombuffer(data, np.uint8)
+        keep.append(src)
+        cols[c] = PlaneColumn(src.ctypes.data if len(src) else None, len(src),
+                              out.ctypes.data if count else None, out.strides[0] if count else 0,
+                              encoding, width, omitted, out.dtype.itemsize)
+    bad = ctypes.c_uint32(0)
+    rc = _library().hc_decode_columns(cols, len(columns), count, ctypes.byref(bad))
+    if rc:   # (checked above: the library and this module disagree)
+        raise ColumnError(bad.value, f"hc_decode_columns: error {rc}")
+
+
+class ColumnError(ValueError):
+    """A column of decode_dense_into's whose bytes do not fit: `column` its index there."""
+
+    def __init__(self, column: int, message: str):
+        super().__init__(message)
+        self.column = column
+
+
+def _check_dense(data, encoding: int, dtype: np.dtype, count: int, omitted: int,
+                 out: np.ndarray) -> None:
+    """ValueError unless `data` holds the planes a dense column of `count` values has, and
+    `out` can take them."""
+    if encoding not in (PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA):
+        raise ValueError(f"unknown column encoding {encoding}")
+    width = dtype.itemsize if encoding == PLAIN else 8
+    kept = _stored_planes(omitted, width, f"{count} values of {width} bytes")
+    if len(data) != len(kept) * count:
+        raise ValueError(f"column holds {len(data)} bytes, expected {len(kept) * count} "
+                         f"({len(kept)} of the {width} byte planes of {count} values; mask "
+                         f"{omitted:#06x})")
+    if len(out) != count or out.ndim != 1 or (count and out.strides[0] <= 0) \
+            or not out.flags.writeable or out.dtype.itemsize > 8:
+        raise ValueError(f"out must be {count} writable rows of at most 8 bytes")
+
+
 def _unshuffle(b: bytes, dtype: np.dtype, count: int, omitted: int = 0,
                sparse: Sparse | None = None) -> np.ndarray:
     """`count` values from their byte planes, all but those in `omitted` (zeros) stored in b;
@@ -95,16 +172,8 @@ def _unshuffle(b: bytes, dtype: np.dtype, count: int, omitted: int = 0,
         out = np.zeros(count, dtype)
         out[present] = _unshuffle(b[nbytes:], dtype, int(np.count_nonzero(present)), omitted)
         return out
-    kept = _stored_planes(omitted, dtype.itemsize, f"{count} {dtype} values")
-    if len(b) != len(kept) * count:
-        raise ValueError(f"column holds {len(b)} bytes, expected {len(kept) * count} ({len(kept)} "
-                         f"of the {dtype.itemsize} byte planes of {count} values; mask "
-                         f"{omitted:#06x})")
-    planes = np.frombuffer(b, np.uint8).reshape(len(kept), count)
-    if len(kept) == dtype.itemsize:
-        return planes.T.copy().view(dtype).reshape(count)
-    out = np.zeros(count, dtype)
-    out.view(np.uint8).reshape(count, dtype.itemsize)[:, kept] = planes.T
+    out = np.empty(count, dtype)
+    decode_dense_into([(b, PLAIN, dtype, omitted, out)], count)
     return out
 
 
@@ -160,19 +229,32 @@ def decode(data: bytes, encoding: int, dtype: np.dtype, count: int,
     has the SPARSE flag;
     raises ValueError on data that does not fit. BACKREF columns decode in pairs: backrefs()
     and resolve_pair()."""
+    out = np.empty(count, dtype)
+    decode_into(data, encoding, dtype, count, omitted, sparse, out)
+    return out
+
+
+def decode_into(data: bytes, encoding: int, dtype: np.dtype, count: int, omitted: int,
+                sparse: Sparse | None, out: np.ndarray) -> None:
+    """decode(), into `out` (count rows of the column's dtype, any positive stride: a field of
+    a reader's rows)."""
     if encoding == BACKREF:
         raise ValueError("BACKREF columns decode with their partner (codec.resolve_pair)")
-    stored = dtype if encoding == PLAIN else np.dtype(np.uint64)
-    a = _unshuffle(data, stored, count, omitted, sparse)
+    if encoding not in (PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA):
+        raise ValueError(f"unknown column encoding {encoding}")
+    if not sparse:
+        decode_dense_into([(data, encoding, dtype, omitted, out)], count)
+        return
+    a = _unshuffle(data, dtype if encoding == PLAIN else np.dtype(np.uint64), count, omitted,
+                   sparse)
     if encoding == PLAIN:
-        return a
-    if encoding == DELTA:
-        return np.cumsum(a, dtype=np.uint64).astype(dtype)
-    if encoding == ZIGZAG_DELTA:
-        return np.cumsum(_unzigzag(a), dtype=np.uint64).astype(dtype)
-    if encoding == NONZERO_DELTA:
-        out = np.zeros(count, np.uint64)
+        out[:] = a
+    elif encoding == DELTA:
+        out[:] = np.cumsum(a, dtype=np.uint64).astype(dtype)
+    elif encoding == ZIGZAG_DELTA:
+        out[:] = np.cumsum(_unzigzag(a), dtype=np.uint64).astype(dtype)
+    else:
+        full = np.zeros(count, np.uint64)
         nz = np.flatnonzero(a)
-        out[nz] = np.cumsum(_unzigzag(a[nz] - np.uint64(1)), dtype=np.uint64)
-        return out.astype(dtype)
-    raise ValueError(f"unknown column encoding {encoding}")
+        full[nz] = np.cumsum(_unzigzag(a[nz] - np.uint64(1)), dtype=np.uint64)
+        out[:] = full.astype(dtype)

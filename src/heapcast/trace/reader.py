@@ -275,6 +275,7 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
     masked = b.version >= 4
     pairs = {}
     held = {"ts": None, "tid": None}
+    dense, dense_names = [], []   # decoded together, below: (data, encoding, dtype, mask, into)
     for name, enc, omitted, sparse, data in columns:
         how = codec.Sparse(masked, None if name == "op" else out["op"]) if sparse else None
         try:
@@ -283,20 +284,30 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
                                if enc == codec.BACKREF else
                                (codec.decode(data, enc, np.dtype(np.uint64), b.count, omitted,
                                              how), np.full(b.count, -1, np.int64)))
-            elif every > 1 and name in held:   # (spread below, while contiguous)
-                held[name] = codec.decode(data, enc, EVENT_DTYPE[name], b.count, omitted, how)
+                continue
+            if every > 1 and name in held:   # (spread below, while contiguous)
+                into = held[name] = np.empty(b.count, EVENT_DTYPE[name])
+            else:                            # (straight into the rows' field)
+                into = out[name]
+            if sparse or name == "op":   # (the op column first: sparse columns read it)
+                codec.decode_into(data, enc, EVENT_DTYPE[name], b.count, omitted, how, into)
             else:
-                out[name] = codec.decode(data, enc, EVENT_DTYPE[name], b.count, omitted, how)
+                dense.append((data, enc, EVENT_DTYPE[name], omitted, into))
+                dense_names.append(name)
         except ValueError as e:
             raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
+    try:
+        codec.decode_dense_into(dense, b.count)   # a tile of rows at a time through them all
+    except codec.ColumnError as e:
+        raise TraceError(path, b.offset,
+                         f"EVENTS block, column {dense_names[e.column]}: {e}") from None
     out["addr"], out["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     out["proc"] = proc
     if every > 1:
         # the estimates' pass over the two columns before they go into the rows (64-byte
         # strided rows of a section do not fit in the cache: 9 ns an event against 6)
-        ts = held["ts"] if held["ts"].flags.writeable else held["ts"].copy()
-        interpolate_steps(ts, held["tid"], every)
-        out["ts"], out["tid"] = ts, held["tid"]
+        interpolate_steps(held["ts"], held["tid"], every)
+        out["ts"], out["tid"] = held["ts"], held["tid"]
     return out
 
 
