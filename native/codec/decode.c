@@ -1,13 +1,15 @@
-/* Decodes a dense EVENTS column (docs/trace-format.md "EVENTS"; the inverse of encode.c): its
- * stored byte planes put back together into values, the column's encoding undone (a running
- * sum for DELTA, of zigzag differences for ZIGZAG_DELTA, over the non-zero rows for
- * NONZERO_DELTA), and each value stored, truncated to the field's width, at a stride: straight
- * into a reader's 64-byte rows. The numpy passes this replaced (a cast of every plane, a scatter
- * of the planes into the values' bytes, a cumulative sum, a cast, then a strided copy into the
- * rows, each through memory of its own) were most of reading a trace.
+/* Decodes EVENTS columns (docs/trace-format.md "EVENTS"; the inverse of encode.c): the stored
+ * byte planes put back together into values (a sparse column's: those of the rows its presence
+ * bits mark, the others zero), the column's encoding undone (a running sum for DELTA, of zigzag
+ * differences for ZIGZAG_DELTA, over the non-zero rows for NONZERO_DELTA), and each value
+ * stored, truncated to the field's width, at a stride: straight into a reader's 64-byte rows.
+ * The numpy passes this replaced (a cast of every plane, a scatter of the planes into the
+ * values' bytes, a cumulative sum, a cast, a boolean scatter for sparse columns, then a strided
+ * copy into the rows, each through memory of its own) were most of reading a trace.
  *
- * heapcast.trace.codec calls it through ctypes (heapcast/libheapcast_codec.so); sparse columns'
- * planes (the present rows') and BACKREF columns' codes and escapes come through here too. */
+ * heapcast.trace.codec calls it through ctypes (heapcast/libheapcast_codec.so); the BACKREF
+ * columns' codes and escapes come through here too (their back-references are followed by
+ * encode.c's hc_resolve_pair). */
 #include <stdint.h>
 #include <string.h>
 
@@ -34,22 +36,51 @@ typedef struct {
     uint64_t stride;
     int32_t encoding;
     uint32_t width, omitted, out_size;
+    /* A sparse column (bits not NULL): its planes hold only the rows present, the others are
+     * zero; row i is present when bit i of `bits` (bit i % 8 of byte i / 8) differs from the
+     * prediction of its op (ops[i * ops_stride] < 16 and bit op of `mask` set; none without
+     * ops or mask). */
+    const uint8_t *bits;
+    const uint8_t *ops;
+    uint64_t ops_stride;
+    uint32_t mask, pad;
 } hc_plane_column;
 
-/* Decodes ncols dense columns of count rows (their encodings undone), a tile of ROWS rows at a
+static inline int present(const hc_plane_column *col, uint64_t i) {
+    int bit = col->bits[i >> 3] >> (i & 7) & 1;
+    if (col->ops) {
+        unsigned op = col->ops[i * col->ops_stride];
+        bit ^= op < 16 && (col->mask >> op & 1);
+    }
+    return bit;
+}
+
+/* How many of count rows a sparse column's presence bits mark (see hc_plane_column; ops NULL or
+ * mask 0: no prediction): where its planes end. */
+HC_API uint64_t hc_count_present(const uint8_t *bits, const uint8_t *ops, uint64_t ops_stride,
+                                 uint32_t mask, uint64_t count) {
+    hc_plane_column col = {.bits = bits, .ops = mask ? ops : NULL, .ops_stride = ops_stride,
+                           .mask = mask};
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < count; i++) n += (uint64_t)present(&col, i);
+    return n;
+}
+
+/* Decodes ncols columns of count rows (their encodings undone), a tile of ROWS rows at a
  * time through every column: columns of one reader's rows then fill each row's cache line while
  * it is in the cache (column by column, each pass over a section's rows went through memory:
- * 16 MB of 64-byte rows for 2^18 events). Returns 0, ERR_LENGTH (*bad = the column) when a
- * column's bytes are not its planes', ERR_ARGS (*bad likewise) for a bad width, size or
+ * 16 MB of 64-byte rows for 2^18 events). Returns 0, ERR_LENGTH (bad[0] = the column, bad[1]
+ * = the rows its planes should hold) when a column's bytes are not its planes' (for a sparse
+ * one: of the rows its bits mark present), ERR_ARGS (bad[0] likewise) for a bad width, size or
  * encoding. */
 HC_API int hc_decode_columns(const hc_plane_column *cols, uint32_t ncols, uint64_t count,
-                             uint32_t *bad) {
+                             uint64_t bad[2]) {
     unsigned kept[16][8], nk[16];
-    uint64_t acc[16] = {0};
+    uint64_t acc[16] = {0}, rows[16], at[16] = {0};   /* rows: of its planes; at: the next */
     if (ncols > 16 || (ncols && !cols) || !bad) return ERR_ARGS;
     for (uint32_t c = 0; c < ncols; c++) {
         const hc_plane_column *col = &cols[c];
-        *bad = c;
+        bad[0] = c;
         unsigned w = col->width;
         if (!(w == 1 || w == 2 || w == 4 || w == 8) || col->out_size > 8 || !col->out_size ||
             col->encoding < PLAIN || col->encoding > NONZERO_DELTA ||
@@ -58,7 +89,13 @@ HC_API int hc_decode_columns(const hc_plane_column *cols, uint32_t ncols, uint64
         nk[c] = 0;
         for (unsigned k = 0; k < w; k++)
             if (!(col->omitted >> k & 1)) kept[c][nk[c]++] = k;
-        if (col->len != (uint64_t)nk[c] * count) return ERR_LENGTH;
+        rows[c] = count;
+        if (col->bits) {   /* the rows present: as many values in each plane */
+            rows[c] = 0;
+            for (uint64_t i = 0; i < count; i++) rows[c] += (uint64_t)present(col, i);
+        }
+        bad[1] = rows[c];
+        if (col->len != (uint64_t)nk[c] * rows[c]) return ERR_LENGTH;
     }
     uint64_t v[ROWS];
     for (uint64_t i = 0; i < count; i += ROWS) {
@@ -66,10 +103,21 @@ HC_API int hc_decode_columns(const hc_plane_column *cols, uint32_t ncols, uint64
         for (uint32_t c = 0; c < ncols; c++) {
             const hc_plane_column *col = &cols[c];
             memset(v, 0, n * sizeof *v);
-            for (unsigned p = 0; p < nk[c]; p++) {   /* plane by plane: each read in order */
-                const uint8_t *src = col->data + (uint64_t)p * count + i;
-                const unsigned shift = 8 * kept[c][p];
-                for (unsigned j = 0; j < n; j++) v[j] |= (uint64_t)src[j] << shift;
+            if (!col->bits) {
+                for (unsigned p = 0; p < nk[c]; p++) {   /* plane by plane: each read in order */
+                    const uint8_t *src = col->data + (uint64_t)p * count + i;
+                    const unsigned shift = 8 * kept[c][p];
+                    for (unsigned j = 0; j < n; j++) v[j] |= (uint64_t)src[j] << shift;
+                }
+            } else {   /* the present rows take the planes' next values */
+                uint64_t a = at[c];
+                for (unsigned j = 0; j < n; j++) {
+                    if (!present(col, i + j)) continue;
+                    for (unsigned p = 0; p < nk[c]; p++)
+                        v[j] |= (uint64_t)col->data[(uint64_t)p * rows[c] + a] << 8 * kept[c][p];
+                    a++;
+                }
+                at[c] = a;
             }
             uint64_t a = acc[c];
             switch (col->encoding) {

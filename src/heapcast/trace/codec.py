@@ -47,10 +47,6 @@ GENERIC_ENCODINGS = frozenset((PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA))
 ALLOWED_ENCODINGS = {name: GENERIC_ENCODINGS | {BACKREF} for name in PARTNER}
 
 
-def _unzigzag(z: np.ndarray) -> np.ndarray:
-    return ((z >> np.uint64(1)) ^ (np.uint64(0) - (z & np.uint64(1)))).astype(np.uint64)
-
-
 def _stored_planes(omitted: int, width: int, what: str) -> list[int]:
     """The planes of `width` that are stored: those not in the mask `omitted`."""
     if omitted >> width:
@@ -69,21 +65,41 @@ class Sparse:
     def __init__(self, masked: bool = False, ops: np.ndarray | None = None):
         self.masked, self.ops = masked, ops
 
-    def present(self, b: bytes, count: int) -> tuple[np.ndarray, int]:
-        """The rows marked present by the column's bytes b (the op mask, then (count + 7) // 8
-        bytes of bits, bit i % 8 of byte i // 8: row i), and how many bytes those take."""
+    def layout(self, b: bytes, count: int) -> tuple[int, int, int]:
+        """(where the presence bits start, the op mask, how many bytes mask and bits take) of
+        the column's bytes b: the op mask, then (count + 7) // 8 bytes of bits, bit i % 8 of
+        byte i // 8: row i. ValueError where they do not fit."""
         head = 2 if self.masked else 0
         nbytes = head + (count + 7) // 8
         if len(b) < nbytes:
             raise ValueError(f"sparse column holds {len(b)} bytes, expected at least {nbytes} of "
                              f"{'op mask and ' if head else ''}presence bits for {count} rows")
-        bits = np.unpackbits(np.frombuffer(b, np.uint8, nbytes - head, head), bitorder="little")
-        if bits[count:].any():
+        if count % 8 and b[nbytes - 1] >> (count % 8):
             raise ValueError("sparse column: presence bits set beyond the last row")
-        present = bits[:count].view(bool)
         mask = int.from_bytes(b[:head], "little")
         if mask and self.ops is None:
             raise ValueError(f"op mask {mask:#06x} on the op column itself, expected 0")
+        return head, mask, nbytes
+
+    def count(self, b: bytes, count: int) -> tuple[int, int]:
+        """How many of the `count` rows the column's bytes b mark present (natively), and how
+        many bytes the op mask and the bits take."""
+        head, mask, nbytes = self.layout(b, count)
+        if mask and (self.ops.dtype != np.uint8 or len(self.ops) != count
+                     or (count and self.ops.strides[0] <= 0)):
+            raise ValueError(f"the op values are not {count} rows of uint8")
+        bits = np.frombuffer(b, np.uint8, nbytes - head, head)
+        n = _library().hc_count_present(bits.ctypes.data if len(bits) else None,
+                                        self.ops.ctypes.data if mask and count else None,
+                                        self.ops.strides[0] if mask and count else 0, mask, count)
+        return int(n), nbytes
+
+    def present(self, b: bytes, count: int) -> tuple[np.ndarray, int]:
+        """The rows marked present by the column's bytes b (see layout), and how many bytes
+        the op mask and the bits take."""
+        head, mask, nbytes = self.layout(b, count)
+        bits = np.unpackbits(np.frombuffer(b, np.uint8, nbytes - head, head), bitorder="little")
+        present = bits[:count].view(bool)
         if mask:
             table = np.array([o < OP_KINDS and mask >> o & 1 for o in range(256)], bool)
             present = present ^ table[self.ops]
@@ -95,50 +111,74 @@ class PlaneColumn(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_uint64), ("out", ctypes.c_void_p),
                 ("stride", ctypes.c_uint64), ("encoding", ctypes.c_int32),
                 ("width", ctypes.c_uint32), ("omitted", ctypes.c_uint32),
-                ("out_size", ctypes.c_uint32)]
+                ("out_size", ctypes.c_uint32), ("bits", ctypes.c_void_p),
+                ("ops", ctypes.c_void_p), ("ops_stride", ctypes.c_uint64),
+                ("mask", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
 def _load(path=None) -> ctypes.CDLL:
     """Loads the codec library's column decoder (native/codec/decode.c)."""
     from .native_codec import LIBRARY   # (it imports this module)
+    p, n = ctypes.c_void_p, ctypes.c_uint64
     return bind(path or LIBRARY,
                 {"hc_decode_columns": (ctypes.c_int, [ctypes.POINTER(PlaneColumn), ctypes.c_uint32,
-                                                      ctypes.c_uint64, ctypes.c_void_p])},
+                                                      n, p]),
+                 "hc_count_present": (n, [p, p, n, ctypes.c_uint32, n])},
                 "column decoder (hc_decode_columns)")
 
 
 _library = LoadedOnce(_load, None)
 
 
-def decode_dense_into(columns: list, count: int) -> None:
-    """Decodes dense (not sparse, not BACKREF) columns of `count` rows in one native pass, a tile
-    of rows at a time through them all (native/codec/decode.c): each (data, encoding, dtype,
-    omitted, out), `out` count writable rows of any positive stride (fields of a reader's rows).
-    Raises ColumnError (a ValueError that says which column) on a column whose bytes do not
-    fit."""
+def decode_columns_into(columns: list, count: int) -> None:
+    """Decodes columns of `count` rows (not BACKREF) in one native pass, a tile of rows at a
+    time through them all (native/codec/decode.c): each (data, encoding, dtype, omitted, sparse,
+    out), `sparse` a Sparse or None, `out` count writable rows of any positive stride (fields of
+    a reader's rows; a sparse column's op values, where its mask predicts from them, must be
+    there already). Raises ColumnError (a ValueError that says which column) on a column whose
+    bytes do not fit."""
     if not columns:
         return
     cols = (PlaneColumn * len(columns))()
     keep = []   # (the buffers, referenced during the call)
-    for c, (data, encoding, dtype, omitted, out) in enumerate(columns):
+    for c, (data, encoding, dtype, omitted, sparse, out) in enumerate(columns):
+        src = np.frombuffer(data, np.uint8)
+        bits = ops = None
+        mask = 0
         try:
-            _check_dense(data, encoding, dtype, count, omitted, out)
+            if sparse:
+                head, mask, nbytes = sparse.layout(data, count)
+                bits, src = src[head:nbytes], src[nbytes:]
+                if mask:
+                    ops = sparse.ops
+                    if ops.dtype != np.uint8 or len(ops) != count or ops.strides[0] <= 0:
+                        raise ValueError(f"the op values are not {count} rows of uint8")
+            _check_dense(src, encoding, dtype, count, omitted, out, bits is not None)
         except ValueError as e:
             raise ColumnError(c, str(e)) from None
         width = dtype.itemsize if encoding == PLAIN else 8
-        src = np.frombuffer(data, np.uint8)
-        keep.append(src)
+        keep.append((src, bits, ops))
         cols[c] = PlaneColumn(src.ctypes.data if len(src) else None, len(src),
                               out.ctypes.data if count else None, out.strides[0] if count else 0,
-                              encoding, width, omitted, out.dtype.itemsize)
-    bad = ctypes.c_uint32(0)
-    rc = _library().hc_decode_columns(cols, len(columns), count, ctypes.byref(bad))
+                              encoding, width, omitted, out.dtype.itemsize,
+                              bits.ctypes.data if bits is not None and len(bits) else None,
+                              ops.ctypes.data if ops is not None and count else None,
+                              ops.strides[0] if ops is not None and count else 0, mask, 0)
+    bad = np.zeros(2, np.uint64)
+    rc = _library().hc_decode_columns(cols, len(columns), count, bad.ctypes.data)
+    c, rows = int(bad[0]), int(bad[1])
+    if rc == -2:   # (a sparse column's planes: its present rows are counted there)
+        col = cols[c]
+        kept = col.width - bin(col.omitted).count("1")
+        raise ColumnError(c, f"column holds {col.len} bytes, expected {kept * rows} ({kept} of "
+                             f"the {col.width} byte planes of {rows} values; mask "
+                             f"{col.omitted:#06x})")
     if rc:   # (checked above: the library and this module disagree)
-        raise ColumnError(bad.value, f"hc_decode_columns: error {rc}")
+        raise ColumnError(c, f"hc_decode_columns: error {rc}")
 
 
 class ColumnError(ValueError):
-    """A column of decode_dense_into's whose bytes do not fit: `column` its index there."""
+    """A column of decode_columns_into's whose bytes do not fit: `column` its index there."""
 
     def __init__(self, column: int, message: str):
         super().__init__(message)
@@ -146,35 +186,21 @@ class ColumnError(ValueError):
 
 
 def _check_dense(data, encoding: int, dtype: np.dtype, count: int, omitted: int,
-                 out: np.ndarray) -> None:
-    """ValueError unless `data` holds the planes a dense column of `count` values has, and
-    `out` can take them."""
+                 out: np.ndarray, sparse: bool = False) -> None:
+    """ValueError unless `data` holds the planes a dense column of `count` values has (a sparse
+    one's are checked natively, against the rows its presence bits mark), and `out` can take
+    them."""
     if encoding not in (PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA):
         raise ValueError(f"unknown column encoding {encoding}")
     width = dtype.itemsize if encoding == PLAIN else 8
     kept = _stored_planes(omitted, width, f"{count} values of {width} bytes")
-    if len(data) != len(kept) * count:
+    if not sparse and len(data) != len(kept) * count:
         raise ValueError(f"column holds {len(data)} bytes, expected {len(kept) * count} "
                          f"({len(kept)} of the {width} byte planes of {count} values; mask "
                          f"{omitted:#06x})")
     if len(out) != count or out.ndim != 1 or (count and out.strides[0] <= 0) \
             or not out.flags.writeable or out.dtype.itemsize > 8:
         raise ValueError(f"out must be {count} writable rows of at most 8 bytes")
-
-
-def _unshuffle(b: bytes, dtype: np.dtype, count: int, omitted: int = 0,
-               sparse: Sparse | None = None) -> np.ndarray:
-    """`count` values from their byte planes, all but those in `omitted` (zeros) stored in b;
-    `sparse`: b holds presence bits (as Sparse says), then the planes of the present rows (the
-    others zero)."""
-    if sparse:
-        present, nbytes = sparse.present(b, count)
-        out = np.zeros(count, dtype)
-        out[present] = _unshuffle(b[nbytes:], dtype, int(np.count_nonzero(present)), omitted)
-        return out
-    out = np.empty(count, dtype)
-    decode_dense_into([(b, PLAIN, dtype, omitted, out)], count)
-    return out
 
 
 def backrefs(data: bytes, count: int, omitted: int = 0,
@@ -184,12 +210,17 @@ def backrefs(data: bytes, count: int, omitted: int = 0,
     the header's mask, bits 0-7 the codes' planes left out, bits 8-15 the escapes'. `sparse`:
     the codes are stored as a sparse column's (presence bits, then the non-zero codes)."""
     planes = 8 - bin(omitted & 0xFF).count("1")
-    present, codes_len = sparse.present(data, count) if sparse else (None, 0)
-    codes_len += planes * (int(np.count_nonzero(present)) if sparse else count)
+    present, codes_len = sparse.count(data, count) if sparse else (count, 0)
+    codes_len += planes * present
     if len(data) < codes_len:
         raise ValueError(f"column holds {len(data)} bytes, expected at least {codes_len} for "
                          f"the codes of {count} rows (plane mask {omitted:#06x})")
-    codes = _unshuffle(data[:codes_len], np.dtype(np.uint64), count, omitted & 0xFF, sparse)
+    codes = np.empty(count, np.uint64)
+    try:
+        decode_columns_into([(data[:codes_len], PLAIN, np.dtype(np.uint64), omitted & 0xFF, sparse,
+                              codes)], count)
+    except ColumnError as e:
+        raise ValueError(str(e)) from None
     escapes = codes == 1
     m = int(np.count_nonzero(escapes))
     want = codes_len + (8 - bin(omitted >> 8).count("1")) * m
@@ -242,19 +273,7 @@ def decode_into(data: bytes, encoding: int, dtype: np.dtype, count: int, omitted
         raise ValueError("BACKREF columns decode with their partner (codec.resolve_pair)")
     if encoding not in (PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA):
         raise ValueError(f"unknown column encoding {encoding}")
-    if not sparse:
-        decode_dense_into([(data, encoding, dtype, omitted, out)], count)
-        return
-    a = _unshuffle(data, dtype if encoding == PLAIN else np.dtype(np.uint64), count, omitted,
-                   sparse)
-    if encoding == PLAIN:
-        out[:] = a
-    elif encoding == DELTA:
-        out[:] = np.cumsum(a, dtype=np.uint64).astype(dtype)
-    elif encoding == ZIGZAG_DELTA:
-        out[:] = np.cumsum(_unzigzag(a), dtype=np.uint64).astype(dtype)
-    else:
-        full = np.zeros(count, np.uint64)
-        nz = np.flatnonzero(a)
-        full[nz] = np.cumsum(_unzigzag(a[nz] - np.uint64(1)), dtype=np.uint64)
-        out[:] = full.astype(dtype)
+    try:
+        decode_columns_into([(data, encoding, dtype, omitted, sparse, out)], count)
+    except ColumnError as e:
+        raise ValueError(str(e)) from None

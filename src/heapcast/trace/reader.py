@@ -275,7 +275,7 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
     masked = b.version >= 4
     pairs = {}
     held = {"ts": None, "tid": None}
-    dense, dense_names = [], []   # decoded together, below: (data, encoding, dtype, mask, into)
+    batch, names = [], []   # decoded together, below: codec.decode_columns_into's columns
     for name, enc, omitted, sparse, data in columns:
         how = codec.Sparse(masked, None if name == "op" else out["op"]) if sparse else None
         try:
@@ -289,18 +289,17 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
                 into = held[name] = np.empty(b.count, EVENT_DTYPE[name])
             else:                            # (straight into the rows' field)
                 into = out[name]
-            if sparse or name == "op":   # (the op column first: sparse columns read it)
+            if name == "op":   # (first: the sparse columns' presence is predicted from it)
                 codec.decode_into(data, enc, EVENT_DTYPE[name], b.count, omitted, how, into)
             else:
-                dense.append((data, enc, EVENT_DTYPE[name], omitted, into))
-                dense_names.append(name)
+                batch.append((data, enc, EVENT_DTYPE[name], omitted, how, into))
+                names.append(name)
         except ValueError as e:
             raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
     try:
-        codec.decode_dense_into(dense, b.count)   # a tile of rows at a time through them all
+        codec.decode_columns_into(batch, b.count)   # a tile of rows at a time through them all
     except codec.ColumnError as e:
-        raise TraceError(path, b.offset,
-                         f"EVENTS block, column {dense_names[e.column]}: {e}") from None
+        raise TraceError(path, b.offset, f"EVENTS block, column {names[e.column]}: {e}") from None
     out["addr"], out["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
     out["proc"] = proc
     if every > 1:
