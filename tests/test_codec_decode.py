@@ -74,6 +74,8 @@ def test_bytes_that_do_not_fit_name_their_column():
     with pytest.raises(ValueError, match="planes beyond"):
         codec.decode_columns_into([(bytes(16), codec.PLAIN, np.dtype("<u1"), 0x02, None,
                                     np.zeros(16, np.uint8))], 16)
+    with pytest.raises(ValueError, match="17 columns, at most 16"):
+        codec.decode_columns_into([ok] * 17, 16)
     with pytest.raises(ValueError, match="writable rows"):
         codec.decode_columns_into([(bytes(16), codec.PLAIN, np.dtype("<u1"), 0, None,
                                     np.zeros(15, np.uint8))], 16)

@@ -139,6 +139,8 @@ def decode_columns_into(columns: list, count: int) -> None:
     bytes do not fit."""
     if not columns:
         return
+    if len(columns) > 16:   # (decode.c keeps each column's state on its stack: 16 of them)
+        raise ValueError(f"decode_columns_into: {len(columns)} columns, at most 16 at a time")
     cols = (PlaneColumn * len(columns))()
     keep = []   # (the buffers, referenced during the call)
     for c, (data, encoding, dtype, omitted, sparse, out) in enumerate(columns):
