@@ -169,9 +169,13 @@ def _with_zero_planes(data, mask, width, count):
 
 
 def sparse_bits(data, count, ops):
-    """(presence, bytes they take) of a version 4 sparse column's data; ops: the block's op
-    values (the reader's codec.Sparse, which the round trips of this file check)."""
-    return codec.Sparse(True, ops).present(data, count)
+    """(presence, bytes they take) of a version 4 sparse column's data (the bits XOR the op
+    mask's prediction, in numpy; the reader follows them natively); ops: the block's op values
+    (the layout is the reader's codec.Sparse's, which the round trips of this file check)."""
+    head, mask, nbytes = codec.Sparse(True, ops).layout(data, count)
+    bits = np.unpackbits(np.frombuffer(data, np.uint8, nbytes - head, head), bitorder="little")
+    table = np.array([o < codec.OP_KINDS and mask >> o & 1 for o in range(256)], bool)
+    return bits[:count].view(bool) ^ table[np.asarray(ops)], nbytes
 
 
 def dense(enc, mask, data, count, ops):

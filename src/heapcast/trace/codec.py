@@ -94,17 +94,6 @@ class Sparse:
                                         self.ops.strides[0] if mask and count else 0, mask, count)
         return int(n), nbytes
 
-    def present(self, b: bytes, count: int) -> tuple[np.ndarray, int]:
-        """The rows marked present by the column's bytes b (see layout), and how many bytes
-        the op mask and the bits take."""
-        head, mask, nbytes = self.layout(b, count)
-        bits = np.unpackbits(np.frombuffer(b, np.uint8, nbytes - head, head), bitorder="little")
-        present = bits[:count].view(bool)
-        if mask:
-            table = np.array([o < OP_KINDS and mask >> o & 1 for o in range(256)], bool)
-            present = present ^ table[self.ops]
-        return present, nbytes
-
 
 class PlaneColumn(ctypes.Structure):
     """hc_plane_column in native/codec/decode.c."""
@@ -155,7 +144,7 @@ def decode_columns_into(columns: list, count: int) -> None:
                     ops = sparse.ops
                     if ops.dtype != np.uint8 or len(ops) != count or ops.strides[0] <= 0:
                         raise ValueError(f"the op values are not {count} rows of uint8")
-            _check_dense(src, encoding, dtype, count, omitted, out, bits is not None)
+            _check_column(src, encoding, dtype, count, omitted, out, bits is not None)
         except ValueError as e:
             raise ColumnError(c, str(e)) from None
         width = dtype.itemsize if encoding == PLAIN else 8
@@ -187,7 +176,7 @@ class ColumnError(ValueError):
         self.column = column
 
 
-def _check_dense(data, encoding: int, dtype: np.dtype, count: int, omitted: int,
+def _check_column(data, encoding: int, dtype: np.dtype, count: int, omitted: int,
                  out: np.ndarray, sparse: bool = False) -> None:
     """ValueError unless `data` holds the planes a dense column of `count` values has (a sparse
     one's are checked natively, against the rows its presence bits mark), and `out` can take
@@ -217,12 +206,9 @@ def backrefs(data: bytes, count: int, omitted: int = 0,
     if len(data) < codes_len:
         raise ValueError(f"column holds {len(data)} bytes, expected at least {codes_len} for "
                          f"the codes of {count} rows (plane mask {omitted:#06x})")
-    codes = np.empty(count, np.uint64)
-    try:
-        decode_columns_into([(data[:codes_len], PLAIN, np.dtype(np.uint64), omitted & 0xFF, sparse,
-                              codes)], count)
-    except ColumnError as e:
-        raise ValueError(str(e)) from None
+    codes = np.empty(count, np.uint64)   # (a ColumnError is a ValueError: the caller's)
+    decode_columns_into([(data[:codes_len], PLAIN, np.dtype(np.uint64), omitted & 0xFF, sparse,
+                          codes)], count)
     escapes = codes == 1
     m = int(np.count_nonzero(escapes))
     want = codes_len + (8 - bin(omitted >> 8).count("1")) * m
@@ -275,7 +261,4 @@ def decode_into(data: bytes, encoding: int, dtype: np.dtype, count: int, omitted
         raise ValueError("BACKREF columns decode with their partner (codec.resolve_pair)")
     if encoding not in (PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA):
         raise ValueError(f"unknown column encoding {encoding}")
-    try:
-        decode_columns_into([(data, encoding, dtype, omitted, sparse, out)], count)
-    except ColumnError as e:
-        raise ValueError(str(e)) from None
+    decode_columns_into([(data, encoding, dtype, omitted, sparse, out)], count)
