@@ -1,6 +1,7 @@
-"""The native column decoder (native/codec/decode.c via heapcast.trace.codec.decode_columns_into)
-against the numpy decoding it replaced: every encoding, value width, plane mask and output
-stride, several columns through one call, and the errors of bytes that do not fit."""
+"""The native column decoder (native/codec/decode.c via heapcast.trace.codec.decode_columns_into
+and decode_pair_into) against the numpy decoding it replaced: every encoding, value width, plane
+mask and output stride, several columns through one call, the address pair's back-references,
+and the errors of bytes that do not fit."""
 from __future__ import annotations
 
 import numpy as np
@@ -118,3 +119,120 @@ def test_sparse_columns_agree_with_numpy(masked):
         assert rows["d"].tolist() == dense.tolist()
         with pytest.raises(codec.ColumnError, match=r"column holds \d+ bytes, expected \d+ \("):
             codec.decode_columns_into([(data[:-1], enc, dt, omitted, how, rows[name])], count)
+
+
+U64 = np.dtype(np.uint64)
+
+
+def _planes(values: np.ndarray) -> tuple[bytes, int]:
+    """uint64 values as the stored planes of a PLAIN column, and the mask of its zero planes."""
+    planes = [((values >> np.uint64(8 * k)) & np.uint64(0xFF)).astype(np.uint8) for k in range(8)]
+    omitted = sum(1 << k for k in range(8) if not planes[k].any())
+    return b"".join(planes[k].tobytes() for k in range(8) if not omitted >> k & 1), omitted
+
+
+def _pair_column(rng, count: int, sparse: bool):
+    """A BACKREF column's bytes (codes: 0, 1 for an escape, k > 1 for the partner's value k - 1
+    rows before; then the escapes as NONZERO_DELTA planes), its mask, and the codes and
+    escapes' stored values for the reference."""
+    codes = np.zeros(count, np.uint64)
+    kind = rng.random(count)
+    for i in range(count):
+        if kind[i] < 0.2:
+            codes[i] = 1
+        elif kind[i] < 0.7 and i > 0:   # near rows mostly, some far back: long chains
+            codes[i] = 1 + (int(rng.integers(1, min(i, 3) + 1)) if rng.random() < 0.7
+                            else int(rng.integers(1, i + 1)))
+    m = int((codes == 1).sum())
+    esc = rng.integers(0, 1 << 40, m, dtype=np.uint64)
+    esc_data, esc_omitted = _planes(esc)
+    if not sparse:
+        code_data, omitted = _planes(codes)
+        return code_data + esc_data, omitted | esc_omitted << 8, codes, esc
+    present = codes != 0
+    code_data, omitted = _planes(codes[present])
+    bits = np.packbits(present, bitorder="little").tobytes()
+    return bits + code_data + esc_data, omitted | esc_omitted << 8, codes, esc
+
+
+def _reference_pair(a, b, count: int):
+    """The numpy decoding of the pair until stop 51 (backrefs, then resolve_pair as a loop):
+    each column (codes, escapes' stored values) or (None, its values)."""
+    vals, src = [], []
+    for codes, esc in (a, b):
+        if codes is None:
+            vals.append(esc.astype(np.uint64).copy())
+            src.append(np.full(count, -1, np.int64))
+            continue
+        v = np.zeros(count, np.uint64)
+        data, _ = _planes(esc)
+        _, omitted = _planes(esc)
+        v[codes == 1] = _reference(data, codec.NONZERO_DELTA, U64, len(esc), omitted)
+        s = np.full(count, -1, np.int64)
+        rows = np.flatnonzero(codes > 1)
+        s[rows] = rows - (codes[rows] - np.uint64(1)).astype(np.int64)
+        vals.append(v)
+        src.append(s)
+    for i in range(count):
+        if src[0][i] >= 0:
+            vals[0][i] = vals[1][src[0][i]]
+        if src[1][i] >= 0:
+            vals[1][i] = vals[0][src[1][i]]
+    return vals
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 255, 256, 257, 3000])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_address_pair_agrees_with_numpy(count, sparse):
+    """Both columns BACKREF (dense or sparse codes), into a reader's 64-byte rows or contiguous
+    arrays; then one column stored as plain values (older files), the other referring to it."""
+    from heapcast.trace.format import EVENT_DTYPE
+    rng = np.random.default_rng(count + 7 * sparse)
+    ca, ma, codes_a, esc_a = _pair_column(rng, count, sparse)
+    cb, mb, codes_b, esc_b = _pair_column(rng, count, sparse)
+    want = _reference_pair((codes_a, esc_a), (codes_b, esc_b), count)
+    how = codec.Sparse() if sparse else None
+    rows = np.zeros(count, EVENT_DTYPE)
+    codec.decode_pair_into((ca, codec.BACKREF, ma, how), (cb, codec.BACKREF, mb, how), count,
+                           rows["addr"], rows["old_addr"])
+    assert rows["addr"].tolist() == want[0].tolist()
+    assert rows["old_addr"].tolist() == want[1].tolist()
+    flat = np.zeros((2, count), np.uint64)
+    codec.decode_pair_into((ca, codec.BACKREF, ma, how), (cb, codec.BACKREF, mb, how), count,
+                           flat[0], flat[1])
+    assert flat[0].tolist() == want[0].tolist() and flat[1].tolist() == want[1].tolist()
+    plain = rng.integers(0, 1 << 48, count, dtype=np.uint64)
+    data, omitted = _planes(plain)
+    want = _reference_pair((None, plain), (codes_b, esc_b), count)
+    rows = np.zeros(count, EVENT_DTYPE)
+    codec.decode_pair_into((data, codec.PLAIN, omitted, None), (cb, codec.BACKREF, mb, how),
+                           count, rows["addr"], rows["old_addr"])
+    assert rows["addr"].tolist() == want[0].tolist()
+    assert rows["old_addr"].tolist() == want[1].tolist()
+
+
+def test_bad_address_pairs_name_their_column():
+    rng = np.random.default_rng(3)
+    count = 50
+    ca, ma, codes_a, _ = _pair_column(rng, count, False)
+    zeros = (bytes(0), codec.PLAIN, 0xFF, None)
+    out = np.zeros((2, count), np.uint64)
+    # a code that points before the block's start: row 10, code 12
+    bad = codes_a.copy()
+    bad[10] = 12
+    m = int((bad == 1).sum())
+    data, omitted = _planes(bad)
+    esc, esc_omitted = _planes(np.arange(1, m + 1, dtype=np.uint64))
+    with pytest.raises(codec.ColumnError, match=r"points before the start of the block \(row 10: "
+                                                r"code 12\)") as e:
+        codec.decode_pair_into(zeros, (data + esc, codec.BACKREF, omitted | esc_omitted << 8,
+                                       None), count, out[0], out[1])
+    assert e.value.column == 1
+    # escapes' bytes that are not the escapes' planes; codes cut short
+    with pytest.raises(codec.ColumnError, match=r"for \d+ escapes") as e:
+        codec.decode_pair_into((ca[:-1], codec.BACKREF, ma, None), zeros, count, out[0], out[1])
+    assert e.value.column == 0
+    with pytest.raises(codec.ColumnError, match=r"expected at least \d+ for the codes of 50 rows"):
+        codec.decode_pair_into((ca[:20], codec.BACKREF, ma, None), zeros, count, out[0], out[1])
+    with pytest.raises(ValueError, match="uint64 rows of one stride"):
+        codec.decode_pair_into(zeros, zeros, count, out[0], out[1][:-1])

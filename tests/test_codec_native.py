@@ -221,12 +221,10 @@ def decode(payload, count, version=4):
         sparse, enc = bool(enc & codec.SPARSE), enc & ~codec.SPARSE
         how = codec.Sparse(version >= 4, None if name == "op" else ev["op"]) if sparse else None
         if name in codec.PARTNER:
-            pairs[name] = (codec.backrefs(data, count, mask, how) if enc == codec.BACKREF else
-                           (codec.decode(data, enc, np.dtype(np.uint64), count, mask, how),
-                            np.full(count, -1, np.int64)))
+            pairs[name] = (data, enc, mask, how)
         else:
             ev[name] = codec.decode(data, enc, EVENT_DTYPE[name], count, mask, how)
-    ev["addr"], ev["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
+    codec.decode_pair_into(pairs["addr"], pairs["old_addr"], count, ev["addr"], ev["old_addr"])
     return ev
 
 
@@ -625,11 +623,13 @@ def test_a_mask_that_does_not_fit_is_a_clear_error():
     with pytest.raises(ValueError, match=r"plane mask 0x0100 leaves out planes beyond the 8"):
         codec.decode(bytes(24), codec.DELTA, np.dtype("<u8"), 3, 0x100)
     codes = bytes([1, 0, 1]) + bytes(3 * 7)        # two escapes
+    rows, zeros = np.zeros((2, 3), np.uint64), (bytes(0), codec.PLAIN, 0xFF, None)
     with pytest.raises(ValueError, match=r"holds 19 bytes, expected 17: 3 of codes and 14 for 2 "
                                          r"escapes \(plane mask 0x01fe\)"):
-        codec.backrefs(codes[:3] + bytes(16), 3, 0x01FE)
+        codec.decode_pair_into((codes[:3] + bytes(16), codec.BACKREF, 0x01FE, None), zeros, 3,
+                               rows[0], rows[1])
     with pytest.raises(ValueError, match=r"expected at least 24 for the codes of 3 rows"):
-        codec.backrefs(codes[:20], 3, 0)
+        codec.decode_pair_into((codes[:20], codec.BACKREF, 0, None), zeros, 3, rows[0], rows[1])
 
 
 def test_bad_blocks_are_refused():

@@ -8,8 +8,8 @@
  * copy into the rows, each through memory of its own) were most of reading a trace.
  *
  * heapcast.trace.codec calls it through ctypes (heapcast/libheapcast_codec.so); the BACKREF
- * columns' codes and escapes come through here too (their back-references are followed by
- * encode.c's hc_resolve_pair). */
+ * columns' codes and escapes come through here too, and their back-references are followed at
+ * the end of this file (hc_backref_resolve), straight into the rows as well. */
 #include <stdint.h>
 #include <string.h>
 
@@ -66,6 +66,16 @@ HC_API uint64_t hc_count_present(const uint8_t *bits, const uint8_t *ops, uint64
     return n;
 }
 
+/* ORs n bytes of a plane into the values, at bit `shift`. A whole tile is a loop of a known
+ * count, which -O2 vectorizes (a byte at a time, reading a trace took 7-10% more CPU). */
+static inline void gather_plane(uint64_t *restrict v, const uint8_t *restrict src,
+                                unsigned shift, unsigned n) {
+    if (n == ROWS)
+        for (unsigned j = 0; j < ROWS; j++) v[j] |= (uint64_t)src[j] << shift;
+    else
+        for (unsigned j = 0; j < n; j++) v[j] |= (uint64_t)src[j] << shift;
+}
+
 /* Decodes ncols columns of count rows (their encodings undone), a tile of ROWS rows at a
  * time through every column: columns of one reader's rows then fill each row's cache line while
  * it is in the cache (column by column, each pass over a section's rows went through memory:
@@ -104,11 +114,8 @@ HC_API int hc_decode_columns(const hc_plane_column *cols, uint32_t ncols, uint64
             const hc_plane_column *col = &cols[c];
             memset(v, 0, n * sizeof *v);
             if (!col->bits) {
-                for (unsigned p = 0; p < nk[c]; p++) {   /* plane by plane: each read in order */
-                    const uint8_t *src = col->data + (uint64_t)p * count + i;
-                    const unsigned shift = 8 * kept[c][p];
-                    for (unsigned j = 0; j < n; j++) v[j] |= (uint64_t)src[j] << shift;
-                }
+                for (unsigned p = 0; p < nk[c]; p++)   /* plane by plane: each read in order */
+                    gather_plane(v, col->data + (uint64_t)p * count + i, 8 * kept[c][p], n);
             } else {   /* the present rows take the planes' next values */
                 uint64_t a = at[c];
                 for (unsigned j = 0; j < n; j++) {
@@ -160,4 +167,56 @@ HC_API int hc_decode_columns(const hc_plane_column *cols, uint32_t ncols, uint64
         }
     }
     return 0;
+}
+
+/* ---- the address pair
+ *
+ * A BACKREF column (addr, old_addr) stores a code per row: 0 for the value 0, 1 for the next of
+ * the column's escapes (stored after the codes, in row order), k > 1 for the value that its
+ * partner column held k - 1 rows before (encode.c's encode_backrefs). The codes and escapes are
+ * decoded by hc_decode_columns; these follow them. */
+
+/* How many of count codes are escapes (1); -1 - i where code i points before the block's start
+ * (code - 1 > i). */
+HC_API int64_t hc_backref_escapes(const uint64_t *codes, uint64_t count) {
+    int64_t m = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t c = codes[i];
+        if (c > i + 1) return -1 - (int64_t)i;
+        m += c == 1;
+    }
+    return m;
+}
+
+static inline uint64_t load64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline void store64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* The value of a code at row i of a column whose partner's values are at `partner`. */
+static inline uint64_t backref_value(uint64_t c, const uint64_t *esc, uint64_t *e,
+                                     const uint8_t *partner, uint64_t i, uint64_t stride) {
+    if (c == 0) return 0;
+    if (c == 1) return esc[(*e)++];
+    return load64(partner + (i - (c - 1)) * stride);
+}
+
+/* Puts the pair's values into out_a and out_b (count u64 values each, `stride` bytes apart: a
+ * reader's addr and old_addr fields). A column with codes (codes_a, codes_b not NULL: m_a, m_b
+ * escapes at esc_a, esc_b) gets them from its codes, in one pass in row order (a code's row is
+ * an earlier one, resolved already: chains of reuse run thousands of links deep); a column
+ * without is left as it is (its values already there: a generic encoding's). Returns 0; -1 - i
+ * where code i points before the block's start; -1 - count where the codes of 1 are not as
+ * many as the escapes. */
+HC_API int64_t hc_backref_resolve(const uint64_t *codes_a, const uint64_t *esc_a, uint64_t m_a,
+                                  const uint64_t *codes_b, const uint64_t *esc_b, uint64_t m_b,
+                                  uint8_t *out_a, uint8_t *out_b, uint64_t stride,
+                                  uint64_t count) {
+    uint64_t ea = 0, eb = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t ca = codes_a ? codes_a[i] : 0, cb = codes_b ? codes_b[i] : 0;
+        if (ca > i + 1 || cb > i + 1) return -1 - (int64_t)i;
+        if ((ca == 1 && ea == m_a) || (cb == 1 && eb == m_b)) return -1 - (int64_t)count;
+        if (codes_a) store64(out_a + i * stride, backref_value(ca, esc_a, &ea, out_b, i, stride));
+        if (codes_b) store64(out_b + i * stride, backref_value(cb, esc_b, &eb, out_a, i, stride));
+    }
+    return ea == m_a && eb == m_b ? 0 : -1 - (int64_t)count;
 }

@@ -383,9 +383,9 @@ static void stage(const hc_column *c, colstate *s, uint64_t i, unsigned cnt) {
 
 static void flush(const hc_column *c, colstate *s, unsigned b, uint8_t *out, uint64_t n) {
     unsigned cnt = s->nstaged[b];
-    uint8_t *dst = out + s->staged[b];
     s->nstaged[b] = 0;
-    if (!cnt) return;
+    if (!cnt) return;   /* (staged[b] is not set then: no pointer from it) */
+    uint8_t *dst = out + s->staged[b];
     if (s->encoding != PLAIN || c->itemsize == 8) {
         put64(s->buf[b].u64, cnt, dst, n, s->planes);
     } else if (c->itemsize == 4) {
@@ -1299,21 +1299,6 @@ HC_API int64_t hc_sparsify(uint8_t *out, uint64_t total, uint64_t n, uint64_t ca
                            int op_field) {
     if (!out || cap < total || cap - total < SPARSE_ROOM(n)) return ERR_SPACE;
     return sparsify(out, total, n, op_field);
-}
-
-/* Decoding's one sequential step: the two address columns refer to each other's earlier rows
- * (a_src[i], b_src[i]: the row whose partner value row i repeats, or -1 where a_vals/b_vals
- * already hold the value). Every source is an earlier row (the reader checks), so one pass in
- * row order resolves all chains. Returns 0, or -1 if a source is not an earlier row. */
-HC_API int hc_resolve_pair(uint64_t *a_vals, const int64_t *a_src, uint64_t *b_vals,
-                           const int64_t *b_src, uint64_t n) {
-    for (uint64_t i = 0; i < n; i++) {
-        int64_t s = a_src[i], t = b_src[i];
-        if (s >= (int64_t)i || t >= (int64_t)i) return -1;
-        if (s >= 0) a_vals[i] = b_vals[s];
-        if (t >= 0) b_vals[i] = a_vals[t];
-    }
-    return 0;
 }
 
 /* What heapcast.trace.native_codec checks when it loads this library. */

@@ -9,9 +9,9 @@ bit per row and the planes of its non-zero rows only: zstd is slow on such plane
 stores them worse (bench/sparse_columns.py). Encoding is native code (native/codec/encode.c,
 bound in native_codec.py: the writer encodes every event it writes); decoding is here: the byte
 planes of each column put together and its encoding undone in one native pass
-(native/codec/decode.c, which can write straight into a reader's rows), the presence bits of
-sparse columns and the back-references' codes in numpy, and the one sequential pass that follows
-address back-references native too (resolve_pair).
+(native/codec/decode.c, which writes straight into a reader's rows and follows the presence
+bits of sparse columns), and the address back-references followed by another, in row order
+(decode_pair_into).
 """
 from __future__ import annotations
 
@@ -112,7 +112,9 @@ def _load(path=None) -> ctypes.CDLL:
     return bind(path or LIBRARY,
                 {"hc_decode_columns": (ctypes.c_int, [ctypes.POINTER(PlaneColumn), ctypes.c_uint32,
                                                       n, p]),
-                 "hc_count_present": (n, [p, p, n, ctypes.c_uint32, n])},
+                 "hc_count_present": (n, [p, p, n, ctypes.c_uint32, n]),
+                 "hc_backref_escapes": (ctypes.c_int64, [p, n]),
+                 "hc_backref_resolve": (ctypes.c_int64, [p, p, n, p, p, n, p, p, n, n])},
                 "column decoder (hc_decode_columns)")
 
 
@@ -194,51 +196,68 @@ def _check_column(data, encoding: int, dtype: np.dtype, count: int, omitted: int
         raise ValueError(f"out must be {count} writable rows of at most 8 bytes")
 
 
-def backrefs(data: bytes, count: int, omitted: int = 0,
-             sparse: Sparse | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A BACKREF column's (values, source rows): the values of its zero and escaped rows, and
-    for the other rows the earlier row whose partner value they repeat (-1: none). `omitted`:
-    the header's mask, bits 0-7 the codes' planes left out, bits 8-15 the escapes'. `sparse`:
-    the codes are stored as a sparse column's (presence bits, then the non-zero codes)."""
-    planes = 8 - bin(omitted & 0xFF).count("1")
-    present, codes_len = sparse.count(data, count) if sparse else (count, 0)
-    codes_len += planes * present
-    if len(data) < codes_len:
-        raise ValueError(f"column holds {len(data)} bytes, expected at least {codes_len} for "
-                         f"the codes of {count} rows (plane mask {omitted:#06x})")
-    codes = np.empty(count, np.uint64)   # (a ColumnError is a ValueError: the caller's)
-    decode_columns_into([(data[:codes_len], PLAIN, np.dtype(np.uint64), omitted & 0xFF, sparse,
-                          codes)], count)
-    escapes = codes == 1
-    m = int(np.count_nonzero(escapes))
-    want = codes_len + (8 - bin(omitted >> 8).count("1")) * m
-    if len(data) != want:
-        raise ValueError(f"column holds {len(data)} bytes, expected {want}: {codes_len} of "
-                         f"{'presence bits and ' if sparse else ''}codes and {want - codes_len} "
-                         f"for {m} escapes (plane mask {omitted:#06x})")
-    values = np.zeros(count, np.uint64)
-    values[escapes] = decode(data[codes_len:], NONZERO_DELTA, np.dtype(np.uint64), m,
-                             omitted >> 8)
-    src = np.full(count, -1, np.int64)
-    rows = np.flatnonzero(codes > 1)
-    if len(rows) and (codes[rows] > np.uint64(count)).any():
-        raise ValueError("a back-reference points before the start of the block")
-    src[rows] = rows - (codes[rows] - np.uint64(1)).astype(np.int64)
-    if len(rows) and src[rows].min() < 0:
-        raise ValueError("a back-reference points before the start of the block")
-    return values, src
-
-
-def resolve_pair(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """Values of two partner columns, each (values, source rows) as backrefs() returns (source
-    -1 everywhere for a column stored otherwise): a row with a source takes its partner's value
-    in that (earlier) row, which may itself come from further back. One pass in row order
-    (native: chains of reuse run thousands of links deep)."""
-    from .native_codec import resolve_pair
-    a_vals, b_vals = a[0].astype(np.uint64), b[0].astype(np.uint64)
-    resolve_pair(a_vals, np.ascontiguousarray(a[1], np.int64), b_vals,
-                 np.ascontiguousarray(b[1], np.int64))
-    return a_vals, b_vals
+def decode_pair_into(a: tuple, b: tuple, count: int, out_a: np.ndarray,
+                     out_b: np.ndarray) -> None:
+    """Decodes the two address columns (PARTNER) into out_a and out_b (`count` uint64 rows of one
+    stride: a reader's addr and old_addr fields), each given as (data, encoding, omitted, sparse)
+    like decode_columns_into's columns, BACKREF or a generic encoding. A BACKREF column stores a
+    code per row (0: the value 0; 1: the next of its escapes, stored after the codes; k > 1: the
+    value its partner held k - 1 rows before), and `omitted` masks the codes' planes in bits 0-7
+    and the escapes' in bits 8-15. The codes and the other column are decoded in one native pass,
+    the escapes in another, and the back-references followed in row order straight into the
+    rows (native/codec/decode.c: chains of reuse run thousands of links deep). Raises ColumnError
+    (column 0: a, 1: b) on bytes that do not fit."""
+    if not (out_a.dtype == out_b.dtype == np.uint64 and len(out_a) == len(out_b) == count
+            and out_a.strides == out_b.strides):
+        raise ValueError(f"out_a and out_b must be {count} uint64 rows of one stride")
+    u64 = np.dtype(np.uint64)
+    batch, which, codes, tails = [], [], [None, None], [None, None]
+    for k, ((data, encoding, omitted, sparse), out) in enumerate(((a, out_a), (b, out_b))):
+        which.append(k)
+        if encoding != BACKREF:
+            batch.append((data, encoding, u64, omitted, sparse, out))
+            continue
+        data = memoryview(data)
+        try:
+            present, head = sparse.count(data, count) if sparse else (count, 0)
+        except ValueError as e:
+            raise ColumnError(k, str(e)) from None
+        codes_len = head + (8 - bin(omitted & 0xFF).count("1")) * present
+        if len(data) < codes_len:
+            raise ColumnError(k, f"column holds {len(data)} bytes, expected at least {codes_len} "
+                                 f"for the codes of {count} rows (plane mask {omitted:#06x})")
+        codes[k] = np.empty(count, np.uint64)
+        batch.append((data[:codes_len], PLAIN, u64, omitted & 0xFF, sparse, codes[k]))
+        tails[k] = (data, codes_len, omitted, sparse)
+    try:
+        decode_columns_into(batch, count)
+    except ColumnError as e:
+        raise ColumnError(which[e.column], str(e)) from None
+    lib, escapes = _library(), [np.empty(0, np.uint64)] * 2
+    for k in (0, 1):
+        if codes[k] is None:
+            continue
+        data, codes_len, omitted, sparse = tails[k]
+        m = lib.hc_backref_escapes(codes[k].ctypes.data, count)
+        if m < 0:
+            raise ColumnError(k, f"a back-reference points before the start of the block (row "
+                                 f"{-1 - m}: code {int(codes[k][-1 - m])})")
+        want = codes_len + (8 - bin(omitted >> 8).count("1")) * m
+        if len(data) != want:
+            raise ColumnError(k, f"column holds {len(data)} bytes, expected {want}: {codes_len} "
+                                 f"of {'presence bits and ' if sparse else ''}codes and "
+                                 f"{want - codes_len} for {m} escapes (plane mask {omitted:#06x})")
+        escapes[k] = np.empty(m, np.uint64)
+        try:
+            decode_columns_into([(data[codes_len:], NONZERO_DELTA, u64, omitted >> 8, None,
+                                  escapes[k])], m)
+        except ColumnError as e:
+            raise ColumnError(k, str(e)) from None
+    if count and (codes[0] is not None or codes[1] is not None) and lib.hc_backref_resolve(
+            *(p for k in (0, 1) for p in (codes[k].ctypes.data if codes[k] is not None else None,
+                                          escapes[k].ctypes.data, len(escapes[k]))),
+            out_a.ctypes.data, out_b.ctypes.data, out_a.strides[0], count):
+        raise ValueError("hc_backref_resolve: the codes do not match the checks above")
 
 
 def decode(data: bytes, encoding: int, dtype: np.dtype, count: int,
@@ -246,8 +265,8 @@ def decode(data: bytes, encoding: int, dtype: np.dtype, count: int,
     """One column's values from its bytes (the inverse of native/codec/encode.c), `omitted`
     the header's mask of the byte planes left out (zero), `sparse` a Sparse where the header
     has the SPARSE flag;
-    raises ValueError on data that does not fit. BACKREF columns decode in pairs: backrefs()
-    and resolve_pair()."""
+    raises ValueError on data that does not fit. BACKREF columns decode in pairs:
+    decode_pair_into()."""
     out = np.empty(count, dtype)
     decode_into(data, encoding, dtype, count, omitted, sparse, out)
     return out
@@ -258,7 +277,7 @@ def decode_into(data: bytes, encoding: int, dtype: np.dtype, count: int, omitted
     """decode(), into `out` (count rows of the column's dtype, any positive stride: a field of
     a reader's rows)."""
     if encoding == BACKREF:
-        raise ValueError("BACKREF columns decode with their partner (codec.resolve_pair)")
+        raise ValueError("BACKREF columns decode with their partner (codec.decode_pair_into)")
     if encoding not in (PLAIN, DELTA, ZIGZAG_DELTA, NONZERO_DELTA):
         raise ValueError(f"unknown column encoding {encoding}")
     decode_columns_into([(data, encoding, dtype, omitted, sparse, out)], count)

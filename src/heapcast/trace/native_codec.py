@@ -2,8 +2,8 @@
 heapcast/libheapcast_codec.so).
 
 The writer calls it from its worker thread; ctypes releases the GIL for the call. The decoder is
-numpy code (codec.decode), but for one sequential pass (resolve_pair): tests/test_codec_native.py
-checks that the two agree.
+native/codec/decode.c (heapcast.trace.codec); tests/test_codec_native.py checks that what one
+writes the other reads back, and both against numpy references.
 """
 from __future__ import annotations
 
@@ -48,13 +48,9 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.hc_encode_events.restype = ctypes.c_int64
     lib.hc_encode_events.argtypes = [cols, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
                                      ctypes.c_uint64, ctypes.c_void_p]
-    i64 = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
-    u64 = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS,WRITEABLE")
     lib.hc_sparsify.restype = ctypes.c_int64
     lib.hc_sparsify.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
                                 ctypes.c_uint64, ctypes.c_int]
-    lib.hc_resolve_pair.restype = ctypes.c_int
-    lib.hc_resolve_pair.argtypes = [u64, i64, u64, i64, ctypes.c_uint64]
     if lib.hc_codec_abi(0) != ABI_VERSION or lib.hc_codec_abi(1) != ctypes.sizeof(Column):
         raise NativeError(f"{path} does not match heapcast.trace.native_codec: rebuild it "
                           f"(pip install -e .)")
@@ -162,11 +158,3 @@ def sparsify(payload: memoryview, n: int, lib: ctypes.CDLL | None = None) -> mem
     if written < 0:
         raise NativeError(f"hc_sparsify: {_ERRORS.get(written, f'error {written}')}")
     return memoryview(out)[:written]
-
-
-def resolve_pair(a_vals: np.ndarray, a_src: np.ndarray, b_vals: np.ndarray,
-                 b_src: np.ndarray) -> None:
-    """Fills, in place, the rows of two partner columns that repeat the other's earlier values
-    (codec.resolve_pair). ValueError if a source is not an earlier row."""
-    if library().hc_resolve_pair(a_vals, a_src, b_vals, b_src, len(a_vals)) != 0:
-        raise ValueError("a back-reference points to its own row or a later one")

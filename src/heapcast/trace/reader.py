@@ -247,7 +247,7 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
     if out is None:
         out = np.zeros(b.count, EVENT_DTYPE)
     columns = []   # (name, encoding, omitted planes, sparse, bytes)
-    pos = 0
+    pos, view = 0, memoryview(raw)
     for name in STORED_FIELDS:
         if pos + COLUMN.size > len(raw):
             raise TraceError(path, b.offset, f"EVENTS block ends before column {name}")
@@ -268,7 +268,7 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
         if omitted and b.version < 2:
             raise TraceError(path, b.offset, f"EVENTS block: column {name} leaves byte planes out "
                              f"(mask {omitted:#06x}), expected 0 in a version {b.version} file")
-        columns.append((name, enc, omitted, sparse, raw[pos:pos + n]))
+        columns.append((name, enc, omitted, sparse, view[pos:pos + n]))
         pos += n
     # The op column first: from version 4 on, sparse columns' presence bits are predicted from it.
     columns.sort(key=lambda c: c[0] != "op")
@@ -276,32 +276,36 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
     pairs = {}
     held = {"ts": None, "tid": None}
     batch, names = [], []   # decoded together, below: codec.decode_columns_into's columns
+    ops = None
     for name, enc, omitted, sparse, data in columns:
-        how = codec.Sparse(masked, None if name == "op" else out["op"]) if sparse else None
+        how = codec.Sparse(masked, ops) if sparse else None
         try:
             if name in codec.PARTNER:     # the address pair: decoded together, below
-                pairs[name] = (codec.backrefs(data, b.count, omitted, how)
-                               if enc == codec.BACKREF else
-                               (codec.decode(data, enc, np.dtype(np.uint64), b.count, omitted,
-                                             how), np.full(b.count, -1, np.int64)))
+                pairs[name] = (data, enc, omitted, how)
                 continue
             if every > 1 and name in held:   # (spread below, while contiguous)
                 into = held[name] = np.empty(b.count, EVENT_DTYPE[name])
             else:                            # (straight into the rows' field)
                 into = out[name]
-            if name == "op":   # (first: the sparse columns' presence is predicted from it)
-                codec.decode_into(data, enc, EVENT_DTYPE[name], b.count, omitted, how, into)
-            else:
-                batch.append((data, enc, EVENT_DTYPE[name], omitted, how, into))
-                names.append(name)
+            if name == "op":   # first, alone and contiguous: the sparse columns' presence bits
+                ops = np.empty(b.count, np.uint8)   # are predicted from it, row by row
+                codec.decode_into(data, enc, EVENT_DTYPE[name], b.count, omitted, how, ops)
+            batch.append((data, enc, EVENT_DTYPE[name], omitted, how, into))
+            names.append(name)
         except ValueError as e:
             raise TraceError(path, b.offset, f"EVENTS block, column {name}: {e}") from None
     try:
         codec.decode_columns_into(batch, b.count)   # a tile of rows at a time through them all
     except codec.ColumnError as e:
         raise TraceError(path, b.offset, f"EVENTS block, column {names[e.column]}: {e}") from None
-    out["addr"], out["old_addr"] = codec.resolve_pair(pairs["addr"], pairs["old_addr"])
-    out["proc"] = proc
+    try:
+        codec.decode_pair_into(pairs["addr"], pairs["old_addr"], b.count, out["addr"],
+                               out["old_addr"])
+    except codec.ColumnError as e:
+        raise TraceError(path, b.offset, f"EVENTS block, column {('addr', 'old_addr')[e.column]}: "
+                                         f"{e}") from None
+    if proc:   # (the rows are zeroed: a trace's first process, often its only one, is 0)
+        out["proc"] = proc
     if every > 1:
         # the estimates' pass over the two columns before they go into the rows (64-byte
         # strided rows of a section do not fit in the cache: 9 ns an event against 6)
