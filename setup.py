@@ -82,11 +82,11 @@ policy = Extension(
     libraries=["m"],
 )
 
-# The live-block map of `heapcast stats` and `heapcast report` (heapcast.stats.matching): a plain
-# shared library loaded with ctypes.
+# The live-block map of `heapcast stats` and `heapcast report` (heapcast.stats.matching) and the
+# size classes' bit lengths (heapcast.stats.classes): a plain shared library loaded with ctypes.
 stats = Extension(
     "heapcast.libheapcast_stats",
-    sources=["native/stats/livemap.c"],
+    sources=["native/stats/livemap.c", "native/stats/classes.c"],
     extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
 )
 

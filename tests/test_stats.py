@@ -157,6 +157,28 @@ def test_vmhwm_is_a_floor_for_peak_rss_and_mmap_ops_listed_when_recorded():
     assert d["events"] == 1 and d["peak_live_bytes"] == 0 and d["size_classes"] == []
 
 
+def test_size_classes_are_bit_lengths_of_any_integer_column():
+    """One native pass (native/stats/classes.c) against int.bit_length: every power of two and
+    its neighbours up to 2**64 - 1, a field read at the rows' stride, int64 as its bits (a cast
+    to uint64), narrower integers, a reversed view, two dimensions, nothing."""
+    edges = sorted({v for k in range(65) for v in (2**k - 1, 2**k, 2**k + 1) if 0 <= v < 2**64})
+    rng = np.random.default_rng(4)
+    values = np.array(edges + rng.integers(0, 2**64, 5000, dtype=np.uint64, endpoint=False)
+                      .tolist(), np.uint64)
+    want = [int(v).bit_length() for v in values]
+    got = size_classes(values)
+    assert got.dtype == np.int64 and got.tolist() == want
+    rows = np.zeros(len(values), EVENT_DTYPE)
+    rows["size"] = values
+    assert size_classes(rows["size"]).tolist() == want
+    assert size_classes(values.view(np.int64)).tolist() == want
+    assert size_classes(values[::-1]).tolist() == want[::-1]
+    assert size_classes(np.array([0, 1, 255, 256], np.uint16)).tolist() == [0, 1, 8, 9]
+    assert size_classes([3, 4]).tolist() == [2, 3]
+    assert size_classes(values[:6].reshape(2, 3)).tolist() == [want[:3], want[3:6]]
+    assert size_classes(np.zeros(0, np.uint64)).tolist() == []
+
+
 def test_empty_trace():
     d = stats(Trace("mem://empty", processes=[]))
     assert_plain_json(d)
