@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..trace.base import LoadedOnce
-from ..trace.native_codec import NativeError
+from ..trace.base import LoadedOnce, bind
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_forecast.so"
 _ERRORS = {-1: "out of memory", -2: "points or queries not in ascending x order",
@@ -19,29 +18,18 @@ _ERRORS = {-1: "out of memory", -2: "points or queries not in ascending x order"
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    if not path.exists():
-        raise NativeError(f"{path} is missing: build heapcast's native code "
-                          f"(pip install -e . in the repository)")
-    lib = ctypes.CDLL(str(path))
-    p, u64, i64 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64
-    lib.hc_dominance_count.restype = ctypes.c_int
-    lib.hc_dominance_count.argtypes = [p, p, u64, p, p, u64, i64, p]
-    lib.hc_contexts.restype = ctypes.c_int
-    u32 = ctypes.c_uint32
-    lib.hc_contexts.argtypes = [p, u64, p, p, u64, ctypes.c_int, u32, u32, p, p]
-    lib.hc_sorted_buckets.restype = u64
-    lib.hc_sorted_buckets.argtypes = [p, u64]
-    lib.hc_sorted_index.restype = ctypes.c_int
-    lib.hc_sorted_index.argtypes = [p, u64, p, u64]
-    lib.hc_sorted_find.restype = ctypes.c_int
-    lib.hc_sorted_find.argtypes = [p, u64, p, u64, p, u64, p]
-    lib.hc_count_labels.restype = ctypes.c_int
-    lib.hc_count_labels.argtypes = [p, u64, ctypes.c_uint, ctypes.c_uint, p, p, p, p, p, p, p, p]
-    lib.hc_recent_continuations.restype = ctypes.c_int
-    lib.hc_recent_continuations.argtypes = [p, p, u64, p, u64, p]
-    lib.hc_ngram_topk.restype = ctypes.c_int
-    lib.hc_ngram_topk.argtypes = [u64, p, u32, p, p, u32, u32, p, p]
-    return lib
+    p, u64, i64, u32, i = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint32,
+                           ctypes.c_int)
+    return bind(path, {
+        "hc_dominance_count": (i, [p, p, u64, p, p, u64, i64, p]),
+        "hc_contexts": (i, [p, u64, p, p, u64, ctypes.c_int, u32, u32, p, p]),
+        "hc_sorted_buckets": (u64, [p, u64]),
+        "hc_sorted_index": (i, [p, u64, p, u64]),
+        "hc_sorted_find": (i, [p, u64, p, u64, p, u64, p]),
+        "hc_count_labels": (i, [p, u64, ctypes.c_uint, ctypes.c_uint, p, p, p, p, p, p, p, p]),
+        "hc_recent_continuations": (i, [p, p, u64, p, u64, p]),
+        "hc_ngram_topk": (i, [u64, p, u32, p, p, u32, u32, p, p])},
+        "forecasting kernels (hc_ngram_topk)")
 
 
 class _Order(ctypes.Structure):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..trace.base import NativeError, bind
 from ..trace.format import EVENT_DTYPE
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_lab.so"
@@ -56,10 +57,6 @@ class Metrics(_Struct):
         "check_failures", "sum_footprint16", "sum_pages4k")]
 
 
-class NativeError(RuntimeError):
-    """The replay library is missing or does not match this Python code."""
-
-
 _lib = None
 
 
@@ -68,10 +65,6 @@ def library() -> ctypes.CDLL:
     global _lib
     if _lib is not None:
         return _lib
-    if not LIBRARY.exists():
-        raise NativeError(f"{LIBRARY} is missing: build heapcast's native code "
-                          f"(pip install -e . in the repository)")
-    lib = ctypes.CDLL(str(LIBRARY))
     vp, u64, i32 = ctypes.c_void_p, _U64, ctypes.c_int
     sigs = {
         "lab_new": (vp, [vp, i32, vp, i32, u64]),
@@ -88,9 +81,7 @@ def library() -> ctypes.CDLL:
         "lab_sizeof": (u64, [i32]),
         "lab_threads": (i32, [vp]),
     }
-    for name, (res, args) in sigs.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
+    lib = bind(LIBRARY, sigs, "replay kernels (lab_new)")
     for what, struct in ((0, Stats), (1, Metrics)):
         if lib.lab_sizeof(what) != ctypes.sizeof(struct):
             raise NativeError(f"{LIBRARY} does not match heapcast.lab.native ({struct.__name__}): "

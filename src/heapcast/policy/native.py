@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..trace.base import NativeError, bind
 from .fileformat import PolicyError
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_policy.so"
@@ -32,25 +33,21 @@ def library() -> ctypes.CDLL:
     """The runtime library, loaded once."""
     global _lib
     if _lib is None:
-        if not LIBRARY.exists():
-            raise PolicyError(f"{LIBRARY}: the policy runtime is not built (pip install .)")
-        lib = ctypes.CDLL(str(LIBRARY))
-        vp, cp = ctypes.c_void_p, ctypes.c_char_p
-        lib.hc_policy_open.restype = vp
-        lib.hc_policy_open.argtypes = [cp, cp, ctypes.c_size_t]
-        lib.hc_policy_close.argtypes = [vp]
-        for name in ("hc_policy_kind", "hc_policy_task", "hc_policy_labels"):
-            getattr(lib, name).argtypes = [vp]
-        lib.hc_run.argtypes = [vp, vp, vp, vp, ctypes.c_uint64, vp, ctypes.c_int, ctypes.c_uint64]
-        lib.hc_index_build.argtypes = [vp, ctypes.c_uint64, ctypes.c_uint32, vp]
-        lib.hc_table_key.restype = ctypes.c_uint64
-        lib.hc_table_key.argtypes = [ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32,
-                                     ctypes.c_uint64]
-        lib.hc_site_key.restype = ctypes.c_uint32
-        lib.hc_site_key.argtypes = [ctypes.c_uint32, ctypes.c_uint64]
-        lib.hc_rich_token.restype = ctypes.c_uint16
-        lib.hc_rich_token.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int]
-        _lib = lib
+        vp, cp, i, u32, u64 = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint32,
+                               ctypes.c_uint64)
+        try:
+            _lib = bind(LIBRARY, {
+                "hc_policy_open": (vp, [cp, cp, ctypes.c_size_t]),
+                "hc_policy_close": (i, [vp]),
+                "hc_policy_kind": (i, [vp]), "hc_policy_task": (i, [vp]),
+                "hc_policy_labels": (i, [vp]),
+                "hc_run": (i, [vp, vp, vp, vp, u64, vp, i, u64]),
+                "hc_index_build": (i, [vp, u64, u32, vp]),
+                "hc_table_key": (u64, [i, u32, u32, u64]),
+                "hc_site_key": (u32, [u32, u64]),
+                "hc_rich_token": (ctypes.c_uint16, [i, u64, i, i])}, "policy runtime (hc_run)")
+        except NativeError as e:
+            raise PolicyError(str(e)) from None
     return _lib
 
 

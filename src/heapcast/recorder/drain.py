@@ -16,7 +16,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from ..trace.base import LoadedOnce, NativeError
+from ..trace.base import LoadedOnce, bind
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_drain.so"
 
@@ -26,27 +26,15 @@ ENV = {"HEAPCAST_DRAIN": "1"}
 
 def load(path: Path = LIBRARY) -> ctypes.CDLL:
     """Loads the drainer library."""
-    if not Path(path).exists():
-        raise NativeError(f"{path} is missing: build heapcast's native code "
-                          f"(pip install -e . in the repository)")
-    lib = ctypes.CDLL(str(path), use_errno=True)
-    lib.hc_drain_start.restype = ctypes.c_void_p
-    lib.hc_drain_start.argtypes = [ctypes.c_char_p, ctypes.c_uint]
-    lib.hc_drain_pause.restype = None
-    lib.hc_drain_pause.argtypes = [ctypes.c_void_p]
-    lib.hc_drain_keep.restype = None
-    lib.hc_drain_keep.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.hc_drain_stop.restype = None
-    lib.hc_drain_stop.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
-    lib.hc_drain_released.restype = ctypes.c_size_t
-    lib.hc_drain_released.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
-                                      ctypes.c_size_t]
-    lib.hc_drain_copies.restype = ctypes.c_size_t
-    lib.hc_drain_copies.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
-                                    ctypes.POINTER(ctypes.c_uint64)]
-    lib.hc_clock_read_ns.restype = ctypes.c_double
-    lib.hc_clock_read_ns.argtypes = [ctypes.c_int]
-    return lib
+    p, u64s, size = ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t
+    return bind(path, {"hc_drain_start": (p, [ctypes.c_char_p, ctypes.c_uint]),
+                       "hc_drain_pause": (None, [p]),
+                       "hc_drain_keep": (None, [p, ctypes.c_int]),
+                       "hc_drain_stop": (None, [p, u64s]),
+                       "hc_drain_released": (size, [p, u64s, size]),
+                       "hc_drain_copies": (size, [p, u64s, size, u64s]),
+                       "hc_clock_read_ns": (ctypes.c_double, [ctypes.c_int])},
+                "drainer (hc_drain_start)", use_errno=True)
 
 
 #: Where the kernel names its clock source: the recorder reads the TSC where it is "tsc".

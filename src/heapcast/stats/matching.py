@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..trace.format import EVENT_DTYPE
-from ..trace.native_codec import LoadedOnce, NativeError
+from ..trace.base import LoadedOnce, bind
 
 GHOST_SPAN = 1 << 16
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_stats.so"
@@ -42,19 +42,13 @@ class _Result(ctypes.Structure):
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    if not path.exists():
-        raise NativeError(f"{path} is missing: build heapcast's native code "
-                          f"(pip install -e . in the repository)")
-    lib = ctypes.CDLL(str(path))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.hc_livemap_new.restype, lib.hc_livemap_new.argtypes = p, [p, i64]
-    lib.hc_livemap_free.restype, lib.hc_livemap_free.argtypes = None, [p]
-    lib.hc_livemap_count.restype, lib.hc_livemap_count.argtypes = i64, [p]
-    lib.hc_livemap_ghosts.restype, lib.hc_livemap_ghosts.argtypes = i64, [p]
-    lib.hc_livemap_export.restype, lib.hc_livemap_export.argtypes = None, [p, p]
-    lib.hc_livemap_match.restype = ctypes.c_int
-    lib.hc_livemap_match.argtypes = [p, p, i64, i64, i64, ctypes.POINTER(_Result)]
-    return lib
+    return bind(path, {"hc_livemap_new": (p, [p, i64]), "hc_livemap_free": (None, [p]),
+                       "hc_livemap_count": (i64, [p]), "hc_livemap_ghosts": (i64, [p]),
+                       "hc_livemap_export": (None, [p, p]),
+                       "hc_livemap_match": (ctypes.c_int,
+                                            [p, p, i64, i64, i64, ctypes.POINTER(_Result)])},
+                "live-block map (hc_livemap_match)")
 
 
 library = LoadedOnce(_load, LIBRARY)

@@ -46,14 +46,14 @@ class LoadedOnce:
             return self._lib
 
 
-def bind(path: Path, functions: dict, what: str) -> ctypes.CDLL:
-    """Opens the library at `path` and declares `functions` ({name: (restype, [argtypes])});
-    NativeError where the library is missing or lacks one of them (`what` names the part: for
-    the message)."""
+def bind(path: Path, functions: dict, what: str, use_errno: bool = False) -> ctypes.CDLL:
+    """Opens the library at `path` and declares `functions` ({name: (restype, [argtypes])}):
+    every loader of heapcast's native libraries. NativeError where the library is missing or
+    lacks one of them (`what` names the part: for the message)."""
     if not Path(path).exists():
         raise NativeError(f"{path} is missing: build heapcast's native code "
                           f"(pip install -e . in the repository)")
-    lib = ctypes.CDLL(str(path))
+    lib = ctypes.CDLL(str(path), use_errno=use_errno)
     try:
         for name, (restype, argtypes) in functions.items():
             f = getattr(lib, name)

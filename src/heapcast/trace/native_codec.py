@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import codec
-from .base import LoadedOnce, NativeError  # noqa: F401  (re-exported)
+from .base import LoadedOnce, NativeError, bind  # noqa: F401  (re-exported)
 from .format import EVENT_DTYPE
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_codec.so"
@@ -37,20 +37,12 @@ class Column(ctypes.Structure):
 
 def load(path: Path = LIBRARY) -> ctypes.CDLL:
     """Loads an encoder library and checks that it matches this module."""
-    if not Path(path).exists():
-        raise NativeError(f"{path} is missing: build heapcast's native code "
-                          f"(pip install -e . in the repository)")
-    lib = ctypes.CDLL(str(path))
-    cols = ctypes.POINTER(Column)
-    lib.hc_codec_abi.restype, lib.hc_codec_abi.argtypes = ctypes.c_uint64, [ctypes.c_int]
-    lib.hc_encode_bound.restype = ctypes.c_uint64
-    lib.hc_encode_bound.argtypes = [cols, ctypes.c_uint32, ctypes.c_uint64]
-    lib.hc_encode_events.restype = ctypes.c_int64
-    lib.hc_encode_events.argtypes = [cols, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
-                                     ctypes.c_uint64, ctypes.c_void_p]
-    lib.hc_sparsify.restype = ctypes.c_int64
-    lib.hc_sparsify.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
-                                ctypes.c_uint64, ctypes.c_int]
+    cols, p, u64 = ctypes.POINTER(Column), ctypes.c_void_p, ctypes.c_uint64
+    lib = bind(path, {"hc_codec_abi": (u64, [ctypes.c_int]),
+                      "hc_encode_bound": (u64, [cols, ctypes.c_uint32, u64]),
+                      "hc_encode_events": (ctypes.c_int64, [cols, ctypes.c_uint32, u64, p, u64, p]),
+                      "hc_sparsify": (ctypes.c_int64, [p, u64, u64, u64, ctypes.c_int])},
+               "EVENTS block encoder (hc_encode_events)")
     if lib.hc_codec_abi(0) != ABI_VERSION or lib.hc_codec_abi(1) != ctypes.sizeof(Column):
         raise NativeError(f"{path} does not match heapcast.trace.native_codec: rebuild it "
                           f"(pip install -e .)")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .base import bind
 from .native_codec import LIBRARY, LoadedOnce, NativeError, stream_buffer
 
 ABI_VERSION = 3
@@ -59,30 +60,20 @@ _u64, _ptr = ctypes.c_uint64, ctypes.c_void_p
 
 def load(path: Path = LIBRARY) -> ctypes.CDLL:
     """Loads a decoder library and checks that it matches this module."""
-    if not Path(path).exists():
-        raise NativeError(f"{path} is missing: build heapcast's native code "
-                          f"(pip install -e . in the repository)")
-    lib = ctypes.CDLL(str(path))
-    try:
-        abi = lib.hc_raw_abi
-    except AttributeError:
-        abi = None
-    if abi is not None:
-        abi.restype, abi.argtypes = ctypes.c_uint64, [ctypes.c_int]
-    if abi is None or abi(0) != ABI_VERSION or abi(1) != CHUNK_DTYPE.itemsize \
+    clock, columns, i64 = ctypes.POINTER(Clock), ctypes.POINTER(Columns), ctypes.c_int64
+    lib = bind(path, {
+        "hc_raw_abi": (_u64, [ctypes.c_int]),
+        "hc_raw_scan_chunk": (i64, [_ptr, _u64, _u64, _u64, _ptr]),
+        "hc_raw_scan_chunks": (i64, [_ptr, _u64, _u64, _ptr, _ptr, _ptr]),
+        "hc_raw_decode_chunk": (i64, [_ptr, _u64, _ptr, clock, _u64, _u64, _ptr, _u64, columns,
+                                      _u64, _u64, _ptr]),
+        "hc_raw_window": (i64, [_ptr, _u64, _ptr, _u64, clock, _u64, _u64, _ptr, _u64, columns,
+                                _u64, _ptr])}, "raw-file decoder (hc_raw_window)")
+    abi = lib.hc_raw_abi
+    if abi(0) != ABI_VERSION or abi(1) != CHUNK_DTYPE.itemsize \
             or abi(2) != ctypes.sizeof(Clock) or abi(3) != ctypes.sizeof(Columns):
         raise NativeError(f"{path} does not match heapcast.trace.native_raw: rebuild it "
                           f"(pip install -e .)")
-    lib.hc_raw_scan_chunk.restype = ctypes.c_int64
-    lib.hc_raw_scan_chunk.argtypes = [_ptr, _u64, _u64, _u64, _ptr]
-    lib.hc_raw_scan_chunks.restype = ctypes.c_int64
-    lib.hc_raw_scan_chunks.argtypes = [_ptr, _u64, _u64, _ptr, _ptr, _ptr]
-    lib.hc_raw_decode_chunk.restype = ctypes.c_int64
-    lib.hc_raw_decode_chunk.argtypes = [_ptr, _u64, _ptr, ctypes.POINTER(Clock), _u64, _u64, _ptr,
-                                        _u64, ctypes.POINTER(Columns), _u64, _u64, _ptr]
-    lib.hc_raw_window.restype = ctypes.c_int64
-    lib.hc_raw_window.argtypes = [_ptr, _u64, _ptr, _u64, ctypes.POINTER(Clock), _u64, _u64, _ptr,
-                                  _u64, ctypes.POINTER(Columns), _u64, _ptr]
     return lib
 
 
