@@ -44,3 +44,24 @@ def test_the_replay_and_policy_libraries_say_so_too(monkeypatch, tmp_path):
     monkeypatch.setattr(policy_native, "_lib", None)
     with pytest.raises(PolicyError, match=r"libheapcast_stats\.so has no policy runtime"):
         policy_native.library()
+
+
+def test_the_command_says_so_without_a_traceback(monkeypatch, tmp_path, capsys):
+    """`heapcast stats` with its library gone: one line naming the file, exit status 2."""
+    import numpy as np
+    from heapcast.cli import main
+    from heapcast.stats import matching
+    from heapcast.trace.base import LoadedOnce
+    from heapcast.trace.format import EVENT_DTYPE
+    from heapcast.trace.model import Process
+    from heapcast.trace.writer import write_process_file
+    ev = np.zeros(2, EVENT_DTYPE)
+    ev["seq"], ev["op"], ev["addr"], ev["size"] = [1, 2], [0, 9], [0x1000, 0], [16, 0]
+    ev["old_addr"][1] = 0x1000
+    (tmp_path / "t").mkdir()
+    write_process_file(tmp_path / "t" / "1.hct", Process(index=0, pid=1), ev)
+    monkeypatch.setattr(matching, "library", LoadedOnce(matching._load, tmp_path / "gone.so"))
+    assert main(["stats", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "heapcast stats: error: " in err and "gone.so is missing: build" in err
+    assert "Traceback" not in err

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .stats.plot import PlotError
-from .trace.base import TraceError
+from .trace.base import NativeError, TraceError
 
 
 def _own_process(a) -> None:
@@ -272,7 +272,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `heapcast stats ... | head`
         sys.stderr.close()
         return 0
-    except (TraceError, UsageError, ValueError, OSError, PlotError) as e:   # ReportError too
+    except (TraceError, UsageError, ValueError, OSError, PlotError, NativeError) as e:   # ReportError too
         print(f"heapcast {a.verb}: error: {_message(e)}", file=sys.stderr)
         return 2
 
