@@ -7,7 +7,7 @@ import pytest
 
 from heapcast.forecast.dataset import build_dataset, load_dataset, load_features
 from heapcast.forecast.features import free_ranks, location_keys
-from heapcast.forecast.native import dominance_count
+from heapcast.forecast.native import group_ranks
 from heapcast.trace.blocks import match
 from heapcast.trace.format import EVENT_DTYPE, FREE, MALLOC, REALLOC
 from heapcast.trace.model import LocationTable, Module, ModuleSnapshot, Process
@@ -81,26 +81,18 @@ def test_free_ranks_within_groups_match_a_simulated_live_list_per_group():
         assert (rank == want_rank).all() and (live_count == want_live).all()
 
 
-@pytest.mark.parametrize("n_points, n_queries, span", [(300, 200, 60), (1, 5, 3), (0, 4, 9),
-                                                       (7, 0, 9), (2000, 2000, 5)])
-def test_dominance_count_brute_force(n_points, n_queries, span):
-    """Points and queries in x order (ties between them and among them: a point at a query's x
-    is not before it), against counting every pair."""
-    rng = np.random.default_rng(4)
-    px, pv = np.sort(rng.integers(0, span, n_points)), rng.integers(0, span, n_points)
-    qx, qv = np.sort(rng.integers(0, span, n_queries)), rng.integers(0, span, n_queries)
-    want = [int(np.sum((px < x) & (pv > v))) for x, v in zip(qx, qv)]
-    assert dominance_count(px, pv, qx, qv).tolist() == want
-
-
-def test_dominance_count_refuses_what_it_cannot_count():
-    x, v = np.array([0, 2, 1]), np.array([1, 1, 1])
-    with pytest.raises(ValueError, match="not in ascending x order"):
-        dominance_count(x, v, np.sort(x), v)
-    with pytest.raises(ValueError, match="not in ascending x order"):
-        dominance_count(np.sort(x), v, x, v)
-    with pytest.raises(ValueError, match="a value below 0"):
-        dominance_count(np.sort(x), np.array([1, -1, 1]), np.sort(x), v)
+def test_group_ranks_refuses_a_release_of_no_earlier_acquisition():
+    """The native pass checks what it is given before it counts (a caller's own arrays)."""
+    acq, rel = np.array([True, False, False]), np.array([False, True, True])
+    rank, live = np.full(3, -1, np.int32), np.full(3, -1, np.int32)
+    for alloc_of in ([-1, 2, -1], [-1, 1, -1], [-1, -1, 1]):   # later, itself, no acquisition
+        with pytest.raises(ValueError, match="names no earlier acquisition"):
+            group_ranks(acq, rel, np.array(alloc_of), None, rel, rank, live)
+    assert rank.tolist() == [-1, -1, -1]
+    group_ranks(acq, rel, np.array([-1, 0, -2]), None, rel, rank, live)   # -2: inherited
+    assert rank.tolist() == [-1, 0, -1] and live.tolist() == [-1, 1, -1]
+    with pytest.raises(ValueError, match="3 events in every array"):
+        group_ranks(acq, rel, np.array([-1, 0]), None, rel, rank, live)
 
 
 def process_at(base, pid=1):

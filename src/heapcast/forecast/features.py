@@ -39,7 +39,7 @@ from ..trace.format import FREE
 from ..trace.model import Process, Trace, is_python_frame
 from . import feature_cache
 from .lifetime import lifetime_labels
-from .native import dominance_count
+from .native import group_ranks
 from .names import ORDERS  # noqa: F401 (re-exported)
 from .vocab import rich_tokens, seed64_tokens
 
@@ -188,86 +188,17 @@ def free_ranks(op: np.ndarray, blocks, group: np.ndarray | None = None
     guess) and how many blocks were live (the freed one included). Both -1 for events that are
     not frees of a block allocated in this process. With `group` (a key per acquiring event,
     e.g. its call site or size class), both are counted among the live blocks of the freed
-    block's group only (bench/free_groups.py).
+    block's group only (bench/free_groups.py); a realloc releases in its old block's group and
+    acquires in its own.
 
-    rank(free f of block allocated at a) = #acquisitions in (a, f) - #{releases r < f of blocks
-    allocated after a}: the second term is a 2-D dominance count, one native pass over the events
-    in order with a Fenwick tree over allocation indices (native/forecast/ranks.c, O(n log n)).
-    live(f) = #acquisitions before f - #releases before f of blocks allocated in this process.
-    """
+    One native pass over the events in order (native/forecast/ranks.c): each group numbers its
+    acquisitions and keeps a Fenwick tree of the live ones; a free's rank is the number of its
+    group's live blocks numbered after its own, O(n log n)."""
     n = len(op)
     rank = np.full(n, -1, np.int32)
     live = np.full(n, -1, np.int32)
-    alloc_of = blocks.alloc_of
-    q = np.flatnonzero((op == FREE) & (alloc_of >= 0))
-    if not len(q):
-        return rank, live
-    if group is not None:
-        rank[q], live[q] = _group_ranks(blocks, group, q)
-        return rank, live
-    a = alloc_of[q]
-    acq_cum = np.concatenate([[0], np.cumsum(blocks.acquires, dtype=np.int64)])
-    between = acq_cum[q] - acq_cum[a + 1]          # acquisitions at indices a+1 .. f-1
-    known = blocks.releases & (alloc_of >= 0)
-    pts = np.flatnonzero(known)
-    nested = dominance_count(pts, alloc_of[pts], q, a)   # (both in event order)
-    rank[q] = (between - nested).astype(np.int32)
-    rel_cum = np.concatenate([[0], np.cumsum(known, dtype=np.int64)])
-    live[q] = (acq_cum[q] - rel_cum[q]).astype(np.int32)
+    group_ranks(blocks.acquires, blocks.releases, blocks.alloc_of, group, op == FREE, rank, live)
     return rank, live
-
-
-def _group_ranks(blocks, group: np.ndarray, frees: np.ndarray) -> tuple:
-    """free_ranks within groups, for the events `frees`: every acquisition and every release of
-    a known block is an item of its block's group (a realloc releases in its old block's group
-    and acquires in its own); items sorted by group, then event, a release before an
-    acquisition at the same event; then the formula of free_ranks over the items. Arrays of
-    every item are what this holds at once (two items an event, about): each is dropped, or
-    kept in a narrow type, as soon as it can be (pydoc -k's 34M events: 4 GB more than the
-    features it adds at its peak, now 1.6 GB)."""
-    n = len(blocks.acquires)
-    idx = np.int32 if 2 * n < 2**31 else np.int64   # item positions and event indices
-    releases = np.flatnonzero(blocks.releases & (blocks.alloc_of >= 0)).astype(idx)
-    acquires = np.flatnonzero(blocks.acquires).astype(idx)
-    # items in event order, a release before its event's acquisition: then a stable sort by
-    # group alone orders them by (group, event, kind)
-    ev = np.concatenate([releases, acquires])
-    kind = np.concatenate([np.zeros(len(releases), np.int8), np.ones(len(acquires), np.int8)])
-    order = np.argsort(ev.astype(np.int64) * 2 + kind, kind="stable")
-    ev, kind = ev[order], kind[order]
-    g_items = np.empty(len(ev), group.dtype)
-    g_items[kind == 0] = group[blocks.alloc_of[ev[kind == 0]]]
-    g_items[kind == 1] = group[ev[kind == 1]]
-    del order
-    order = np.argsort(g_items, kind="stable")
-    g_items, ev, kind = g_items[order], ev[order], kind[order]
-    del order
-    acq = kind == 1
-    del kind
-    item_of_acq = np.full(n, -1, idx)
-    item_of_acq[ev[acq]] = np.flatnonzero(acq)
-    rel = ~acq
-    q = np.flatnonzero(rel)
-    a = item_of_acq[blocks.alloc_of[ev[rel]]].astype(np.int64)
-    del item_of_acq
-    acq_cum = np.zeros(len(ev) + 1, np.int64)
-    np.cumsum(acq, out=acq_cum[1:])
-    del acq
-    rank = (acq_cum[q] - acq_cum[a + 1]) - dominance_count(q, a, q, a)
-    del a
-    # each release's group starts at the last item where the group changed
-    starts = np.flatnonzero(np.r_[True, g_items[1:] != g_items[:-1]])
-    del g_items
-    start = starts[np.searchsorted(starts, q, side="right") - 1]
-    del starts
-    # items before q of its group: (acquisitions) - (releases) = 2 acq_cum - (q - start)
-    live = 2 * (acq_cum[q] - acq_cum[start]) - (q - start)
-    del acq_cum, start
-    ev_rel = ev[rel]
-    del ev, rel
-    at = np.searchsorted(releases, frees)      # frees are among the releases, both sorted
-    by_event = np.argsort(ev_rel, kind="stable")
-    return rank[by_event][at], live[by_event][at]
 
 
 def featurize_process(process: Process, blocks=None, order: str = "thread",

@@ -1,5 +1,5 @@
-"""ctypes bindings of native/forecast/: the dominance count behind a freed block's recency rank
-(ranks.c, heapcast.forecast.features.free_ranks), the n-gram's context hashes, their lookup
+"""ctypes bindings of native/forecast/: a freed block's recency rank within its group (ranks.c,
+heapcast.forecast.features.free_ranks), the n-gram's context hashes, their lookup
 in its tables, the counting of its labels and the in-run memory's latest continuations
 (contexts.c, heapcast.forecast.models.ngram), and the n-gram's k best labels per row
 (ngram_topk.c)."""
@@ -13,22 +13,19 @@ import numpy as np
 from ..trace.base import LoadedOnce, bind
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_forecast.so"
-_ERRORS = {-1: "out of memory", -2: "points or queries not in ascending x order",
-           -3: "a value below 0 or above the largest, or 2^32 points or more"}
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    p, u64, i64, u32, i = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint32,
-                           ctypes.c_int)
+    p, u64, u32, i = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int
     return bind(path, {
-        "hc_dominance_count": (i, [p, p, u64, p, p, u64, i64, p]),
         "hc_contexts": (i, [p, u64, p, p, u64, ctypes.c_int, u32, u32, p, p]),
         "hc_sorted_buckets": (u64, [p, u64]),
         "hc_sorted_index": (i, [p, u64, p, u64]),
         "hc_sorted_find": (i, [p, u64, p, u64, p, u64, p]),
         "hc_count_labels": (i, [p, u64, ctypes.c_uint, ctypes.c_uint, p, p, p, p, p, p, p, p]),
         "hc_recent_continuations": (i, [p, p, u64, p, u64, p]),
-        "hc_ngram_topk": (i, [u64, p, u32, p, p, u32, u32, p, p])},
+        "hc_ngram_topk": (i, [u64, p, u32, p, p, u32, u32, p, p]),
+        "hc_group_ranks": (i, [p, p, p, p, p, u64, p, p])},
         "forecasting kernels (hc_ngram_topk)")
 
 
@@ -42,22 +39,32 @@ class _Order(ctypes.Structure):
 library = LoadedOnce(_load, LIBRARY)
 
 
-def dominance_count(px: np.ndarray, pv: np.ndarray, qx: np.ndarray, qv: np.ndarray
-                    ) -> np.ndarray:
-    """For each query (qx, qv): the number of points with px < qx and pv > qv. px and qx in
-    ascending order, values ints >= 0 (ValueError otherwise)."""
-    px, pv, qx, qv = (np.ascontiguousarray(v, np.int64) for v in (px, pv, qx, qv))
-    if len(px) != len(pv) or len(qx) != len(qv):
-        raise ValueError("dominance_count: each point and each query needs an x and a value")
-    out = np.zeros(len(qx), np.int64)
-    if not len(qx) or not len(px):
-        return out
-    vmax = int(max(pv.max(), qv.max()))
-    rc = library().hc_dominance_count(px.ctypes.data, pv.ctypes.data, len(px), qx.ctypes.data,
-                                      qv.ctypes.data, len(qx), vmax, out.ctypes.data)
+def group_ranks(acquires: np.ndarray, releases: np.ndarray, alloc_of: np.ndarray,
+                key: np.ndarray | None, want: np.ndarray, rank: np.ndarray,
+                live: np.ndarray) -> None:
+    """Recency ranks within groups, in one native pass over a process's events in order
+    (native/forecast/ranks.c): for each event marked in `want` that releases a known block
+    (`releases`, `alloc_of` >= 0: the acquiring event), writes into rank (int32) how many
+    blocks of its group, live just before the release, were acquired after it, and into live
+    (int32) how many of its group were live then, the freed one included; a group is the `key`
+    of the acquiring event (any integers; None: one group). Other entries are left as they
+    are. ValueError where a release names no earlier acquisition."""
+    n = len(acquires)
+    arrays = [np.ascontiguousarray(acquires, np.bool_), np.ascontiguousarray(releases, np.bool_),
+              np.ascontiguousarray(alloc_of, np.int64),
+              None if key is None else np.ascontiguousarray(key, np.int64),
+              np.ascontiguousarray(want, np.bool_)]
+    if any(a is not None and len(a) != n for a in arrays) or len(rank) != n or len(live) != n \
+            or rank.dtype != np.int32 or live.dtype != np.int32 \
+            or not (rank.flags.c_contiguous and live.flags.c_contiguous):
+        raise ValueError(f"group_ranks: {n} events in every array, rank and live int32")
+    rc = library().hc_group_ranks(*(a.ctypes.data if a is not None else None for a in arrays), n,
+                                  rank.ctypes.data, live.ctypes.data)
+    if rc == -1:
+        raise MemoryError("group_ranks: out of memory")
     if rc:
-        raise ValueError(f"dominance_count: {_ERRORS.get(rc, f'error {rc}')}")
-    return out
+        raise ValueError("group_ranks: a release names no earlier acquisition, or 2^31 events or "
+                         "more")
 
 
 class Contexts:
