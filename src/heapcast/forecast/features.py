@@ -216,7 +216,7 @@ def featurize(traces, order: str = "thread", need_ranks=True) -> Features:
 
     `need_ranks`: which free_* rank columns to compute: True (all), False (none), or groupings
     of the `free` task (`all`, `class`, `site`: heapcast.forecast.tasks.rank_groupings), each
-    costing about a second per million events."""
+    costing about 0.04 s per million events (one native pass)."""
     from ..trace.reader import load
     if order not in ORDERS:
         raise ValueError(f"unknown stream order {order!r} (known: {', '.join(ORDERS)})")
