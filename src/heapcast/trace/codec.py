@@ -211,9 +211,8 @@ def decode_pair_into(a: tuple, b: tuple, count: int, out_a: np.ndarray,
             and out_a.strides == out_b.strides):
         raise ValueError(f"out_a and out_b must be {count} uint64 rows of one stride")
     u64 = np.dtype(np.uint64)
-    batch, which, codes, tails = [], [], [None, None], [None, None]
+    batch, codes, tails = [], [None, None], [None, None]   # (batch: one entry a column, in order)
     for k, ((data, encoding, omitted, sparse), out) in enumerate(((a, out_a), (b, out_b))):
-        which.append(k)
         if encoding != BACKREF:
             batch.append((data, encoding, u64, omitted, sparse, out))
             continue
@@ -229,10 +228,7 @@ def decode_pair_into(a: tuple, b: tuple, count: int, out_a: np.ndarray,
         codes[k] = np.empty(count, np.uint64)
         batch.append((data[:codes_len], PLAIN, u64, omitted & 0xFF, sparse, codes[k]))
         tails[k] = (data, codes_len, omitted, sparse)
-    try:
-        decode_columns_into(batch, count)
-    except ColumnError as e:
-        raise ColumnError(which[e.column], str(e)) from None
+    decode_columns_into(batch, count)   # (its ColumnError's column: 0 for a, 1 for b)
     lib, escapes = _library(), [np.empty(0, np.uint64)] * 2
     for k in (0, 1):
         if codes[k] is None:
