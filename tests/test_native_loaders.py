@@ -32,18 +32,16 @@ def test_a_missing_or_foreign_library_is_a_clear_error(name, tmp_path):
         load(OTHER)
 
 
-def test_the_replay_and_policy_libraries_say_so_too(monkeypatch, tmp_path):
+def test_the_replay_and_policy_libraries_say_so_too(tmp_path):
     from heapcast.lab import native as lab_native
     from heapcast.policy import native as policy_native
     from heapcast.policy.fileformat import PolicyError
-    monkeypatch.setattr(lab_native, "LIBRARY", tmp_path / "lab.so")
-    monkeypatch.setattr(lab_native, "_lib", None)
     with pytest.raises(NativeError, match=r"lab\.so is missing: build"):
-        lab_native.library()
-    monkeypatch.setattr(policy_native, "LIBRARY", OTHER)
-    monkeypatch.setattr(policy_native, "_lib", None)
+        lab_native._load(tmp_path / "lab.so")
+    with pytest.raises(NativeError, match=r"libheapcast_stats\.so has no replay kernels"):
+        lab_native._load(OTHER)
     with pytest.raises(PolicyError, match=r"libheapcast_stats\.so has no policy runtime"):
-        policy_native.library()
+        policy_native._load(OTHER)
 
 
 def test_the_command_says_so_without_a_traceback(monkeypatch, tmp_path, capsys):

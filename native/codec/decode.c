@@ -55,15 +55,19 @@ static inline int present(const hc_plane_column *col, uint64_t i) {
     return bit;
 }
 
+static uint64_t count_present(const hc_plane_column *col, uint64_t count) {
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < count; i++) n += (uint64_t)present(col, i);
+    return n;
+}
+
 /* How many of count rows a sparse column's presence bits mark (see hc_plane_column; ops NULL or
  * mask 0: no prediction): where its planes end. */
 HC_API uint64_t hc_count_present(const uint8_t *bits, const uint8_t *ops, uint64_t ops_stride,
                                  uint32_t mask, uint64_t count) {
     hc_plane_column col = {.bits = bits, .ops = mask ? ops : NULL, .ops_stride = ops_stride,
                            .mask = mask};
-    uint64_t n = 0;
-    for (uint64_t i = 0; i < count; i++) n += (uint64_t)present(&col, i);
-    return n;
+    return count_present(&col, count);
 }
 
 /* ORs n bytes of a plane into the values, at bit `shift`. A whole tile is a loop of a known
@@ -99,11 +103,8 @@ HC_API int hc_decode_columns(const hc_plane_column *cols, uint32_t ncols, uint64
         nk[c] = 0;
         for (unsigned k = 0; k < w; k++)
             if (!(col->omitted >> k & 1)) kept[c][nk[c]++] = k;
-        rows[c] = count;
-        if (col->bits) {   /* the rows present: as many values in each plane */
-            rows[c] = 0;
-            for (uint64_t i = 0; i < count; i++) rows[c] += (uint64_t)present(col, i);
-        }
+        /* a sparse column: the rows present, as many values in each plane */
+        rows[c] = col->bits ? count_present(col, count) : count;
         bad[1] = rows[c];
         if (col->len != (uint64_t)nk[c] * rows[c]) return ERR_LENGTH;
     }

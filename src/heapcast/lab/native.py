@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..trace.base import NativeError, bind
+from ..trace.base import LoadedOnce, NativeError, bind
 from ..trace.format import EVENT_DTYPE
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_lab.so"
@@ -57,14 +57,8 @@ class Metrics(_Struct):
         "check_failures", "sum_footprint16", "sum_pages4k")]
 
 
-_lib = None
-
-
-def library() -> ctypes.CDLL:
-    """The loaded kernel library (loaded once, its struct layouts checked)."""
-    global _lib
-    if _lib is not None:
-        return _lib
+def _load(path: Path) -> ctypes.CDLL:
+    """The kernel library at `path`, its struct layouts checked."""
     vp, u64, i32 = ctypes.c_void_p, _U64, ctypes.c_int
     sigs = {
         "lab_new": (vp, [vp, i32, vp, i32, u64]),
@@ -81,15 +75,18 @@ def library() -> ctypes.CDLL:
         "lab_sizeof": (u64, [i32]),
         "lab_threads": (i32, [vp]),
     }
-    lib = bind(LIBRARY, sigs, "replay kernels (lab_new)")
+    lib = bind(path, sigs, "replay kernels (lab_new)")
     for what, struct in ((0, Stats), (1, Metrics)):
         if lib.lab_sizeof(what) != ctypes.sizeof(struct):
-            raise NativeError(f"{LIBRARY} does not match heapcast.lab.native ({struct.__name__}): "
+            raise NativeError(f"{path} does not match heapcast.lab.native ({struct.__name__}): "
                               f"rebuild it (pip install -e .)")
     if lib.lab_sizeof(2) != EVENT_DTYPE.itemsize:
-        raise NativeError(f"{LIBRARY} has another event layout than EVENT_DTYPE: rebuild it")
-    _lib = lib
+        raise NativeError(f"{path} has another event layout than EVENT_DTYPE: rebuild it")
     return lib
+
+
+#: The loaded kernel library (loaded once).
+library = LoadedOnce(_load, LIBRARY)
 
 
 def _ptr(a: np.ndarray | None):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..trace.base import NativeError, bind
+from ..trace.base import LoadedOnce, NativeError, bind
 from .fileformat import PolicyError
 
 LIBRARY = Path(__file__).resolve().parent.parent / "libheapcast_policy.so"
@@ -26,29 +26,27 @@ EVENT = np.dtype([("site", "<u4"), ("op", "<u2"), ("token", "<u2"), ("size", "<u
 PREDICTION = np.dtype([("label", "<i4", TOPK), ("conf", "<f4"), ("level", "<u4")])
 assert EVENT.itemsize == 32 and PREDICTION.itemsize == 28
 
-_lib = None
+def _load(path: Path) -> ctypes.CDLL:
+    """The runtime library at `path`; PolicyError where it is missing or lacks a function."""
+    vp, cp, i, u32, u64 = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint32,
+                           ctypes.c_uint64)
+    try:
+        return bind(path, {
+            "hc_policy_open": (vp, [cp, cp, ctypes.c_size_t]),
+            "hc_policy_close": (i, [vp]),
+            "hc_policy_kind": (i, [vp]), "hc_policy_task": (i, [vp]),
+            "hc_policy_labels": (i, [vp]),
+            "hc_run": (i, [vp, vp, vp, vp, u64, vp, i, u64]),
+            "hc_index_build": (i, [vp, u64, u32, vp]),
+            "hc_table_key": (u64, [i, u32, u32, u64]),
+            "hc_site_key": (u32, [u32, u64]),
+            "hc_rich_token": (ctypes.c_uint16, [i, u64, i, i])}, "policy runtime (hc_run)")
+    except NativeError as e:
+        raise PolicyError(str(e)) from None
 
 
-def library() -> ctypes.CDLL:
-    """The runtime library, loaded once."""
-    global _lib
-    if _lib is None:
-        vp, cp, i, u32, u64 = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint32,
-                               ctypes.c_uint64)
-        try:
-            _lib = bind(LIBRARY, {
-                "hc_policy_open": (vp, [cp, cp, ctypes.c_size_t]),
-                "hc_policy_close": (i, [vp]),
-                "hc_policy_kind": (i, [vp]), "hc_policy_task": (i, [vp]),
-                "hc_policy_labels": (i, [vp]),
-                "hc_run": (i, [vp, vp, vp, vp, u64, vp, i, u64]),
-                "hc_index_build": (i, [vp, u64, u32, vp]),
-                "hc_table_key": (u64, [i, u32, u32, u64]),
-                "hc_site_key": (u32, [u32, u64]),
-                "hc_rich_token": (ctypes.c_uint16, [i, u64, i, i])}, "policy runtime (hc_run)")
-        except NativeError as e:
-            raise PolicyError(str(e)) from None
-    return _lib
+#: The runtime library, loaded once.
+library = LoadedOnce(_load, LIBRARY)
 
 
 def index_build(keys: np.ndarray, bits: int) -> np.ndarray:

@@ -81,13 +81,21 @@ class Sparse:
             raise ValueError(f"op mask {mask:#06x} on the op column itself, expected 0")
         return head, mask, nbytes
 
+    def predictors(self, mask: int, count: int) -> np.ndarray | None:
+        """The op values that a mask predicts from (None for mask 0), checked: ValueError unless
+        they are `count` rows of uint8 at a positive stride."""
+        if not mask:
+            return None
+        ops = self.ops
+        if ops.dtype != np.uint8 or len(ops) != count or (count and ops.strides[0] <= 0):
+            raise ValueError(f"the op values are not {count} rows of uint8")
+        return ops
+
     def count(self, b: bytes, count: int) -> tuple[int, int]:
         """How many of the `count` rows the column's bytes b mark present (natively), and how
         many bytes the op mask and the bits take."""
         head, mask, nbytes = self.layout(b, count)
-        if mask and (self.ops.dtype != np.uint8 or len(self.ops) != count
-                     or (count and self.ops.strides[0] <= 0)):
-            raise ValueError(f"the op values are not {count} rows of uint8")
+        self.predictors(mask, count)
         bits = np.frombuffer(b, np.uint8, nbytes - head, head)
         n = _library().hc_count_present(bits.ctypes.data if len(bits) else None,
                                         self.ops.ctypes.data if mask and count else None,
@@ -125,8 +133,8 @@ def decode_columns_into(columns: list, count: int) -> None:
     """Decodes columns of `count` rows (not BACKREF) in one native pass, a tile of rows at a
     time through them all (native/codec/decode.c): each (data, encoding, dtype, omitted, sparse,
     out), `sparse` a Sparse or None, `out` count writable rows of any positive stride (fields of
-    a reader's rows; a sparse column's op values, where its mask predicts from them, must be
-    there already). Raises ColumnError (a ValueError that says which column) on a column whose
+    a reader's rows; a sparse column's op values, where its mask predicts from them, decoded
+    already: Sparse.ops). Raises ColumnError (a ValueError that says which column) on a column whose
     bytes do not fit."""
     if not columns:
         return
@@ -142,10 +150,7 @@ def decode_columns_into(columns: list, count: int) -> None:
             if sparse:
                 head, mask, nbytes = sparse.layout(data, count)
                 bits, src = src[head:nbytes], src[nbytes:]
-                if mask:
-                    ops = sparse.ops
-                    if ops.dtype != np.uint8 or len(ops) != count or ops.strides[0] <= 0:
-                        raise ValueError(f"the op values are not {count} rows of uint8")
+                ops = sparse.predictors(mask, count)
             _check_column(src, encoding, dtype, count, omitted, out, bits is not None)
         except ValueError as e:
             raise ColumnError(c, str(e)) from None

@@ -288,7 +288,9 @@ def _decode_block(path: Path, f, b: _Block, proc: int, out: np.ndarray | None = 
             else:                            # (straight into the rows' field)
                 into = out[name]
             if name == "op":   # first, alone and contiguous: the sparse columns' presence bits
-                ops = np.empty(b.count, np.uint8)   # are predicted from it, row by row
+                ops = np.empty(b.count, np.uint8)   # are predicted from it, row by row (and
+                # again in the tile pass below, into the rows: cheaper than a strided copy
+                # through every row's cache line)
                 codec.decode_into(data, enc, EVENT_DTYPE[name], b.count, omitted, how, ops)
             batch.append((data, enc, EVENT_DTYPE[name], omitted, how, into))
             names.append(name)
