@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("a", type=Path, help="checkout A (the base)")
     ap.add_argument("b", type=Path, help="checkout B (the change)")
     ap.add_argument("--workloads", default="ring,py_dicts",
-                    help="comma-separated: ring, threads, py_dicts, py_calls, ring_long (ring ten times as "
+                    help="comma-separated: ring, threads, py_dicts, py_calls, py_deep, ring_long (ring ten times as "
                          "long: the drainer falls behind), churn (20,000 short threads), spawn "
                          "(a shell running 200 short programs, followed), or true "
                          "(/bin/true: what starting and ending `record` costs)")

@@ -13,8 +13,9 @@ interleaved and --repeats times each:
                             the program's own run time inside `record`, without the conversion
   article tracer            bench/article_tracer.c: mutex + sprintf + write() per call
   heaptrack                 `heaptrack -o FILE CMD`, when installed
-With --python, the Python workloads (py_dicts, and py_calls: a call-heavy loop written by this
-script) also run (heapcast records Python call sites in CPython by default):
+With --python, the Python workloads (py_dicts; py_calls, a call-heavy loop, and py_deep,
+allocations 32 frames deep, both written by this script) also run (heapcast records Python
+call sites in CPython by default):
   heapcast --no-python      native call sites only (whole wait and [program], as above)
   memray                    `memray run -o FILE script` (memray 1.x, `pip install memray`)
   profile hook [program]    the program with a C profile function that does nothing
@@ -90,6 +91,22 @@ for i in range(1_500_000):
         keep.clear()
 print(total)
 """
+# Allocations 32 Python frames deep: what the Python call sites cost where a program's stacks are
+# deeper than the 16 frames a location holds (frameworks, recursion).
+PY_DEEP_SOURCE = """
+def work(n):
+    out = []
+    for i in range(n):
+        out.append({"k": i, "s": str(i) * 3, "l": [i, i + 1]})
+        if len(out) > 1000:
+            out.clear()
+    return len(out)
+
+def down(depth, n):
+    return work(n) if depth == 0 else down(depth - 1, n)
+
+print(sum(down(30, 50_000) for _ in range(20)))
+"""
 HOOK_SOURCE = """
 #include <Python.h>
 #include <frameobject.h>
@@ -146,8 +163,10 @@ def build_workloads(names: list[str], quick: bool, build_dir: Path,
         "py_dicts": lambda: Workload(
             "py_dicts", [python, str(workload("py_dicts.py"))],
             {"PYTHONMALLOC": "malloc"}),
-        "py_calls": lambda: Workload("py_calls", [python, str(write_py_calls(
-            build_dir))], {"PYTHONMALLOC": "malloc"}),
+        "py_calls": lambda: Workload("py_calls", [python, str(write_source(
+            build_dir / "py_calls.py", PY_CALLS_SOURCE))], {"PYTHONMALLOC": "malloc"}),
+        "py_deep": lambda: Workload("py_deep", [python, str(write_source(
+            build_dir / "py_deep.py", PY_DEEP_SOURCE))], {"PYTHONMALLOC": "malloc"}),
     }
     unknown = [n for n in names if n not in makers]
     if unknown:
@@ -155,9 +174,9 @@ def build_workloads(names: list[str], quick: bool, build_dir: Path,
     return [makers[n]() for n in names]
 
 
-def write_py_calls(build_dir: Path) -> Path:
-    path = build_dir / "py_calls.py"
-    path.write_text(PY_CALLS_SOURCE)
+def write_source(path: Path, text: str) -> Path:
+    """Writes a workload's source (one of this script's) and returns its path."""
+    path.write_text(text)
     return path
 
 
@@ -564,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tracer (default 3)")
     parser.add_argument("--workloads", default="ring,threads,py_dicts",
                         help="comma-separated: ring, threads, py_dicts, py_calls (a call-heavy "
-                             "Python loop, for --python), ring_long (ring ten times as long), "
+                             "Python loop, for --python), py_deep (allocations 32 Python frames "
+                             "deep, for --python), ring_long (ring ten times as long), "
                              "churn (20,000 short threads), spawn (a shell running 200 short "
                              "programs, followed) (default: the first three)")
     parser.add_argument("--tracers", default=None,

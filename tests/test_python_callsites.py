@@ -467,3 +467,68 @@ def test_code_compiled_again_and_again_is_named_by_its_own_lines(py, tmp_path):
             assert (frames[1].function, frames[1].offset) == (f"g_{i}", i % 97 + 4), (i, frames)
             seen.append(i)
     assert sorted(seen) == list(range(n))
+
+
+def test_stacks_that_end_alike_each_keep_their_own_frames(py, tmp_path):
+    """The recorder hashes only the outer frames that differ from the thread's last event's
+    (pyframes.h, py_outer): consecutive allocations through call paths that differ in their inner
+    frames only (two callers, recursion 0-24 deep, so that stacks of more than 16 frames are cut
+    to their innermost 16), in their outermost frame only (two lines of the module calling the
+    same path), and a generator resumed by two consumers at different depths, must each be
+    recorded with their own frames. The blocks are kept: no event comes between two of them."""
+    n = 3000
+    script = tmp_path / "paths.py"
+    script.write_text(
+        "def leaf(n):\n"
+        "    return bytearray(n)\n"
+        "def via_a(n):\n"
+        "    return leaf(n)\n"
+        "def via_b(n):\n"
+        "    return leaf(n)\n"
+        "def down(d, n, f):\n"
+        "    return f(n) if d == 0 else down(d - 1, n, f)\n"
+        "def gen():\n"
+        "    n = yield\n"
+        "    while True:\n"
+        "        n = yield leaf(n)\n"
+        "g = gen()\n"
+        "next(g)\n"
+        "def consume_1(n):\n"
+        "    return g.send(n)\n"
+        "def consume_2(n):\n"
+        "    return consume_1(n)\n"
+        f"keep = [None] * {n}\n"
+        f"for i in range({n}):\n"
+        "    size = 600 + 8 * i\n"
+        "    d, f = i // 3 * 7 % 25, (via_a if i // 3 % 2 else via_b)\n"
+        "    if i % 3 == 0:\n"
+        "        keep[i] = down(d, size, f)\n"
+        "    elif i % 3 == 1:\n"
+        "        keep[i] = down(d, size, f)\n"
+        "    elif i % 6 == 2:\n"
+        "        keep[i] = consume_1(size)\n"
+        "    else:\n"
+        "        keep[i] = consume_2(size)\n")
+    r = heapcast.record([py.exe, script], output=tmp_path / "t", progress=False)
+    assert r.exit_code == 0
+    trace = heapcast.load(r.path)
+    (p,) = trace.processes
+    ev = p.events
+    blocks = ev[np.isin(ev["op"], ALLOC_OPS) & (ev["size"] >= 600) & (ev["size"] < 600 + 8 * n)]
+    seen = set()
+    for e in blocks:
+        frames = frames_of(p, e["loc"])
+        if not frames or frames[0].function != "leaf":
+            continue   # (the interpreter's own blocks of such sizes)
+        i = (int(e["size"]) - 600) // 8
+        if i % 3 == 2:
+            want = [("leaf", 2), ("gen", 12), ("consume_1", 16)] + \
+                ([] if i % 6 == 2 else [("consume_2", 18)]) + \
+                [("<module>", 28 if i % 6 == 2 else 30)]
+        else:
+            via = i // 3 % 2
+            want = [("leaf", 2), ("via_a" if via else "via_b", 4 if via else 6)] + \
+                [("down", 8)] * (i // 3 * 7 % 25 + 1) + [("<module>", 24 if i % 3 == 0 else 26)]
+        assert [(s.function, s.offset) for s in frames] == want[:16], i
+        seen.add(i)
+    assert seen == set(range(n))

@@ -173,8 +173,10 @@ PY_HOT int py_complete_in(const struct py_layout *L, const char *f) {
 }
 static inline int py_complete(const char *f) { return py_complete_in(&PL, f); }
 
-/* The frame below f, skipping 3.12+ shim frames. */
+/* The frame below f, skipping 3.12+ shim frames (3.11 has none: py_site11's walk, whose L is
+ * py_layouts[0], reads no owner). */
 PY_HOT const char *py_previous_in(const struct py_layout *L, const char *f) {
+    if (L == &py_layouts[0]) return PY_PTR(f, L->fr_previous);
     do f = PY_PTR(f, L->fr_previous);
     while (f && f[L->fr_owner] == PY_OWNED_BY_CSTACK);
     return f;
@@ -250,12 +252,16 @@ static inline uint64_t py_code_guard(const char *code) { return py_code_guard_in
 /* The interning key of a frame's current instruction: the instruction's address names the code
  * object and the offset in it; the line table's address and py_code_guard guard against a freed
  * code object whose memory another one took. */
-PY_HOT uint64_t py_key_in(const struct py_layout *L, const char *f) {
-    const char *code = PY_PTR(f, L->fr_code);
+PY_HOT uint64_t py_key_guarded(const struct py_layout *L, const char *f, const char *code,
+                               uint64_t guard) {
     uint64_t pc = (uint64_t)(uintptr_t)PY_PTR(f, L->fr_instr);
     uint64_t lt = (uint64_t)(uintptr_t)PY_PTR(code, L->co_linetable);
-    uint64_t h = (pc ^ (lt << 17) ^ (lt >> 13) ^ py_code_guard_in(L, code)) * 0xC2B2AE3D27D4EB4Full;
+    uint64_t h = (pc ^ (lt << 17) ^ (lt >> 13) ^ guard) * 0xC2B2AE3D27D4EB4Full;
     return (h ^ (h >> 31)) | 1;
+}
+PY_HOT uint64_t py_key_in(const struct py_layout *L, const char *f) {
+    const char *code = PY_PTR(f, L->fr_code);
+    return py_key_guarded(L, f, code, py_code_guard_in(L, code));
 }
 static inline uint64_t py_key(const char *f) { return py_key_in(&PL, f); }
 
@@ -276,20 +282,87 @@ static inline uint64_t py_line_key(const char *f, int line) {
 #define PY_STACK_MAX 16
 #endif
 
+/* The frames below the innermost in a key (and in a location without --stacks). */
+#define PY_OUTER (PY_STACK_MAX - 1)
+
+/* The calling thread's last stack (py_stack_key): its outer frames (those below the innermost)
+ * and their hashes, so that an event whose outer frames end like those of the thread's last
+ * one hashes only the frames that differ; and its innermost frame's code object and guard.
+ * The outer frames are held at the end of the arrays, the outermost last (index PY_OUTER - 1):
+ * a stack that ends like the last one finds the common frames at the same indices. hash[k] is
+ * the hash of the frames from k to the outermost (py_outer_step), hash[PY_OUTER] = 0 that of
+ * none. `inside`: py_stack_key calls under way on the thread; a signal handler's event nested in
+ * one neither reads nor writes the memo. */
+static TLS struct py_outer {
+    int inside, n;
+    const char *instr[PY_OUTER], *code[PY_OUTER];
+    uint64_t hash[PY_OUTER + 1];
+    const char *inner_code;            /* the innermost frame's code object, and its guard */
+    uint64_t inner_guard;
+} py_outer;
+
+/* The hash of a frame (its current instruction and its code object's guard) and the frames
+ * below it (hash h). */
+PY_HOT uint64_t py_outer_step(const struct py_layout *L, uint64_t h, const char *instr,
+                              const char *code) {
+    h ^= (uint64_t)(uintptr_t)instr ^ py_code_guard_in(L, code);
+    h *= 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 29);
+}
+
 /* The interning key of the Python stack from f down (at most PY_STACK_MAX frames): the frames
  * below the innermost add the addresses of their current instructions and their code objects'
  * py_code_guard (alive now, those code objects may have taken the memory of others that an
  * earlier stack of the table ran: a helper called from functions compiled again and again was
- * recorded under its first callers' lines). */
+ * recorded under its first callers' lines).
+ * The code objects of the thread's last stack (py_outer) keep the guards read then: the outer
+ * frames that end the stack as they ended the last one (the same instruction and code object
+ * addresses, from the outermost) keep their hash, and the innermost frame's code object its
+ * guard. A deep stack cost most in those guards' reads (bench/record_overhead.py's py_deep, 32
+ * frames: this function was 44% of the program's samples; py_dicts: 99.9% of its events end
+ * their stack like the event before). A frame that runs a code object holds it, so the same
+ * address is another code object only if the old one was freed and another made at its address
+ * between two events of this thread with no event of this thread in between (compiling
+ * allocates: its arenas are events), that is by another thread. */
 PY_HOT uint64_t py_stack_key_in(const struct py_layout *L, const char *f) {
-    uint64_t h = py_key_in(L, f);
-    const char *p = py_previous_in(L, f);
-    for (int d = 1; p && d < PY_STACK_MAX; d++, p = py_previous_in(L, p)) {
-        h ^= (uint64_t)(uintptr_t)PY_PTR(p, L->fr_instr) ^ py_code_guard_in(L, PY_PTR(p, L->fr_code));
-        h *= 0x9E3779B97F4A7C15ull;
-        h ^= h >> 29;
+    const char *instr[PY_OUTER], *code[PY_OUTER];
+    int n = 0;
+    for (const char *p = py_previous_in(L, f); p && n < PY_OUTER; p = py_previous_in(L, p), n++) {
+        instr[n] = PY_PTR(p, L->fr_instr);
+        code[n] = PY_PTR(p, L->fr_code);
     }
-    return h | 1;
+    const char *inner = PY_PTR(f, L->fr_code);
+    struct py_outer *m = &py_outer;
+    uint64_t h = 0, guard;
+    m->inside++;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (LIKELY(m->inside == 1)) {
+        if (inner != m->inner_code) {
+            m->inner_guard = py_code_guard_in(L, inner);
+            m->inner_code = inner;
+        }
+        guard = m->inner_guard;
+        int same = 0;   /* outer frames in common with the last stack, from the outermost */
+        while (same < n && same < m->n && instr[n - 1 - same] == m->instr[PY_OUTER - 1 - same] &&
+               code[n - 1 - same] == m->code[PY_OUTER - 1 - same])
+            same++;
+        h = m->hash[PY_OUTER - same];
+        for (int k = n - 1 - same; k >= 0; k--) {
+            int at = PY_OUTER - n + k;
+            h = py_outer_step(L, h, instr[k], code[k]);
+            m->instr[at] = instr[k];
+            m->code[at] = code[k];
+            m->hash[at] = h;
+        }
+        m->n = n;
+    } else {
+        for (int k = n - 1; k >= 0; k--) h = py_outer_step(L, h, instr[k], code[k]);
+        guard = py_code_guard_in(L, inner);
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    m->inside--;
+    h = (h ^ py_key_guarded(L, f, inner, guard)) * 0xD6E8FEB86659FD93ull;
+    return (h ^ (h >> 31)) | 1;
 }
 static inline uint64_t py_stack_key(const char *f) { return py_stack_key_in(&PL, f); }
 
