@@ -173,10 +173,8 @@ PY_HOT int py_complete_in(const struct py_layout *L, const char *f) {
 }
 static inline int py_complete(const char *f) { return py_complete_in(&PL, f); }
 
-/* The frame below f, skipping 3.12+ shim frames (3.11 has none: py_site11's walk, whose L is
- * py_layouts[0], reads no owner). */
+/* The frame below f, skipping 3.12+ shim frames. */
 PY_HOT const char *py_previous_in(const struct py_layout *L, const char *f) {
-    if (L == &py_layouts[0]) return PY_PTR(f, L->fr_previous);
     do f = PY_PTR(f, L->fr_previous);
     while (f && f[L->fr_owner] == PY_OWNED_BY_CSTACK);
     return f;
@@ -285,21 +283,46 @@ static inline uint64_t py_line_key(const char *f, int line) {
 /* The frames below the innermost in a key (and in a location without --stacks). */
 #define PY_OUTER (PY_STACK_MAX - 1)
 
+/* The frames and shim frames (3.12+) from the innermost frame's previous down to the last
+ * outer frame of a key, at most (more: the chain is not held). */
+#define PY_NODES 24
+
 /* The calling thread's last stack (py_stack_key): its outer frames (those below the innermost)
  * and their hashes, so that an event whose outer frames end like those of the thread's last
  * one hashes only the frames that differ; and its innermost frame's code object and guard.
  * The outer frames are held at the end of the arrays, the outermost last (index PY_OUTER - 1):
  * a stack that ends like the last one finds the common frames at the same indices. hash[k] is
  * the hash of the frames from k to the outermost (py_outer_step), hash[PY_OUTER] = 0 that of
- * none. `inside`: py_stack_key calls under way on the thread; a signal handler's event nested in
- * one neither reads nor writes the memo. */
+ * none. The chain as walked (node: each frame's address, next: its previous, and its instruction
+ * and code object) lets py_same_chain check that the outer frames are the last stack's with
+ * loads that do not wait for each other, where a walk waits for each frame's previous in turn.
+ * `inside`: py_stack_key calls under way on the thread; a signal handler's event nested in one
+ * neither reads nor writes the memo. */
 static TLS struct py_outer {
     int inside, n;
     const char *instr[PY_OUTER], *code[PY_OUTER];
     uint64_t hash[PY_OUTER + 1];
     const char *inner_code;            /* the innermost frame's code object, and its guard */
     uint64_t inner_guard;
-} py_outer;
+    int nodes;                         /* nodes held; -1: none */
+    const char *first;                 /* the innermost frame's previous */
+    const char *node[PY_NODES], *next[PY_NODES], *ninstr[PY_NODES], *ncode[PY_NODES];
+    char shim[PY_NODES];
+} py_outer = {.nodes = -1};
+
+/* Whether the chain below f is the one held: every node where it was, with the same previous,
+ * instruction, code object and kind (a shim frame or not). */
+PY_HOT int py_same_chain(const struct py_layout *L, const struct py_outer *m, const char *f) {
+    if (m->nodes < 0 || PY_PTR(f, L->fr_previous) != m->first) return 0;
+    int same = 1;
+    for (int j = 0; j < m->nodes; j++) {   /* (the loads are independent: no early exit) */
+        const char *q = m->node[j];
+        same &= (PY_PTR(q, L->fr_previous) == m->next[j]) & (PY_PTR(q, L->fr_instr) == m->ninstr[j]) &
+                (PY_PTR(q, L->fr_code) == m->ncode[j]);
+        if (L != &py_layouts[0]) same &= (q[L->fr_owner] == PY_OWNED_BY_CSTACK) == m->shim[j];
+    }
+    return same;
+}
 
 /* The hash of a frame (its current instruction and its code object's guard) and the frames
  * below it (hash h). */
@@ -318,45 +341,81 @@ PY_HOT uint64_t py_outer_step(const struct py_layout *L, uint64_t h, const char 
  * The code objects of the thread's last stack (py_outer) keep the guards read then: the outer
  * frames that end the stack as they ended the last one (the same instruction and code object
  * addresses, from the outermost) keep their hash, and the innermost frame's code object its
- * guard. A deep stack cost most in those guards' reads (bench/record_overhead.py's py_deep, 32
- * frames: this function was 44% of the program's samples; py_dicts: 99.9% of its events end
- * their stack like the event before). A frame that runs a code object holds it, so the same
+ * guard; a stack that is the last one's (py_same_chain) is not walked at all. A deep stack cost
+ * most in those guards' reads and in the walk (bench/record_overhead.py's py_deep, 32 frames:
+ * this function was 44% of the program's samples; py_dicts: 99.9% of its events end their stack
+ * like the event before). A frame that runs a code object holds it, so the same
  * address is another code object only if the old one was freed and another made at its address
  * between two events of this thread with no event of this thread in between (compiling
  * allocates: its arenas are events), that is by another thread. */
 PY_HOT uint64_t py_stack_key_in(const struct py_layout *L, const char *f) {
-    const char *instr[PY_OUTER], *code[PY_OUTER];
-    int n = 0;
-    for (const char *p = py_previous_in(L, f); p && n < PY_OUTER; p = py_previous_in(L, p), n++) {
-        instr[n] = PY_PTR(p, L->fr_instr);
-        code[n] = PY_PTR(p, L->fr_code);
-    }
     const char *inner = PY_PTR(f, L->fr_code);
     struct py_outer *m = &py_outer;
     uint64_t h = 0, guard;
     m->inside++;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    if (LIKELY(m->inside == 1)) {
+    int own = m->inside == 1;
+    if (LIKELY(own) && py_same_chain(L, m, f)) {
+        h = m->hash[PY_OUTER - m->n];
+    } else {
+        /* The walk (py_previous_in's, its nodes kept): the outer frames' instructions and code
+         * objects, innermost first. 3.11 has no shim frames: py_site11 reads no owner. */
+        const char *instr[PY_OUTER], *code[PY_OUTER];
+        const char *node[PY_NODES], *ninstr[PY_NODES], *ncode[PY_NODES];
+        char shim[PY_NODES];
+        int n = 0, nodes = 0;
+        const char *p = PY_PTR(f, L->fr_previous);
+        while (p && n < PY_OUTER) {
+            int s = L != &py_layouts[0] && p[L->fr_owner] == PY_OWNED_BY_CSTACK;
+            const char *pi = PY_PTR(p, L->fr_instr), *pc = PY_PTR(p, L->fr_code);
+            if (nodes < PY_NODES) {
+                node[nodes] = p;
+                ninstr[nodes] = pi;
+                ncode[nodes] = pc;
+                shim[nodes] = (char)s;
+            }
+            nodes++;
+            if (!s) {
+                instr[n] = pi;
+                code[n] = pc;
+                n++;
+            }
+            p = PY_PTR(p, L->fr_previous);
+        }
+        if (LIKELY(own)) {
+            int same = 0;   /* outer frames in common with the last stack, from the outermost */
+            while (same < n && same < m->n && instr[n - 1 - same] == m->instr[PY_OUTER - 1 - same] &&
+                   code[n - 1 - same] == m->code[PY_OUTER - 1 - same])
+                same++;
+            h = m->hash[PY_OUTER - same];
+            for (int k = n - 1 - same; k >= 0; k--) {
+                int at = PY_OUTER - n + k;
+                h = py_outer_step(L, h, instr[k], code[k]);
+                m->instr[at] = instr[k];
+                m->code[at] = code[k];
+                m->hash[at] = h;
+            }
+            m->n = n;
+            m->nodes = nodes <= PY_NODES ? nodes : -1;
+            m->first = PY_PTR(f, L->fr_previous);
+            for (int j = 0; j < m->nodes; j++) {
+                m->node[j] = node[j];
+                m->next[j] = j + 1 < nodes ? node[j + 1] : p;
+                m->ninstr[j] = ninstr[j];
+                m->ncode[j] = ncode[j];
+                m->shim[j] = shim[j];
+            }
+        } else {
+            for (int k = n - 1; k >= 0; k--) h = py_outer_step(L, h, instr[k], code[k]);
+        }
+    }
+    if (LIKELY(own)) {
         if (inner != m->inner_code) {
             m->inner_guard = py_code_guard_in(L, inner);
             m->inner_code = inner;
         }
         guard = m->inner_guard;
-        int same = 0;   /* outer frames in common with the last stack, from the outermost */
-        while (same < n && same < m->n && instr[n - 1 - same] == m->instr[PY_OUTER - 1 - same] &&
-               code[n - 1 - same] == m->code[PY_OUTER - 1 - same])
-            same++;
-        h = m->hash[PY_OUTER - same];
-        for (int k = n - 1 - same; k >= 0; k--) {
-            int at = PY_OUTER - n + k;
-            h = py_outer_step(L, h, instr[k], code[k]);
-            m->instr[at] = instr[k];
-            m->code[at] = code[k];
-            m->hash[at] = h;
-        }
-        m->n = n;
     } else {
-        for (int k = n - 1; k >= 0; k--) h = py_outer_step(L, h, instr[k], code[k]);
         guard = py_code_guard_in(L, inner);
     }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
