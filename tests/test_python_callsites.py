@@ -474,8 +474,11 @@ def test_stack_keys_with_the_memo_are_the_keys_without_it(build):
     400,000 fake frame chains in the layouts of 3.11 and 3.12 changed at random between two keys
     (frames pushed and popped, a frame's instruction or code object changed, a frame taken out of
     the chain with its memory intact, shim frames; tests/programs/pyframes_memo.c): every key is
-    the one computed from scratch, and two keys are equal exactly when their stacks are. A memo
-    check left out (a frame's previous, its instruction, or its shim kind) fails it."""
+    the one computed from scratch, and two keys are equal exactly when their stacks are; and,
+    with the frames out of the chain made unreadable half the time (as a frame whose data stack
+    chunk was freed), no key reads one. A memo check left out (a frame's previous, its
+    instruction, or its shim kind) fails it, and a check that reads the held frames before
+    their links are checked crashes it."""
     done = subprocess.run([str(build("pyframes_memo"))], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -294,8 +294,8 @@ static inline uint64_t py_line_key(const char *f, int line) {
  * a stack that ends like the last one finds the common frames at the same indices. hash[k] is
  * the hash of the frames from k to the outermost (py_outer_step), hash[PY_OUTER] = 0 that of
  * none. The chain as walked (node: each frame's address, next: its previous, and its instruction
- * and code object) lets py_same_chain check that the outer frames are the last stack's with
- * loads that do not wait for each other, where a walk waits for each frame's previous in turn.
+ * and code object) lets py_same_chain check that the outer frames are the last stack's from
+ * addresses known in advance, where a walk waits for each frame's previous in turn.
  * `inside`: py_stack_key calls under way on the thread; a signal handler's event nested in one
  * neither reads nor writes the memo. */
 static TLS struct py_outer {
@@ -311,17 +311,21 @@ static TLS struct py_outer {
 } py_outer = {.nodes = -1};
 
 /* Whether the chain below f is the one held: every node where it was, with the same previous,
- * instruction, code object and kind (a shim frame or not). */
+ * instruction, code object and kind (a shim frame or not). A node is read only once the node
+ * before has been found to point to it, so that only frames of the chain as it is now are read
+ * (a frame of the last stack may be gone, its data stack chunk unmapped); the processor still
+ * loads ahead from the held addresses while the comparisons wait, where a walk cannot know the
+ * next frame's address before it has loaded it. */
 PY_HOT int py_same_chain(const struct py_layout *L, const struct py_outer *m, const char *f) {
     if (m->nodes < 0 || PY_PTR(f, L->fr_previous) != m->first) return 0;
-    int same = 1;
-    for (int j = 0; j < m->nodes; j++) {   /* (the loads are independent: no early exit) */
+    for (int j = 0; j < m->nodes; j++) {   /* node[j] is next[j - 1], or first */
         const char *q = m->node[j];
-        same &= (PY_PTR(q, L->fr_previous) == m->next[j]) & (PY_PTR(q, L->fr_instr) == m->ninstr[j]) &
-                (PY_PTR(q, L->fr_code) == m->ncode[j]);
-        if (L != &py_layouts[0]) same &= (q[L->fr_owner] == PY_OWNED_BY_CSTACK) == m->shim[j];
+        if ((PY_PTR(q, L->fr_previous) != m->next[j]) | (PY_PTR(q, L->fr_instr) != m->ninstr[j]) |
+            (PY_PTR(q, L->fr_code) != m->ncode[j]))
+            return 0;
+        if (L != &py_layouts[0] && (q[L->fr_owner] == PY_OWNED_BY_CSTACK) != m->shim[j]) return 0;
     }
-    return same;
+    return 1;
 }
 
 /* The hash of a frame (its current instruction and its code object's guard) and the frames

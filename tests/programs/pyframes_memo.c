@@ -8,7 +8,9 @@
  * intact (a generator resumed from elsewhere), 3.12's shim frames, stacks deeper than the 16
  * frames a key holds. Each key computed with the memo (the thread's last stack) must be the one
  * computed from scratch (the memo bypassed, as for a signal handler's nested event), and two
- * stacks' keys equal exactly when their 16 innermost frames are alike.
+ * stacks' keys equal exactly when their 16 innermost frames are alike. Half the time a frame out
+ * of the chain is made unreadable (its page PROT_NONE), as a frame whose data stack chunk was
+ * freed: the key must never read one (it would crash here).
  *
  * Prints "ok KEYS HITS" (HITS: keys whose stack was the last one's), or the first mismatch and
  * exits 1. */
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define TLS __thread
 #define LIKELY(x) __builtin_expect(!!(x), 1)
@@ -27,7 +30,10 @@
 #define CODES 6
 #define DEPTH_MAX 30
 
-static char frames[FRAMES][128], codes[CODES][256], names[CODES][64];
+#define PAGE 4096
+static char *frames[FRAMES];   /* a page each */
+static char codes[CODES][256], names[CODES][64];
+static int readable[FRAMES];
 
 static uint64_t rng = 88172645463325252ull;
 static unsigned rnd(unsigned n) {
@@ -115,6 +121,20 @@ static void mutate(int shims) {
     }
 }
 
+/* Frames out of the chain unreadable (`hide`), those in it readable and writable. */
+static void protect(int hide) {
+    for (int slot = 0; slot < FRAMES; slot++) {
+        int want = !hide || used(slot);
+        if (want != readable[slot]) {
+            if (mprotect(frames[slot], PAGE, want ? PROT_READ | PROT_WRITE : PROT_NONE) != 0) {
+                perror("mprotect");
+                exit(2);
+            }
+            readable[slot] = want;
+        }
+    }
+}
+
 static uint64_t key(const struct py_layout *L, int memo) {
     py_outer.inside = memo ? 0 : 1;   /* 1: as a nested event: no memo */
     uint64_t k = L == &py_layouts[0] ? py_stack_key_in(&py_layouts[0], frames[chain[0]])
@@ -125,6 +145,16 @@ static uint64_t key(const struct py_layout *L, int memo) {
 
 int main(void) {
     long keys = 0, hits = 0;
+    char *pages = mmap(NULL, (size_t)FRAMES * PAGE, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (pages == MAP_FAILED) {
+        perror("mmap");
+        return 2;
+    }
+    for (int slot = 0; slot < FRAMES; slot++) {
+        frames[slot] = pages + (size_t)slot * PAGE;
+        readable[slot] = 1;
+    }
     for (int v = 0; v < 2; v++) {
         const struct py_layout *L = &py_layouts[v];
         for (int c = 0; c < CODES; c++) {   /* code objects: names, first line, line table */
@@ -152,6 +182,7 @@ int main(void) {
         int last_n = -1;
         for (int step = 0; step < 200000; step++) {
             mutate(v > 0);
+            protect(step / 1000 % 2);
             write_frames(L);
             uint64_t sig[PY_STACK_MAX];
             int n = signature(L, sig);
