@@ -14,7 +14,7 @@ interleaved and --repeats times each:
   article tracer            bench/article_tracer.c: mutex + sprintf + write() per call
   heaptrack                 `heaptrack -o FILE CMD`, when installed
 With --python, the Python workloads (py_dicts; py_calls, a call-heavy loop, and py_deep,
-allocations 32 frames deep, both written by this script) also run (heapcast records Python
+allocations 34 frames deep, both written by this script) also run (heapcast records Python
 call sites in CPython by default):
   heapcast --no-python      native call sites only (whole wait and [program], as above)
   memray                    `memray run -o FILE script` (memray 1.x, `pip install memray`)
@@ -91,7 +91,7 @@ for i in range(1_500_000):
         keep.clear()
 print(total)
 """
-# Allocations 32 Python frames deep: what the Python call sites cost where a program's stacks are
+# Allocations 34 Python frames deep: what the Python call sites cost where a program's stacks are
 # deeper than the 16 frames a location holds (frameworks, recursion).
 PY_DEEP_SOURCE = """
 def work(n):
@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tracer (default 3)")
     parser.add_argument("--workloads", default="ring,threads,py_dicts",
                         help="comma-separated: ring, threads, py_dicts, py_calls (a call-heavy "
-                             "Python loop, for --python), py_deep (allocations 32 Python frames "
+                             "Python loop, for --python), py_deep (allocations 34 Python frames "
                              "deep, for --python), ring_long (ring ten times as long), "
                              "churn (20,000 short threads), spawn (a shell running 200 short "
                              "programs, followed) (default: the first three)")

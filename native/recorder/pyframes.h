@@ -346,7 +346,7 @@ PY_HOT uint64_t py_outer_step(const struct py_layout *L, uint64_t h, const char 
  * frames that end the stack as they ended the last one (the same instruction and code object
  * addresses, from the outermost) keep their hash, and the innermost frame's code object its
  * guard; a stack that is the last one's (py_same_chain) is not walked at all. A deep stack cost
- * most in those guards' reads and in the walk (bench/record_overhead.py's py_deep, 32 frames:
+ * most in those guards' reads and in the walk (bench/record_overhead.py's py_deep, 34 frames:
  * this function was 44% of the program's samples; py_dicts: 99.9% of its events end their stack
  * like the event before). A frame that runs a code object holds it, so the same
  * address is another code object only if the old one was freed and another made at its address
