@@ -100,6 +100,18 @@ def blocks_of_size(trace, size: int) -> list:
     return out
 
 
+def record_script(tmp_path, py: Py, name: str, text: str, lo: int, hi: int):
+    """Records a script of the test's own (`text`, written as `name`) with the default options
+    and returns its one process and its allocations of sizes in [lo, hi), in event order."""
+    script = tmp_path / name
+    script.write_text(text)
+    r = heapcast.record([py.exe, script], output=tmp_path / "t", progress=False)
+    assert r.exit_code == 0
+    (p,) = heapcast.load(r.path).processes
+    ev = p.events
+    return p, ev[np.isin(ev["op"], ALLOC_OPS) & (ev["size"] >= lo) & (ev["size"] < hi)]
+
+
 def frames_of(p, loc: int) -> list:
     """The Python frames (function, file, line) of a location, innermost first."""
     fr = p.locations.frames(int(loc))
@@ -430,8 +442,8 @@ def test_code_compiled_again_and_again_is_named_by_its_own_lines(py, tmp_path):
     the name objects' addresses alone, 8 or 9 of 20,000 helper calls on 3.13 were recorded under
     an earlier caller; with 2,000 functions one run of the suite in dozens.)"""
     n = 20_000
-    script = tmp_path / "again.py"
-    script.write_text(
+    p, blocks = record_script(
+        tmp_path, py, "again.py",
         "def helper(n):\n"
         "    return bytearray(n)\n"
         f"for i in range({n}):\n"
@@ -439,14 +451,8 @@ def test_code_compiled_again_and_again_is_named_by_its_own_lines(py, tmp_path):
         "    exec(compile('\\n' * (i % 97) + f'def f_{i}(n):\\n    return bytearray(n)\\n'"
         " + f'def g_{i}(n):\\n    return helper(n)\\n', f'gen_{i % 3}.py', 'exec'), ns)\n"
         "    keep = ns[f'f_{i}'](100_000 + 8 * i), ns[f'g_{i}'](300_000 + 8 * i)\n"
-        "    del ns, keep\n")
-    r = heapcast.record([py.exe, script], output=tmp_path / "t", progress=False)
-    assert r.exit_code == 0
-    trace = heapcast.load(r.path)
-    (p,) = trace.processes
-    ev = p.events
-    allocs = np.isin(ev["op"], ALLOC_OPS)
-    alloc = ev[allocs & (ev["size"] >= 100_000) & (ev["size"] < 100_008 + 8 * n)]
+        "    del ns, keep\n", 100_000, 300_008 + 8 * n)
+    alloc = blocks[blocks["size"] < 100_008 + 8 * n]
     seen = []
     for e in alloc:   # (the interpreter's own blocks of such sizes are not in gen_*.py)
         i, frames = (int(e["size"]) - 100_000) // 8, frames_of(p, e["loc"])
@@ -458,7 +464,7 @@ def test_code_compiled_again_and_again_is_named_by_its_own_lines(py, tmp_path):
     assert sorted(seen) == list(range(n))
     # a helper that lives on, called from functions compiled again and again: the location (a
     # Python stack) of each call is its own caller's
-    called = ev[allocs & (ev["size"] >= 300_000) & (ev["size"] < 300_008 + 8 * n)]
+    called = blocks[blocks["size"] >= 300_000]
     seen = []
     for e in called:
         frames = frames_of(p, e["loc"])
@@ -495,8 +501,8 @@ def test_stacks_that_end_alike_each_keep_their_own_frames(py, tmp_path):
     same path), and a generator resumed by two consumers at different depths, must each be
     recorded with their own frames. The blocks are kept: no event comes between two of them."""
     n = 3000
-    script = tmp_path / "paths.py"
-    script.write_text(
+    p, blocks = record_script(
+        tmp_path, py, "paths.py",
         "def leaf(n):\n"
         "    return bytearray(n)\n"
         "def via_a(n):\n"
@@ -526,13 +532,7 @@ def test_stacks_that_end_alike_each_keep_their_own_frames(py, tmp_path):
         "    elif i % 6 == 2:\n"
         "        keep[i] = consume_1(size)\n"
         "    else:\n"
-        "        keep[i] = consume_2(size)\n")
-    r = heapcast.record([py.exe, script], output=tmp_path / "t", progress=False)
-    assert r.exit_code == 0
-    trace = heapcast.load(r.path)
-    (p,) = trace.processes
-    ev = p.events
-    blocks = ev[np.isin(ev["op"], ALLOC_OPS) & (ev["size"] >= 600) & (ev["size"] < 600 + 8 * n)]
+        "        keep[i] = consume_2(size)\n", 600, 600 + 8 * n)
     seen = set()
     for e in blocks:
         frames = frames_of(p, e["loc"])

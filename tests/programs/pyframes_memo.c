@@ -157,8 +157,7 @@ int main(void) {
     }
     for (int v = 0; v < 2; v++) {
         const struct py_layout *L = &py_layouts[v];
-        for (int c = 0; c < CODES; c++) {   /* code objects: names, first line, line table */
-            snprintf(names[c], sizeof names[c], "%s", "");
+        for (int c = 0; c < CODES; c++) {   /* code objects: names (empty), first line, line table */
             uint32_t state = 0x60;          /* compact ASCII */
             memcpy(names[c] + L->str_state, &state, sizeof state);
             uint64_t len = 0;
